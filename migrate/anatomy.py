@@ -1,0 +1,775 @@
+"""Read-only analysis of a training script: the "anatomy" every rule reads.
+
+One visitor pass records imports (with aliases), every call with its resolved qualified name, its
+enclosing statement, scope and loops, every ``for`` loop, assignment and function/class definition.
+A second, cheap pass over those records derives the training structure: DataLoaders and their roles,
+optimizers and the models they train, batch loops, epoch loops (also across function calls and
+``self.`` attributes), side-effect sites, the entry point, and existing distributed code.
+
+Nothing here edits the tree; nothing here needs libcst's scope metadata (aliases are resolved from
+import statements directly, which is an order of magnitude cheaper).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+
+import libcst as cst
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+
+Scope = Union[cst.Module, cst.FunctionDef]
+Stmt = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
+
+DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+DEVICE = {"torch.device"}
+SAVE = {"torch.save"}
+LOAD = {"torch.load"}
+TQDM = {
+    "tqdm.tqdm",
+    "tqdm.auto.tqdm",
+    "tqdm.notebook.tqdm",
+    "tqdm.autonotebook.tqdm",
+    "tqdm.std.tqdm",
+    "tqdm.trange",
+    "tqdm.auto.trange",
+}
+INIT_PG = {"torch.distributed.init_process_group"}
+DDP = {
+    "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel",
+}
+DATA_PARALLEL = {
+    "torch.nn.DataParallel",
+    "torch.nn.parallel.DataParallel",
+    "torch.nn.parallel.data_parallel.DataParallel",
+}
+DIST_SAMPLER = {"torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler"}
+MAKEDIRS = {"os.makedirs", "os.mkdir", "shutil.rmtree", "shutil.copy", "shutil.copyfile", "shutil.move"}
+SUMMARY_WRITER = {
+    "torch.utils.tensorboard.SummaryWriter",
+    "torch.utils.tensorboard.writer.SummaryWriter",
+    "tensorboardX.SummaryWriter",
+}
+LOGGING_BASIC_CONFIG = {"logging.basicConfig"}
+NOT_OPTIMIZERS = ("torch.optim.lr_scheduler", "torch.optim.swa_utils", "torch.optim.Optimizer")
+
+# nn.Module API that works unchanged on a DistributedDataParallel wrapper.
+MODULE_API = {
+    "train", "eval", "parameters", "named_parameters", "buffers", "named_buffers", "children",
+    "named_children", "modules", "named_modules", "zero_grad", "to", "cuda", "cpu", "float",
+    "double", "half", "bfloat16", "type", "apply", "requires_grad_", "training", "forward",
+    "no_sync", "module", "register_forward_hook", "register_forward_pre_hook", "__call__",
+}
+# API of the wrapper that must reach the wrapped module to keep checkpoints free of `module.`.
+STATE_API = {"state_dict", "load_state_dict"}
+
+
+@dataclass(eq=False)
+class CallSite:
+    call: cst.Call
+    qualname: Optional[str]
+    scope: Scope
+    cls: Optional[cst.ClassDef]
+    stmt: Stmt  # innermost statement containing the call
+    loops: Tuple[cst.For, ...]  # enclosing for-loops, outermost first (within the scope)
+    parents: Tuple[cst.CSTNode, ...]  # enclosing statements, outermost first (within the scope)
+
+
+@dataclass(eq=False)
+class Loader:
+    call: CallSite
+    target: Optional[str]  # dotted: "train_loader", "self.train_loader"
+    dataset: Optional[cst.BaseExpression]
+    role: str = "unknown"  # train | eval | unknown
+    batch_loops: List["BatchLoop"] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class BatchLoop:
+    loop: cst.For
+    scope: Scope
+    cls: Optional[cst.ClassDef]
+    ref: str  # the dotted name iterated (e.g. "train_loader", "self.train_loader", a parameter)
+    trains: bool  # body contains backward() / optimizer step
+
+
+@dataclass(eq=False)
+class EpochLoop:
+    loop: cst.For
+    scope: Scope
+    cls: Optional[cst.ClassDef]
+    var: Optional[str]
+    # how the epoch loop's scope refers to the loader: dotted expression source
+    loader_ref: Optional[str]
+
+
+@dataclass(eq=False)
+class Optimizer:
+    call: CallSite
+    target: Optional[str]
+    models: List[str]  # dotted roots whose parameters it optimises
+
+
+@dataclass(eq=False)
+class Model:
+    name: str  # dotted: "model", "self.model"
+    scope: Scope
+    cls: Optional[cst.ClassDef]
+    assign: Stmt  # statement that constructs it
+    value: Optional[cst.BaseExpression]  # the constructing expression
+    place: Stmt  # last statement before the optimizer that moves it (== assign when in place)
+    optimizer: Optimizer
+
+
+def dotted(expr: Optional[cst.CSTNode]) -> Optional[str]:
+    """'a.b.c' for Name/Attribute chains, else None."""
+    if isinstance(expr, cst.Name):
+        return expr.value
+    if isinstance(expr, cst.Attribute):
+        base = dotted(expr.value)
+        return f"{base}.{expr.attr.value}" if base else None
+    return None
+
+
+def arg(call: cst.Call, pos: Optional[int], kw: Optional[str]) -> Optional[cst.Arg]:
+    if kw is not None:
+        for a in call.args:
+            if a.keyword is not None and a.keyword.value == kw:
+                return a
+    if pos is not None:
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        if len(positional) > pos:
+            return positional[pos]
+    return None
+
+
+class _Collector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.aliases: Dict[str, str] = {}
+        self.calls: List[CallSite] = []
+        self.fors: List[Tuple[cst.For, Scope, Optional[cst.ClassDef], Tuple[cst.For, ...]]] = []
+        self.assigns: List[Tuple[cst.Assign, Stmt, Scope, Optional[cst.ClassDef]]] = []
+        self.functions: Dict[str, cst.FunctionDef] = {}  # module-level functions
+        self.classes: Dict[str, cst.ClassDef] = {}
+        self.methods: Dict[cst.FunctionDef, cst.ClassDef] = {}
+        self.main_guard: Optional[cst.If] = None
+        self.func_scope: Dict[cst.FunctionDef, Scope] = {}
+        self.stmt_parent: Dict[cst.CSTNode, Tuple[cst.CSTNode, ...]] = {}
+        self.stmt_scope: Dict[cst.CSTNode, Scope] = {}
+        self.has_backward = False
+        self.horovod = False
+        self.attr_uses: List[Tuple[cst.Attribute, Scope, Optional[cst.ClassDef], Stmt]] = []
+        self.name_bindings: Set[str] = set()
+        self._scope: List[Scope] = []
+        self._cls: List[Optional[cst.ClassDef]] = []
+        self._stmts: List[Stmt] = []
+        self._loops: List[List[cst.For]] = []
+
+    # scopes -------------------------------------------------------------------------------
+    def visit_Module(self, node: cst.Module) -> None:
+        self._scope.append(node)
+        self._cls.append(None)
+        self._loops.append([])
+        for stmt in node.body:
+            if (
+                isinstance(stmt, cst.If)
+                and isinstance(stmt.test, cst.Comparison)
+                and dotted(stmt.test.left) == "__name__"
+            ):
+                self.main_guard = stmt
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        outer = self._scope[-1]
+        if isinstance(outer, cst.Module) and self._cls[-1] is None and len(self._stmts) == 1:
+            self.functions[node.name.value] = node
+        if self._cls[-1] is not None and len(self._stmts) >= 2 and self._stmts[-2] is self._cls[-1]:
+            self.methods[node] = self._cls[-1]
+        self.name_bindings.add(node.name.value)
+        self._scope.append(node)
+        self._cls.append(self._cls[-1] if node in self.methods else None)
+        self._loops.append([])
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._scope.pop()
+        self._cls.pop()
+        self._loops.pop()
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        if len(self._stmts) == 1:
+            self.classes[node.name.value] = node
+        self.name_bindings.add(node.name.value)
+        self._cls.append(node)
+
+    def leave_ClassDef(self, node: cst.ClassDef) -> None:
+        self._cls.pop()
+
+    # statements ---------------------------------------------------------------------------
+    def _enter_stmt(self, node: Stmt) -> None:
+        scope = self._scope[-1]
+        within = tuple(s for s in self._stmts if self.stmt_scope.get(s) is scope)
+        self.stmt_parent[node] = within
+        self.stmt_scope[node] = scope
+        self._stmts.append(node)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            self._enter_stmt(node)
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        if isinstance(original_node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            self._stmts.pop()
+
+    def visit_For(self, node: cst.For) -> None:
+        self.fors.append((node, self._scope[-1], self._cls[-1], tuple(self._loops[-1])))
+
+    def visit_For_body(self, node: cst.For) -> None:
+        self._loops[-1].append(node)
+
+    def leave_For_body(self, node: cst.For) -> None:
+        self._loops[-1].pop()
+
+    # facts --------------------------------------------------------------------------------
+    def visit_Import(self, node: cst.Import) -> None:
+        for alias in node.names:
+            name = dotted(alias.name)
+            if not name:
+                continue
+            if name.split(".")[0] == "horovod":
+                self.horovod = True
+            if alias.asname is not None:
+                local = dotted(alias.asname.name)
+                if local:
+                    self.aliases[local] = name
+                    self.name_bindings.add(local)
+            else:
+                root = name.split(".")[0]
+                self.aliases[root] = root
+                self.name_bindings.add(root)
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if node.relative or node.module is None:
+            return
+        module = dotted(node.module)
+        if not module:
+            return
+        if module.split(".")[0] == "horovod":
+            self.horovod = True
+        if isinstance(node.names, cst.ImportStar):
+            return
+        for alias in node.names:
+            name = dotted(alias.name)
+            local = dotted(alias.asname.name) if alias.asname is not None else name
+            if name and local:
+                self.aliases[local] = f"{module}.{name}"
+                self.name_bindings.add(local)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        self.assigns.append((node, self._stmts[-1], self._scope[-1], self._cls[-1]))
+        for t in node.targets:
+            for n in _names_in_target(t.target):
+                self.name_bindings.add(n)
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self.name_bindings.add(node.name.value)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        qual = self.qualname(node.func)
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
+            self.has_backward = True
+        self.calls.append(
+            CallSite(
+                call=node,
+                qualname=qual,
+                scope=self._scope[-1],
+                cls=self._cls[-1],
+                stmt=self._stmts[-1],
+                loops=tuple(self._loops[-1]),
+                parents=self.stmt_parent.get(self._stmts[-1], ()),
+            )
+        )
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if self._stmts:
+            self.attr_uses.append((node, self._scope[-1], self._cls[-1], self._stmts[-1]))
+
+    def qualname(self, expr: cst.BaseExpression) -> Optional[str]:
+        d = dotted(expr)
+        if d is None:
+            return None
+        head, _, rest = d.partition(".")
+        if head in self.aliases:
+            base = self.aliases[head]
+            return f"{base}.{rest}" if rest else base
+        return None
+
+
+def _names_in_target(t: cst.BaseExpression) -> Iterable[str]:
+    if isinstance(t, cst.Name):
+        yield t.value
+    elif isinstance(t, (cst.Tuple, cst.List)):
+        for el in t.elements:
+            yield from _names_in_target(el.value)
+    elif isinstance(t, cst.StarredElement):
+        yield from _names_in_target(t.value)
+
+
+def _contains(node: cst.CSTNode, pred) -> bool:
+    found = False
+
+    class V(cst.CSTVisitor):
+        def on_visit(self, n):
+            nonlocal found
+            if found:
+                return False
+            if pred(n):
+                found = True
+                return False
+            return True
+
+    node.visit(V())
+    return found
+
+
+def _is_training_body(node: cst.CSTNode) -> bool:
+    def pred(n):
+        return (
+            isinstance(n, cst.Call)
+            and isinstance(n.func, cst.Attribute)
+            and n.func.attr.value in ("backward",)
+        ) or (
+            isinstance(n, cst.Call)
+            and isinstance(n.func, cst.Attribute)
+            and n.func.attr.value == "step"
+            and "sched" not in (dotted(n.func.value) or "")
+            and "scaler" not in (dotted(n.func.value) or "")
+        )
+
+    return _contains(node, pred)
+
+
+def iterated_ref(expr: cst.BaseExpression, aliases_q) -> Optional[str]:
+    """The dotted name a for-loop iterates over, looking through enumerate()/tqdm()/iter()/zip()."""
+    d = dotted(expr)
+    if d is not None:
+        return d
+    if isinstance(expr, cst.Call):
+        fname = dotted(expr.func) or ""
+        q = aliases_q(expr.func) or ""
+        if fname in ("enumerate", "iter", "zip") or q in TQDM or fname.endswith("tqdm"):
+            a = arg(expr, 0, "iterable")
+            if a is not None:
+                return iterated_ref(a.value, aliases_q)
+    return None
+
+
+@dataclass(eq=False)
+class Anatomy:
+    module: cst.Module
+    wrapper: MetadataWrapper
+    aliases: Dict[str, str]
+    calls: List[CallSite]
+    loaders: List[Loader]
+    optimizers: List[Optimizer]
+    models: List[Model]
+    epoch_loops: Dict[Loader, List[EpochLoop]]
+    entry_owner: Optional[cst.CSTNode]  # the FunctionDef / main-guard If / Module to set up in
+    entry_body: Sequence[cst.CSTNode]  # its statements
+    distributed: List[str]  # reasons the script already is distributed
+    has_training: bool
+    functions: Dict[str, cst.FunctionDef]
+    classes: Dict[str, cst.ClassDef]
+    methods: Dict[cst.FunctionDef, cst.ClassDef]
+    stmt_parent: Dict[cst.CSTNode, Tuple[cst.CSTNode, ...]]
+    stmt_scope: Dict[cst.CSTNode, Scope]
+    attr_uses: List[Tuple[cst.Attribute, Scope, Optional[cst.ClassDef], Stmt]]
+    name_bindings: Set[str]
+    fors: List[Tuple[cst.For, Scope, Optional[cst.ClassDef], Tuple[cst.For, ...]]]
+    _positions: Optional[dict] = None
+
+    def position(self, node: cst.CSTNode) -> Tuple[int, int]:
+        if self._positions is None:
+            self._positions = self.wrapper.resolve(PositionProvider)
+        rng: Optional[CodeRange] = self._positions.get(node)
+        if rng is None:
+            return (0, 0)
+        return (rng.start.line, rng.start.column + 1)
+
+    def qualname(self, expr: cst.BaseExpression) -> Optional[str]:
+        d = dotted(expr)
+        if d is None:
+            return None
+        head, _, rest = d.partition(".")
+        if head in self.aliases:
+            base = self.aliases[head]
+            return f"{base}.{rest}" if rest else base
+        return None
+
+    def local_name_for(self, qualified: str) -> Optional[str]:
+        """An existing local spelling of a qualified name (e.g. 'dist' for torch.distributed)."""
+        for local, q in self.aliases.items():
+            if q == qualified:
+                return local
+        return None
+
+    def calls_to(self, names: Set[str]) -> List[CallSite]:
+        return [c for c in self.calls if c.qualname in names]
+
+    def is_before(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+        return self.position(a) < self.position(b)
+
+    def scope_of(self, stmt: cst.CSTNode) -> Optional[Scope]:
+        return self.stmt_scope.get(stmt)
+
+
+def analyse(module: cst.Module) -> Anatomy:
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    col = _Collector()
+    module.visit(col)
+    q = col.qualname
+
+    # existing distributed code --------------------------------------------------------------
+    distributed: List[str] = []
+    if col.horovod:
+        distributed.append("imports horovod")
+    for c in col.calls:
+        if c.qualname in INIT_PG:
+            distributed.append("calls init_process_group")
+        elif c.qualname in DDP:
+            distributed.append("wraps a model in DistributedDataParallel")
+        elif c.qualname in DIST_SAMPLER:
+            distributed.append("uses DistributedSampler")
+
+    # loaders --------------------------------------------------------------------------------
+    loaders: List[Loader] = []
+    for c in col.calls:
+        if c.qualname not in DATALOADER:
+            continue
+        target = None
+        if isinstance(c.stmt, cst.SimpleStatementLine) and len(c.stmt.body) == 1:
+            small = c.stmt.body[0]
+            if isinstance(small, cst.Assign) and small.value is c.call and len(small.targets) == 1:
+                target = dotted(small.targets[0].target)
+        ds = arg(c.call, 0, "dataset")
+        loaders.append(Loader(call=c, target=target, dataset=ds.value if ds else None))
+
+    # batch loops ----------------------------------------------------------------------------
+    batch_loops: List[BatchLoop] = []
+    for loop, scope, cls, _outer in col.fors:
+        ref = iterated_ref(loop.iter, q)
+        if ref is None:
+            continue
+        batch_loops.append(
+            BatchLoop(loop=loop, scope=scope, cls=cls, ref=ref, trains=_is_training_body(loop.body))
+        )
+
+    def params_of(fn: cst.FunctionDef) -> List[str]:
+        return [p.name.value for p in fn.params.params]
+
+    def callers(fn: cst.FunctionDef) -> List[CallSite]:
+        """Call sites of a module-level function or of a method through self."""
+        out = []
+        cls = col.methods.get(fn)
+        for c in col.calls:
+            d = dotted(c.call.func)
+            if cls is None and d == fn.name.value and col.functions.get(d) is fn:
+                out.append(c)
+            elif cls is not None and d == f"self.{fn.name.value}" and c.cls is cls:
+                out.append(c)
+        return out
+
+    def bind_param(site: CallSite, fn: cst.FunctionDef, pname: str) -> Optional[cst.BaseExpression]:
+        params = params_of(fn)
+        if fn in col.methods and params and params[0] == "self":
+            params = params[1:]
+        if pname not in params:
+            return None
+        a = arg(site.call, params.index(pname), pname)
+        return a.value if a is not None else None
+
+    # which references reach a loader: (scope, dotted) pairs, following function parameters
+    def refs_of(loader: Loader) -> List[Tuple[Scope, str]]:
+        if loader.target is None:
+            return []
+        if loader.target.startswith("self."):
+            cls = loader.call.cls
+            return [(m, loader.target) for m, k in col.methods.items() if k is cls]
+        out = [(loader.call.scope, loader.target)]
+        if isinstance(loader.call.scope, cst.Module):
+            out += [(f, loader.target) for f in _all_functions(col)]
+        frontier = list(out)
+        seen = set()
+        while frontier:
+            scope, name = frontier.pop()
+            for fn in list(col.functions.values()) + list(col.methods):
+                for site in callers(fn):
+                    if site.scope is not scope:
+                        continue
+                    for pname in params_of(fn):
+                        v = bind_param(site, fn, pname)
+                        if v is not None and dotted(v) == name and (fn, pname) not in seen:
+                            seen.add((fn, pname))
+                            out.append((fn, pname))
+                            frontier.append((fn, pname))
+        return out
+
+    for loader in loaders:
+        refs = refs_of(loader)
+        for bl in batch_loops:
+            if any(bl.scope is s and bl.ref == r for s, r in refs):
+                loader.batch_loops.append(bl)
+        if any(bl.trains for bl in loader.batch_loops):
+            loader.role = "train"
+        elif loader.batch_loops:
+            loader.role = "eval"
+        else:
+            hint = " ".join(filter(None, [loader.target, dotted(loader.dataset) if loader.dataset else None])).lower()
+            if any(k in hint for k in ("val", "test", "eval", "dev")):
+                loader.role = "eval"
+            elif "train" in hint:
+                loader.role = "train"
+
+    # epoch loops ----------------------------------------------------------------------------
+    def enclosing_fors(node_stmt: cst.CSTNode) -> List[cst.For]:
+        return [p for p in col.stmt_parent.get(node_stmt, ()) if isinstance(p, cst.For)]
+
+    def function_of(scope: Scope) -> Optional[cst.FunctionDef]:
+        return scope if isinstance(scope, cst.FunctionDef) else None
+
+    epoch_loops: Dict[Loader, List[EpochLoop]] = {}
+    for loader in loaders:
+        if loader.role != "train":
+            continue
+        found: List[EpochLoop] = []
+        for bl in loader.batch_loops:
+            if not bl.trains:
+                continue
+            outer = [f for f in enclosing_fors(bl.loop) if f is not bl.loop]
+            if outer:
+                ep = outer[-1]
+                found.append(EpochLoop(ep, bl.scope, bl.cls, _loop_var(ep), bl.ref))
+                continue
+            # climb to callers: the loop around the call of the function holding the batch loop
+            fn = function_of(bl.scope)
+            ref_here: Optional[str] = bl.ref
+            depth = 0
+            while fn is not None and depth < 4:
+                depth += 1
+                sites = callers(fn)
+                if not sites:
+                    break
+                site = sites[0]
+                # translate the reference into the caller's terms
+                params = params_of(fn)
+                if ref_here in params:
+                    v = bind_param(site, fn, ref_here)
+                    ref_here = dotted(v) if v is not None else None
+                fors = [f for f in site.loops]
+                if fors:
+                    ep = fors[-1]
+                    found.append(EpochLoop(ep, site.scope, site.cls, _loop_var(ep), ref_here))
+                    break
+                fn = function_of(site.scope)
+        epoch_loops[loader] = found
+
+    # optimizers and models ------------------------------------------------------------------
+    optimizers: List[Optimizer] = []
+    for c in col.calls:
+        qn = c.qualname or ""
+        if not qn.startswith("torch.optim.") or qn.startswith(NOT_OPTIMIZERS):
+            continue
+        if len(qn.split(".")) != 3 or not qn.split(".")[2][:1].isupper():
+            continue
+        target = None
+        if isinstance(c.stmt, cst.SimpleStatementLine) and len(c.stmt.body) == 1:
+            small = c.stmt.body[0]
+            if isinstance(small, cst.Assign) and small.value is c.call and len(small.targets) == 1:
+                target = dotted(small.targets[0].target)
+        p = arg(c.call, 0, "params")
+        roots: List[str] = []
+        if p is not None:
+            roots = _parameter_roots(p.value)
+        optimizers.append(Optimizer(call=c, target=target, models=roots))
+
+    models: List[Model] = []
+    seen_models: Set[Tuple[int, str]] = set()
+    for opt in optimizers:
+        for root in opt.models:
+            key = (id(opt.call.scope if not root.startswith("self.") else opt.call.cls), root)
+            if key in seen_models:
+                continue
+            m = _find_model(col, opt, root)
+            if m is not None:
+                seen_models.add(key)
+                models.append(m)
+
+    # entry point ----------------------------------------------------------------------------
+    constructions = [l.call for l in loaders if l.role == "train"] + [o.call for o in optimizers]
+    entry_owner, entry_body = _entry(col, module, constructions)
+
+    has_training = col.has_backward and bool(optimizers)
+
+    return Anatomy(
+        module=module,
+        wrapper=wrapper,
+        aliases=col.aliases,
+        calls=col.calls,
+        loaders=loaders,
+        optimizers=optimizers,
+        models=models,
+        epoch_loops=epoch_loops,
+        entry_owner=entry_owner,
+        entry_body=entry_body,
+        distributed=sorted(set(distributed)),
+        has_training=has_training,
+        functions=col.functions,
+        classes=col.classes,
+        methods=col.methods,
+        stmt_parent=col.stmt_parent,
+        stmt_scope=col.stmt_scope,
+        attr_uses=col.attr_uses,
+        name_bindings=col.name_bindings,
+        fors=col.fors,
+    )
+
+
+def _all_functions(col: _Collector) -> List[cst.FunctionDef]:
+    return list(col.functions.values())
+
+
+def _loop_var(loop: cst.For) -> Optional[str]:
+    return loop.target.value if isinstance(loop.target, cst.Name) else None
+
+
+def _parameter_roots(expr: cst.BaseExpression) -> List[str]:
+    """Dotted roots of `X.parameters()` / `X.sub.parameters()` calls in an optimizer's params."""
+    roots: List[str] = []
+
+    class V(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if isinstance(node.func, cst.Attribute) and node.func.attr.value in (
+                "parameters",
+                "named_parameters",
+            ):
+                d = dotted(node.func.value)
+                if d:
+                    parts = d.split(".")
+                    root = ".".join(parts[:2]) if parts[0] == "self" and len(parts) > 1 else parts[0]
+                    if root not in roots:
+                        roots.append(root)
+
+    expr.visit(V())
+    return roots
+
+
+def _moves_to_device(expr: cst.BaseExpression) -> bool:
+    return (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and expr.func.attr.value in ("to", "cuda")
+    )
+
+
+def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
+    """The statement constructing `root` and the last one moving it, before the optimizer."""
+    if root.startswith("self."):
+        candidates = [
+            (a, s, sc) for a, s, sc, k in col.assigns if k is opt.call.cls and k is not None
+        ]
+    else:
+        candidates = [(a, s, sc) for a, s, sc, k in col.assigns if sc is opt.call.scope]
+    assign_stmt = None
+    value = None
+    place = None
+    opt_stmt = opt.call.stmt
+    for a, s, sc in candidates:
+        if len(a.targets) != 1 or dotted(a.targets[0].target) != root:
+            continue
+        if sc is opt.call.scope and not _before(col, s, opt_stmt):
+            continue
+        v = a.value
+        if isinstance(v, cst.Call) and dotted(v.func) in (f"{root}.to", f"{root}.cuda"):
+            place = s  # model = model.to(device)
+            continue
+        assign_stmt, value, place = s, v, s
+    if assign_stmt is None:
+        return None
+    # statement-form moves: `model.to(device)` / `model.cuda()` between assignment and optimizer
+    for c in col.calls:
+        if c.scope is not opt.call.scope and not root.startswith("self."):
+            continue
+        if dotted(c.call.func) in (f"{root}.to", f"{root}.cuda") and isinstance(c.stmt, cst.SimpleStatementLine):
+            small = c.stmt.body[0]
+            if isinstance(small, cst.Expr) and small.value is c.call:
+                if _before(col, place, c.stmt) and _before(col, c.stmt, opt_stmt):
+                    place = c.stmt
+    return Model(
+        name=root,
+        scope=col.stmt_scope[assign_stmt],
+        cls=opt.call.cls if root.startswith("self.") else None,
+        assign=assign_stmt,
+        value=value,
+        place=place,
+        optimizer=opt,
+    )
+
+
+def _before(col: _Collector, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    """Statement order by the visitor's discovery order (source order)."""
+    order = col.__dict__.setdefault("_order", {s: i for i, s in enumerate(col.stmt_parent)})
+    return order.get(a, -1) < order.get(b, -1)
+
+
+def _entry(
+    col: _Collector, module: cst.Module, constructions: List[CallSite]
+) -> Tuple[Optional[cst.CSTNode], Sequence[cst.CSTNode]]:
+    """Where process-group setup goes: the body that first builds the training pieces."""
+    if not constructions:
+        return None, ()
+    if any(isinstance(c.scope, cst.Module) and c.cls is None for c in constructions):
+        return module, module.body
+
+    construction_scopes: Set[cst.CSTNode] = {c.scope for c in constructions}
+    construction_classes: Set[cst.CSTNode] = {c.cls for c in constructions if c.cls is not None}
+
+    def relevant(fn: cst.FunctionDef, seen=frozenset()) -> bool:
+        if fn in construction_scopes or col.methods.get(fn) in construction_classes:
+            return True
+        for c in col.calls:
+            if c.scope is fn:
+                d = dotted(c.call.func)
+                if d in col.functions and col.functions[d] not in seen and col.functions[d] is not fn:
+                    if relevant(col.functions[d], seen | {fn}):
+                        return True
+                if d in col.classes and col.classes[d] in construction_classes:
+                    return True
+        return False
+
+    def descend(owner: cst.CSTNode, body: Sequence[cst.CSTNode], seen) -> Tuple[cst.CSTNode, Sequence[cst.CSTNode]]:
+        # the first statement of `body` that (transitively) builds training pieces
+        for stmt in body:
+            sites = [c for c in col.calls if c.stmt is stmt or stmt in c.parents]
+            for c in sites:
+                d = dotted(c.call.func)
+                fn = col.functions.get(d) if d else None
+                if fn is not None and fn not in seen and relevant(fn):
+                    is_bare_call = (
+                        isinstance(stmt, cst.SimpleStatementLine)
+                        and isinstance(stmt.body[0], cst.Expr)
+                        and stmt.body[0].value is c.call
+                    )
+                    if is_bare_call:
+                        return descend(fn, fn.body.body, seen | {fn})
+                    return owner, body
+                if c.scope in construction_scopes or (d in col.classes and col.classes[d] in construction_classes):
+                    return owner, body
+        return owner, body
+
+    if col.main_guard is not None:
+        owner, body = descend(col.main_guard, col.main_guard.body.body, frozenset())
+        return owner, body
+    # no guard: module-level calls of a function, e.g. a bare `main()` at the bottom
+    return descend(module, module.body, frozenset())

@@ -1,0 +1,207 @@
+"""The ``distify`` command.
+
+    distify train.py --backend ddp          rewrite in place, summary on stderr
+    distify train.py --diff                 show the change, write nothing
+    distify src/ --check                    exit 1 if any file would change, write nothing
+    distify - < train.py                    stdin -> stdout
+
+Exit codes (black/pyupgrade): 0 nothing to change, 1 changed or would change, 2 usage or input
+error, 123 internal failure. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import List, Optional
+
+import typer
+
+from distify import __version__
+from distify.rules.base import BACKENDS, Options
+
+EXIT_OK, EXIT_CHANGED, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 123
+
+app = typer.Typer(add_completion=False, rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"]})
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"distify {__version__}")
+        raise typer.Exit(EXIT_OK)
+
+
+def _split(values: Optional[List[str]]) -> List[str]:
+    out: List[str] = []
+    for v in values or []:
+        out += [p.strip() for p in v.split(",") if p.strip()]
+    return out
+
+
+@app.command(help="Rewrite single-GPU PyTorch training scripts for DDP or Horovod.")
+def run(
+    paths: Optional[List[str]] = typer.Argument(None, help="Files or directories to migrate; '-' reads stdin."),
+    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="ddp (default) or horovod."),
+    diff: bool = typer.Option(False, "--diff", help="Show a unified diff; write nothing."),
+    check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 if any file would change."),
+    select: Optional[List[str]] = typer.Option(None, "--select", help="Only rules whose code starts with these prefixes (comma-separated)."),
+    ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip rules whose code starts with these prefixes (comma-separated)."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 2 when any warning is reported."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Report errors only."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also report unchanged files and why."),
+    list_rules: bool = typer.Option(False, "--list-rules", help="List the rules and exit."),
+    explain: Optional[str] = typer.Option(None, "--explain", help="Explain a rule code (e.g. DST201) and exit."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
+) -> None:
+    from distify import config
+    from distify.report import Reporter
+
+    reporter = Reporter(quiet=quiet, verbose=verbose)
+
+    if list_rules or explain:
+        raise typer.Exit(_rules_info(explain))
+
+    if not paths:
+        reporter.error("distify", "no path given (try 'distify --help')")
+        raise typer.Exit(EXIT_INPUT)
+
+    try:
+        cfg = config.load(paths)
+    except config.ConfigError as e:
+        reporter.error("distify", str(e))
+        raise typer.Exit(EXIT_INPUT)
+    backend = (backend or cfg.get("backend") or "ddp").lower()
+    if backend not in BACKENDS:
+        reporter.error("distify", f"unknown backend {backend!r}: choose ddp or horovod")
+        raise typer.Exit(EXIT_INPUT)
+    options = Options(
+        backend=backend,
+        select=tuple(_split(select) or _as_list(cfg.get("select"))),
+        ignore=tuple(_split(ignore) or _as_list(cfg.get("ignore"))),
+        scale_lr=bool(cfg.get("scale_lr", False)),
+    )
+    from distify.engine import Mode
+
+    mode = Mode.CHECK if check and not diff else Mode.DIFF if diff else Mode.WRITE
+    if "-" in paths:
+        if len(paths) != 1:
+            reporter.error("distify", "'-' (stdin) cannot be combined with other paths")
+            raise typer.Exit(EXIT_INPUT)
+        raise typer.Exit(_run_stdin(options, mode, check, reporter, strict))
+    raise typer.Exit(_run_paths(paths, options, mode, check, reporter, strict, _as_list(cfg.get("exclude"))))
+
+
+def _as_list(value) -> List[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return _split([value])
+    return [str(v) for v in value]
+
+
+def _run_stdin(options: Options, mode, check: bool, reporter, strict: bool) -> int:
+    from distify.engine import FileResult, InputError, Status, migrate_source
+
+    source = sys.stdin.buffer.read()
+    try:
+        result = migrate_source(source, options)
+    except InputError as e:
+        reporter.error("<stdin>", str(e))
+        return EXIT_INPUT
+    except Exception as e:  # noqa: BLE001
+        reporter.error("<stdin>", f"internal error: {type(e).__name__}: {e}")
+        return EXIT_INTERNAL
+    status = Status.CHANGED if result.changed else Status.UNCHANGED
+    fr = FileResult("<stdin>", status, result.findings, result.note, source, result.output)
+    if mode.name == "DIFF":
+        reporter.diff(fr)
+    elif not check:
+        sys.stdout.buffer.write(result.output)
+        sys.stdout.buffer.flush()
+    reporter.file(fr, "would rewrite" if check or mode.name == "DIFF" else "rewrote")
+    if strict and any(f.kind == "warning" for f in result.findings):
+        return EXIT_INPUT
+    return EXIT_CHANGED if result.changed else EXIT_OK
+
+
+def _run_paths(paths, options: Options, mode, check: bool, reporter, strict: bool, exclude) -> int:
+    from distify.engine import FileResult, Status, iter_python_files, process_file
+
+    results: List[FileResult] = []
+    todo: List[str] = []
+    for path, problem in iter_python_files(paths, exclude):
+        if problem:
+            results.append(FileResult(path, Status.ERROR, message=problem))
+        else:
+            todo.append(path)
+    results += _process_all(todo, mode, options)
+
+    word = "would rewrite" if mode.name in ("CHECK", "DIFF") else "rewrote"
+    changed = unchanged = errors = 0
+    for r in results:
+        if r.status is Status.CHANGED and mode.name == "DIFF":
+            reporter.diff(r)
+        reporter.file(r, word)
+        if r.status is Status.CHANGED:
+            changed += 1
+        elif r.status in (Status.ERROR, Status.FAILED):
+            errors += 1
+        else:
+            unchanged += 1
+    if len(results) > 1 or errors:
+        reporter.summary(changed, unchanged, errors, word)
+
+    if any(r.status is Status.FAILED for r in results):
+        return EXIT_INTERNAL
+    if errors:
+        return EXIT_INPUT
+    if strict and any(f.kind == "warning" for r in results for f in r.findings):
+        return EXIT_INPUT
+    return EXIT_CHANGED if changed else EXIT_OK
+
+
+def _process_all(files: List[str], mode, options: Options):
+    from distify.engine import process_file
+
+    workers = min(len(files), os.cpu_count() or 1)
+    if workers <= 1 or len(files) < 8:
+        return [process_file(f, mode, options) for f in files]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(process_file, files, [mode] * len(files), [options] * len(files), chunksize=4))
+
+
+def _rules_info(code: Optional[str]) -> int:
+    import inspect
+
+    from distify.rules import ALL_RULES, BY_CODE
+
+    if code:
+        rule = BY_CODE.get(code.upper())
+        if rule is None:
+            typer.echo(f"distify: error: unknown rule {code!r} (see distify --list-rules)", err=True)
+            return EXIT_INPUT
+        typer.echo(f"{rule.code} {rule.name} ({', '.join(sorted(rule.backends))})\n")
+        typer.echo(inspect.cleandoc(type(rule).__doc__ or ""))
+        return EXIT_OK
+    for rule in ALL_RULES:
+        typer.echo(f"{rule.code}  {rule.name:<22} {', '.join(sorted(rule.backends)):<12} {rule.summary}")
+    return EXIT_OK
+
+
+def main() -> None:
+    try:
+        app(prog_name="distify")
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        sys.stderr.write("distify: interrupted\n")
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - last resort: never a bare traceback
+        sys.stderr.write(f"distify: internal error: {type(e).__name__}: {e}\n")
+        sys.exit(EXIT_INTERNAL)
+
+
+if __name__ == "__main__":
+    main()

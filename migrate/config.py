@@ -1,0 +1,45 @@
+"""``[tool.distify]`` from the nearest pyproject.toml. Command-line flags win."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence
+
+KEYS = {"backend", "select", "ignore", "exclude", "scale-lr", "scale_lr"}
+
+
+class ConfigError(Exception):
+    pass
+
+
+def find_pyproject(paths: Sequence[str]) -> Optional[Path]:
+    starts = [Path(p).resolve() for p in paths if p != "-"] or [Path.cwd()]
+    start = starts[0]
+    for d in [start if start.is_dir() else start.parent, *(start if start.is_dir() else start.parent).parents]:
+        candidate = d / "pyproject.toml"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load(paths: Sequence[str]) -> Dict[str, Any]:
+    path = find_pyproject(paths)
+    if path is None:
+        return {}
+    try:
+        import tomllib  # Python 3.11+
+    except ModuleNotFoundError:  # pragma: no cover - older Pythons
+        try:
+            import tomli as tomllib  # type: ignore
+        except ModuleNotFoundError:
+            return {}
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read [tool.distify]: {e}") from None
+    section = data.get("tool", {}).get("distify", {})
+    unknown = set(section) - KEYS
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) in [tool.distify]: {', '.join(sorted(unknown))}")
+    return {k.replace("-", "_"): v for k, v in section.items()}

@@ -1,0 +1,216 @@
+"""Edits that rules request, and the one transformer that applies all of them.
+
+Rules never touch the tree. They record edits against nodes of the *original* tree (identity, not
+equality), and the engine applies everything in a single pass:
+
+* ``replace(node, fn)`` – ``fn(updated_node) -> new node``. Several replacements of one node compose
+  in the order they were requested; replacements of nested nodes compose naturally because children
+  are rewritten before their parents.
+* ``insert_before(stmt, [stmts])`` / ``insert_after(stmt, [stmts])`` – new statements next to a
+  statement of an indented block or of the module.
+* ``guard(stmt, condition)`` – put the statement under ``if <condition>:``. Consecutive statements of
+  one block guarded by the same condition share a single ``if``.
+* ``add_import(...)`` – queued, de-duplicated and placed once after the module's import block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import libcst as cst
+
+Stmt = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
+NodeFn = Callable[[cst.CSTNode], cst.CSTNode]
+
+
+@dataclass
+class EditSet:
+    replacements: Dict[cst.CSTNode, List[NodeFn]] = field(default_factory=dict)
+    before: Dict[cst.CSTNode, List[Stmt]] = field(default_factory=dict)
+    after: Dict[cst.CSTNode, List[Stmt]] = field(default_factory=dict)
+    guards: Dict[cst.CSTNode, str] = field(default_factory=dict)
+    # import lines in the order first requested, e.g. "import torch.distributed as dist"
+    imports: List[str] = field(default_factory=list)
+
+    def replace(self, node: cst.CSTNode, fn: NodeFn) -> None:
+        self.replacements.setdefault(node, []).append(fn)
+
+    def insert_before(self, stmt: cst.CSTNode, stmts: Sequence[Stmt]) -> None:
+        self.before.setdefault(stmt, []).extend(stmts)
+
+    def insert_after(self, stmt: cst.CSTNode, stmts: Sequence[Stmt]) -> None:
+        self.after.setdefault(stmt, []).extend(stmts)
+
+    def guard(self, stmt: cst.CSTNode, condition: str) -> None:
+        self.guards.setdefault(stmt, condition)
+
+    def add_import(self, line: str) -> None:
+        if line not in self.imports:
+            self.imports.append(line)
+
+    def __bool__(self) -> bool:
+        return bool(self.replacements or self.before or self.after or self.guards or self.imports)
+
+
+def parse_stmts(code: str, newline: str = "\n") -> List[Stmt]:
+    """Parse statement source (written with '\\n') into statements for insertion."""
+    module = cst.parse_module(code if code.endswith("\n") else code + "\n")
+    return list(module.body)
+
+
+def _block_statements(
+    original: Sequence[cst.CSTNode], updated: Sequence[cst.CSTNode], edits: EditSet
+) -> Tuple[List[cst.CSTNode], bool]:
+    """Rebuild one block's statement list: insertions and guard grouping."""
+    out: List[cst.CSTNode] = []
+    changed = False
+    pending_guard: Optional[str] = None
+    guarded: List[cst.CSTNode] = []
+
+    def flush() -> None:
+        nonlocal pending_guard, guarded
+        if pending_guard is not None and guarded:
+            first = guarded[0]
+            leading = getattr(first, "leading_lines", ())
+            body = [_strip_leading(guarded[0])] + guarded[1:]
+            out.append(
+                cst.If(
+                    test=cst.parse_expression(pending_guard),
+                    body=cst.IndentedBlock(body=body),
+                    leading_lines=leading,
+                )
+            )
+        pending_guard, guarded = None, []
+
+    for orig, upd in zip(original, updated):
+        before = edits.before.get(orig, [])
+        after = edits.after.get(orig, [])
+        cond = edits.guards.get(orig)
+        if before:
+            flush()
+            changed = True
+            # keep blank lines/comments that preceded the original statement above the insertion
+            leading = getattr(upd, "leading_lines", ())
+            if leading and hasattr(before[0], "leading_lines"):
+                before = [before[0].with_changes(leading_lines=leading)] + list(before[1:])
+                upd = _strip_leading(upd)
+            out.extend(before)
+        if cond is not None:
+            changed = True
+            if pending_guard is not None and pending_guard != cond:
+                flush()
+            if pending_guard is not None and getattr(upd, "leading_lines", ()):
+                # a blank line or comment separates it from the previous guarded statement:
+                # keep the visual grouping by starting a new guard
+                flush()
+            pending_guard = cond
+            guarded.append(upd)
+        else:
+            flush()
+            out.append(upd)
+        if after:
+            flush()
+            changed = True
+            out.extend(after)
+    flush()
+    return out, changed
+
+
+def _strip_leading(node: cst.CSTNode) -> cst.CSTNode:
+    if getattr(node, "leading_lines", None):
+        return node.with_changes(leading_lines=())
+    return node
+
+
+class ApplyEdits(cst.CSTTransformer):
+    def __init__(self, edits: EditSet) -> None:
+        super().__init__()
+        self.edits = edits
+
+    def on_leave(self, original_node, updated_node):  # type: ignore[override]
+        updated_node = super().on_leave(original_node, updated_node)  # leave_IndentedBlock etc.
+        fns = self.edits.replacements.get(original_node)
+        if fns:
+            for fn in fns:
+                updated_node = fn(updated_node)
+        return updated_node
+
+    def leave_IndentedBlock(self, original_node, updated_node):
+        body, changed = _block_statements(original_node.body, updated_node.body, self.edits)
+        return updated_node.with_changes(body=body) if changed else updated_node
+
+    def leave_Module(self, original_node, updated_node):
+        body, _ = _block_statements(original_node.body, updated_node.body, self.edits)
+        if self.edits.imports:
+            body = _insert_imports(body, self.edits.imports)
+        return updated_node.with_changes(body=body)
+
+
+def _is_import(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
+    )
+
+
+def _is_docstring(stmt: cst.CSTNode) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def import_anchor(body: Sequence[cst.CSTNode]) -> int:
+    """Index after which new imports go: after the last import of the leading import block."""
+    anchor = -1
+    for i, stmt in enumerate(body):
+        if _is_import(stmt):
+            anchor = i
+        elif i == 0 and _is_docstring(stmt):
+            anchor = max(anchor, 0)
+        elif isinstance(stmt, (cst.Try, cst.If)) and anchor >= 0 and _only_imports(stmt):
+            # `try: import x / except ImportError: ...` inside the import block
+            anchor = i
+        elif isinstance(stmt, cst.SimpleStatementLine) and anchor >= 0:
+            # simple statements (constants, sys.path tweaks) may sit between imports
+            continue
+        else:
+            break
+    return anchor
+
+
+def _only_imports(stmt: cst.CSTNode) -> bool:
+    found = False
+    ok = True
+
+    class V(cst.CSTVisitor):
+        def visit_SimpleStatementLine(self, node):
+            nonlocal found, ok
+            for s in node.body:
+                if isinstance(s, (cst.Import, cst.ImportFrom)):
+                    found = True
+                elif not isinstance(s, (cst.Pass, cst.Expr)):
+                    ok = False
+            return False
+
+    stmt.visit(V())
+    return found and ok
+
+
+def _import_order(line: str) -> tuple:
+    # third-party torch imports first (plain `import` before `from`), distify's own last
+    return (line.startswith("from distify") or line.startswith("import distify"), line.startswith("from "), line)
+
+
+def _insert_imports(body: List[cst.CSTNode], lines: Sequence[str]) -> List[cst.CSTNode]:
+    new = parse_stmts("\n".join(sorted(lines, key=_import_order)))
+    anchor = import_anchor(body)
+    if anchor < 0:
+        if body:
+            body = [body[0].with_changes(leading_lines=body[0].leading_lines)] + body[1:]
+        return list(new) + list(body)
+    if anchor == 0 and _is_docstring(body[0]) and not _is_import(body[0]):
+        new = [new[0].with_changes(leading_lines=[cst.EmptyLine()])] + new[1:]
+    return list(body[: anchor + 1]) + list(new) + list(body[anchor + 1 :])

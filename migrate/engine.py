@@ -1,0 +1,226 @@
+"""read → parse → analyse → rewrite → render → write.
+
+The engine is the only place that applies edits and touches files. Per file it returns a small
+frozen ``FileResult`` (unchanged / changed / error / failed) that travels across processes.
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+import os
+import stat
+import tempfile
+import tokenize
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import libcst as cst
+
+from distify.anatomy import analyse
+from distify.edits import ApplyEdits
+from distify.rules import selected
+from distify.rules.base import Context, Finding, Options
+
+
+class Mode(enum.Enum):
+    WRITE = "write"  # rewrite in place
+    DIFF = "diff"  # print a diff, write nothing
+    CHECK = "check"  # write nothing, exit 1 if anything would change
+    STDOUT = "stdout"  # stdin -> stdout
+
+
+class Status(enum.Enum):
+    UNCHANGED = "unchanged"
+    CHANGED = "changed"
+    SKIPPED = "skipped"  # nothing to do (no torch text, already distributed, no training)
+    ERROR = "error"  # the input's fault: unreadable, undecodable, syntax error
+    FAILED = "failed"  # distify's fault: internal error
+
+
+class InputError(Exception):
+    """A problem with the user's input; the message is one line, without the path."""
+
+
+@dataclass(frozen=True)
+class MigrationResult:
+    source: bytes
+    output: bytes
+    findings: Tuple[Finding, ...] = ()
+    note: str = ""  # why nothing changed, when nothing did
+
+    @property
+    def changed(self) -> bool:
+        return self.output != self.source
+
+
+@dataclass(frozen=True)
+class FileResult:
+    path: str
+    status: Status
+    findings: Tuple[Finding, ...] = ()
+    message: str = ""
+    source: bytes = b""
+    output: bytes = b""
+    encoding: str = "utf-8"
+
+
+def decode(source: bytes) -> Tuple[str, str]:
+    """Text and encoding of Python source, honouring a BOM and a PEP 263 coding cookie."""
+    if b"\x00" in source:
+        raise InputError("binary file (contains NUL bytes), not Python source")
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
+    except SyntaxError as e:
+        raise InputError(f"cannot decode: {e}") from None
+    try:
+        text = source.decode(encoding)
+    except (UnicodeDecodeError, LookupError) as e:
+        raise InputError(f"cannot decode as {encoding}: {e.reason if hasattr(e, 'reason') else e}") from None
+    return text, encoding
+
+
+def _quick_skip(text: str) -> bool:
+    """Files that cannot hold a torch training script are not parsed at all."""
+    return "torch" not in text
+
+
+def migrate_source(source: bytes, options: Options) -> MigrationResult:
+    """Rewrite one script's bytes. Raises InputError for bad input."""
+    text, _encoding = decode(source)
+    if _quick_skip(text):
+        return MigrationResult(source, source, note="no torch code")
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError as e:
+        raise InputError(f"syntax error at {e.raw_line}:{e.raw_column + 1}: {_first_line(e.message)}") from None
+    except (RecursionError, MemoryError) as e:  # pathological nesting
+        raise InputError(f"cannot parse: {type(e).__name__}") from None
+
+    anatomy = analyse(module)
+    if anatomy.distributed:
+        return MigrationResult(source, source, note="already distributed (" + ", ".join(anatomy.distributed) + ")")
+    if not anatomy.has_training:
+        return MigrationResult(source, source, note="no training loop")
+
+    ctx = Context(anatomy, options)
+    for rule in selected(options.backend, options.select, options.ignore):
+        rule.apply(ctx)
+    ctx.finish()
+    findings = tuple(sorted(ctx.findings, key=lambda f: (f.line, f.col, f.code)))
+    if not ctx.edits:
+        return MigrationResult(source, source, findings)
+    new_module = module.visit(ApplyEdits(ctx.edits))
+    output = new_module.bytes
+    # the output must be valid Python: re-parse it before anything is written
+    try:
+        cst.parse_module(output)
+        compile(output, "<distify output>", "exec", dont_inherit=True)
+    except (SyntaxError, cst.ParserSyntaxError) as e:  # pragma: no cover - would be a distify bug
+        raise RuntimeError(f"distify produced invalid code: {e}") from e
+    return MigrationResult(source, output, findings)
+
+
+def _first_line(msg: str) -> str:
+    return msg.strip().splitlines()[0] if msg.strip() else "invalid syntax"
+
+
+# files -------------------------------------------------------------------------------------
+
+def iter_python_files(paths: Sequence[str], exclude: Sequence[str] = ()) -> Iterator[Tuple[str, Optional[str]]]:
+    """(path, error) for each input: files as given, directories walked for *.py."""
+    import fnmatch
+
+    for p in paths:
+        if p == "-":
+            yield p, None
+            continue
+        path = Path(p)
+        if path.is_dir():
+            for root, dirs, files in os.walk(path):
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("__pycache__", "node_modules"))
+                for f in sorted(files):
+                    if f.endswith(".py"):
+                        full = os.path.join(root, f)
+                        if not any(fnmatch.fnmatch(full, pat) or fnmatch.fnmatch(f, pat) for pat in exclude):
+                            yield full, None
+        elif path.exists() or path.is_symlink():
+            if not path.exists():
+                yield p, "broken symlink"
+            else:
+                yield p, None
+        else:
+            yield p, "no such file or directory"
+
+
+def process_file(path: str, mode: Mode, options: Options) -> FileResult:
+    try:
+        real = os.path.realpath(path)  # rewrite a symlink's target, keep the link
+        st = os.stat(real)
+        if not stat.S_ISREG(st.st_mode):
+            return FileResult(path, Status.ERROR, message="not a regular file")
+        with open(real, "rb") as f:
+            source = f.read()
+    except OSError as e:
+        return FileResult(path, Status.ERROR, message=f"cannot read: {e.strerror or e}")
+    try:
+        result = migrate_source(source, options)
+    except InputError as e:
+        return FileResult(path, Status.ERROR, message=str(e), source=source)
+    except Exception as e:  # noqa: BLE001 - reported as an internal failure, exit 123
+        return FileResult(path, Status.FAILED, message=f"internal error: {type(e).__name__}: {e}", source=source)
+    if not result.changed:
+        return FileResult(path, Status.UNCHANGED, result.findings, message=result.note, source=source, output=source)
+    if mode is Mode.WRITE:
+        try:
+            write_atomic(real, result.output, expect=st)
+        except InputError as e:
+            return FileResult(path, Status.ERROR, result.findings, message=str(e), source=source)
+        except OSError as e:
+            return FileResult(path, Status.ERROR, result.findings, message=f"cannot write: {e.strerror or e}", source=source)
+    return FileResult(path, Status.CHANGED, result.findings, source=source, output=result.output)
+
+
+def write_atomic(path: str, data: bytes, expect: Optional[os.stat_result] = None) -> None:
+    """Replace `path` with `data` so that a crash leaves either the old or the new file.
+
+    The new content goes to a temporary file in the same directory, is flushed to disk and then
+    renamed over the original (``os.replace`` is atomic on POSIX and Windows). The original's
+    permission bits are kept; the file's owner is kept where the process may set it. If the file
+    changed on disk since it was read (size or mtime), nothing is written.
+    """
+    if expect is not None:
+        now = os.stat(path)
+        if (now.st_mtime_ns, now.st_size) != (expect.st_mtime_ns, expect.st_size):
+            raise InputError("file changed on disk while distify was processing it; not written")
+    st = os.stat(path)
+    if not os.access(path, os.W_OK):
+        raise InputError("file is read-only; not written")
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".distify-tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, stat.S_IMODE(st.st_mode))
+        try:
+            os.chown(tmp, st.st_uid, st.st_gid)
+        except (PermissionError, AttributeError):
+            pass
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:  # make the rename itself durable
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass

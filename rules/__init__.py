@@ -1,0 +1,56 @@
+"""The rule registry.
+
+One module per rule (``dstNNN_<name>.py``) exporting ``RULE``. ``ALL_RULES`` is built from the
+modules listed here, in the order the engine applies them: setup first, then model and optimizer,
+data, rank-0 side effects, advisories. The order matters only where a rule reads what an earlier one
+recorded (the sampler names DST202 uses, the wrapped models DST102 follows).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Dict, Iterable, Sequence, Tuple
+
+from distify.rules.base import Rule
+
+_MODULES = (
+    "dst001_process_group",
+    "dst002_device",
+    "dst101_ddp_wrap",
+    "dst102_unwrap_module",
+    "dst201_distributed_sampler",
+    "dst202_set_epoch",
+    "dst301_rank0_save",
+    "dst302_rank0_print",
+    "dst303_tqdm",
+    "dst304_rank0_filesystem",
+    "dst305_logging",
+    "dst306_load_map_location",
+    "dst901_custom_sampler",
+    "dst902_data_parallel",
+    "dst903_no_epoch_loop",
+    "dst904_fixed_device",
+    "dst905_unwrapped_model",
+    "dst906_loader_arguments",
+)
+
+ALL_RULES: Tuple[Rule, ...] = tuple(import_module(f"{__name__}.{m}").RULE for m in _MODULES)
+BY_CODE: Dict[str, Rule] = {r.code: r for r in ALL_RULES}
+
+
+def selected(backend: str, select: Sequence[str] = (), ignore: Sequence[str] = ()) -> Tuple[Rule, ...]:
+    """Rules for a backend, filtered by code prefixes (``--select DST2``, ``--ignore DST30``)."""
+
+    def matches(code: str, prefixes: Iterable[str]) -> bool:
+        return any(code.startswith(p.upper()) for p in prefixes)
+
+    out = []
+    for rule in ALL_RULES:
+        if backend not in rule.backends:
+            continue
+        if select and not matches(rule.code, select):
+            continue
+        if ignore and matches(rule.code, ignore):
+            continue
+        out.append(rule)
+    return tuple(out)

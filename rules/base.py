@@ -1,0 +1,260 @@
+"""What a rule is, and the context it works in.
+
+A rule reads the anatomy, records edits through the context and reports findings. It never touches
+the tree itself; when it is unsure it edits nothing and reports a warning with a position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence
+
+import libcst as cst
+
+from distify.anatomy import Anatomy, dotted
+from distify.edits import EditSet, parse_stmts
+
+DDP_BACKEND = "ddp"
+HOROVOD_BACKEND = "horovod"
+BACKENDS = (DDP_BACKEND, HOROVOD_BACKEND)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One line of the report: a change made (``fix``) or a problem left alone (``warning``)."""
+
+    code: str
+    line: int
+    col: int
+    message: str
+    kind: str = "fix"  # fix | warning | info
+
+    def format(self, path: str) -> str:
+        return f"{path}:{self.line}:{self.col}: {self.code} {self.message}"
+
+
+@dataclass(frozen=True)
+class Options:
+    backend: str = DDP_BACKEND
+    select: Sequence[str] = ()
+    ignore: Sequence[str] = ()
+    scale_lr: bool = False
+
+
+class Context:
+    """Everything a rule needs: the anatomy, the edit set, name allocation, the report."""
+
+    def __init__(self, anatomy: Anatomy, options: Options) -> None:
+        self.anatomy = anatomy
+        self.options = options
+        self.edits = EditSet()
+        self.findings: List[Finding] = []
+        self.state: Dict[str, Any] = {}
+        self._taken = set(anatomy.name_bindings)
+        self._names: Dict[str, str] = {}
+
+    @property
+    def backend(self) -> str:
+        return self.options.backend
+
+    # source helpers -------------------------------------------------------------------------
+    def code(self, node: cst.CSTNode) -> str:
+        return self.anatomy.module.code_for_node(node)
+
+    def stmts(self, code: str) -> List[cst.CSTNode]:
+        return parse_stmts(code)
+
+    # reporting ------------------------------------------------------------------------------
+    def report(self, code: str, node: cst.CSTNode, message: str, kind: str = "fix") -> None:
+        line, col = self.anatomy.position(node)
+        self.findings.append(Finding(code, line, col, message, kind))
+
+    def warn(self, code: str, node: cst.CSTNode, message: str) -> None:
+        self.report(code, node, message, kind="warning")
+
+    # names and imports ----------------------------------------------------------------------
+    def fresh(self, preferred: str) -> str:
+        """A local name not bound anywhere in the module (and not handed out before)."""
+        name, i = preferred, 2
+        while name in self._taken:
+            name, i = f"{preferred}_{i}", i + 1
+        self._taken.add(name)
+        return name
+
+    def imported(self, module: str, name: Optional[str], preferred: str) -> str:
+        """Local spelling of `module.name` (or of `module` when name is None), importing it once."""
+        qualified = f"{module}.{name}" if name else module
+        if qualified in self._names:
+            return self._names[qualified]
+        existing = self.anatomy.local_name_for(qualified)
+        if existing is not None:
+            self._names[qualified] = existing
+            return existing
+        local = self.fresh(preferred)
+        if name is None:
+            line = f"import {module} as {local}" if local != module else f"import {module}"
+        elif local == name:
+            line = f"from {module} import {name}"
+        else:
+            line = f"from {module} import {name} as {local}"
+        self.edits.add_import(line)
+        self._names[qualified] = local
+        return local
+
+    @property
+    def runtime(self) -> str:
+        return self.imported("distify", "runtime", "runtime")
+
+    @property
+    def dist(self) -> str:
+        return self.imported("torch.distributed", None, "dist")
+
+    @property
+    def hvd(self) -> str:
+        return self.imported("horovod.torch", None, "hvd")
+
+    @property
+    def main_process(self) -> str:
+        """Expression that is true on rank 0 only."""
+        if self.backend == HOROVOD_BACKEND:
+            return f"{self.hvd}.rank() == 0"
+        return f"{self.runtime}.is_main_process()"
+
+    # tree helpers ---------------------------------------------------------------------------
+    def in_rank_guard(self, stmt: cst.CSTNode) -> bool:
+        """True when the statement already sits under an `if` that tests the rank."""
+        for parent in self.anatomy.stmt_parent.get(stmt, ()):
+            if isinstance(parent, cst.If):
+                test = self.code(parent.test)
+                if any(k in test for k in ("rank", "main_process", "is_master", "is_main")):
+                    return True
+        return False
+
+    def enclosing_if(self, stmt: cst.CSTNode) -> Optional[cst.If]:
+        parents = self.anatomy.stmt_parent.get(stmt, ())
+        return parents[-1] if parents and isinstance(parents[-1], cst.If) else None
+
+    def guard_statement(self, stmt: cst.CSTNode) -> None:
+        """Run `stmt` on the main process only (see `finish` for how guards are laid out)."""
+        self.edits.guard(stmt, self.main_process)
+
+    def finish(self) -> None:
+        """Lay out the guards once all rules have run.
+
+        An ``if`` without ``else`` whose statements are all guarded gets its condition extended
+        (``if args.save_model and runtime.is_main_process():``) instead of a second, nested
+        ``if``. Other guarded statements share one ``if`` with their guarded neighbours.
+        """
+        by_parent = {}
+        for stmt, cond in self.edits.guards.items():
+            parents = self.anatomy.stmt_parent.get(stmt, ())
+            if parents and isinstance(parents[-1], cst.If):
+                by_parent.setdefault(parents[-1], []).append((stmt, cond))
+        for parent, guarded in by_parent.items():
+            if parent.orelse is not None or not isinstance(parent.body, cst.IndentedBlock):
+                continue
+            conds = {c for _, c in guarded}
+            if len(conds) != 1 or {id(s) for s, _ in guarded} != {id(s) for s in parent.body.body}:
+                continue
+            if parent in self.edits.guards:
+                continue
+            cond = conds.pop()
+            for stmt, _ in guarded:
+                del self.edits.guards[stmt]
+
+            def extend(node: cst.If, cond=cond) -> cst.If:
+                test = node.test
+                if isinstance(test, (cst.IfExp, cst.Lambda, cst.NamedExpr)) or (
+                    isinstance(test, cst.BooleanOperation) and not isinstance(test.operator, cst.And)
+                ):
+                    test = test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+                return node.with_changes(
+                    test=cst.BooleanOperation(left=test, operator=cst.And(), right=cst.parse_expression(cond))
+                )
+
+            self.edits.replace(parent, extend)
+
+
+def call_statement(stmt: cst.CSTNode, call: cst.Call) -> bool:
+    """True when `stmt` is exactly the expression statement `call`."""
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and stmt.body[0].value is call
+    )
+
+
+def add_kwarg(call: cst.Call, keyword: str, value: cst.BaseExpression) -> cst.Call:
+    """Append `keyword=value` to a call, following the call's own comma/whitespace layout."""
+    args = list(call.args)
+    new = cst.Arg(
+        keyword=cst.Name(keyword),
+        value=value,
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+    if not args:
+        return call.with_changes(args=[new])
+    last = args[-1]
+    if len(args) >= 2 and args[-2].comma is not cst.MaybeSentinel.DEFAULT:
+        sep = args[-2].comma
+    else:
+        sep = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    trailing = last.comma
+    if trailing is not cst.MaybeSentinel.DEFAULT:
+        # `f(a, b,)` or a multi-line call ending in a comma: keep the trailing layout on the new arg
+        args[-1] = last.with_changes(comma=sep)
+        new = new.with_changes(comma=trailing)
+    else:
+        args[-1] = last.with_changes(comma=sep)
+    return call.with_changes(args=[*args, new])
+
+
+def kwarg_value(call: cst.Call, keyword: str) -> Optional[cst.BaseExpression]:
+    for a in call.args:
+        if a.keyword is not None and a.keyword.value == keyword:
+            return a.value
+    return None
+
+
+def names_in(node: cst.CSTNode) -> FrozenSet[str]:
+    found = set()
+
+    class V(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            found.add(n.value)
+
+    node.visit(V())
+    return frozenset(found)
+
+
+class Rule:
+    """Base class. Subclasses set the class attributes and implement `apply`.
+
+    The docstring of every rule has three parts – what it does, why, and an example – and is what
+    ``distify --explain CODE`` prints.
+    """
+
+    code: str = ""
+    name: str = ""
+    backends: FrozenSet[str] = frozenset(BACKENDS)
+    summary: str = ""
+
+    def apply(self, ctx: Context) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+__all__ = [
+    "BACKENDS",
+    "Context",
+    "DDP_BACKEND",
+    "Finding",
+    "HOROVOD_BACKEND",
+    "Options",
+    "Rule",
+    "add_kwarg",
+    "call_statement",
+    "dotted",
+    "kwarg_value",
+    "names_in",
+]

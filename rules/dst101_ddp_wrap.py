@@ -1,0 +1,94 @@
+"""DST101 wrap trained models in DistributedDataParallel."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from distify.anatomy import DATA_PARALLEL, DDP, dotted
+from distify.rules.base import DDP_BACKEND, Context, Rule
+
+
+class WrapDDP(Rule):
+    """Wrap every trained model in ``DistributedDataParallel``.
+
+    What it does:
+        Finds each model whose parameters an optimizer receives and wraps it right after it
+        reaches its device and before the optimizer is built:
+        ``model = DDP(Net().to(device), device_ids=runtime.device_ids())`` in place, or a
+        ``model = DDP(model, device_ids=...)`` line after a separate ``model.to(device)``.
+        ``device_ids`` is ``[local_rank]`` on GPU and ``None`` on CPU.
+
+    Why:
+        DDP averages gradients across processes during ``backward()``, so every rank takes the
+        same optimizer step – the step of the big batch made of all ranks' batches. Without it
+        the ranks train separate models.
+
+    Example:
+        model = Net().to(device)
+        optimizer = optim.SGD(model.parameters(), lr=0.1)
+
+        becomes
+
+        model = DDP(Net().to(device), device_ids=runtime.device_ids())
+        optimizer = optim.SGD(model.parameters(), lr=0.1)
+    """
+
+    code = "DST101"
+    name = "wrap-ddp"
+    backends = frozenset({DDP_BACKEND})
+    summary = "wrap trained models in DistributedDataParallel"
+
+    def apply(self, ctx: Context) -> None:
+        wrapped = ctx.state.setdefault("wrapped", [])
+        for model in ctx.anatomy.models:
+            if model.value is not None and _wraps_in(ctx, model.value, DATA_PARALLEL | DDP):
+                continue  # DataParallel / DDP already: DST902 explains
+            if _data_parallel_later(ctx, model):
+                continue
+            ddp = ctx.imported("torch.nn.parallel", "DistributedDataParallel", "DDP")
+            ids = f"{ctx.runtime}.device_ids()"
+            if model.place is model.assign and model.value is not None:
+                def wrap(node: cst.Assign, ddp=ddp, ids=ids) -> cst.Assign:
+                    return node.with_changes(
+                        value=cst.Call(
+                            func=cst.parse_expression(ddp),
+                            args=[
+                                cst.Arg(node.value, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                                cst.Arg(
+                                    cst.parse_expression(ids),
+                                    keyword=cst.Name("device_ids"),
+                                    equal=cst.AssignEqual(
+                                        whitespace_before=cst.SimpleWhitespace(""),
+                                        whitespace_after=cst.SimpleWhitespace(""),
+                                    ),
+                                ),
+                            ],
+                        )
+                    )
+
+                ctx.edits.replace(model.assign.body[0], wrap)
+                anchor = model.assign
+            else:
+                ctx.edits.insert_after(
+                    model.place, ctx.stmts(f"{model.name} = {ddp}({model.name}, device_ids={ids})")
+                )
+                anchor = model.place
+            wrapped.append((model, anchor))
+            ctx.report(self.code, model.assign, f"{model.name} wrapped in DistributedDataParallel")
+
+
+def _wraps_in(ctx: Context, expr: cst.BaseExpression, names) -> bool:
+    return isinstance(expr, cst.Call) and ctx.anatomy.qualname(expr.func) in names
+
+
+def _data_parallel_later(ctx: Context, model) -> bool:
+    """`model = nn.DataParallel(model)` somewhere in the model's scope."""
+    for site in ctx.anatomy.calls:
+        if site.qualname in DATA_PARALLEL and site.scope is model.scope:
+            a = site.call.args[0].value if site.call.args else None
+            if a is not None and dotted(a) == model.name:
+                return True
+    return False
+
+
+RULE = WrapDDP()

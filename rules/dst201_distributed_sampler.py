@@ -1,0 +1,142 @@
+"""DST201 DistributedSampler for training DataLoaders."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from distify.anatomy import arg, dotted
+from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg
+
+
+class DistributedSamplerRule(Rule):
+    """Give every training DataLoader a ``DistributedSampler``.
+
+    What it does:
+        Builds ``DistributedSampler(dataset, shuffle=...)`` next to each DataLoader that feeds a
+        training loop and passes it as ``sampler=``. The loader's ``shuffle=`` moves into the
+        sampler (a DataLoader may not get both); a loader without ``shuffle`` gets a sampler with
+        ``shuffle=False``, because the sampler shuffles by default. Loaders that already have a
+        ``sampler``/``batch_sampler`` are left alone (see DST901). Evaluation loaders are left
+        whole, so every rank evaluates the full set.
+
+    Why:
+        Without it every process iterates the whole dataset: N ranks do the same work N times and
+        the effective batch is not N times larger. The sampler gives each rank a disjoint
+        1/N shard of every epoch.
+
+    Example:
+        train_loader = DataLoader(train_ds, batch_size=64, shuffle=True)
+
+        becomes
+
+        train_sampler = DistributedSampler(train_ds, shuffle=True)
+        train_loader = DataLoader(train_ds, batch_size=64, sampler=train_sampler)
+    """
+
+    code = "DST201"
+    name = "distributed-sampler"
+    summary = "shard training DataLoaders with DistributedSampler"
+
+    def apply(self, ctx: Context) -> None:
+        samplers = ctx.state.setdefault("samplers", {})
+        for loader in ctx.anatomy.loaders:
+            if loader.role != "train":
+                continue
+            call = loader.call.call
+            if arg(call, 5, "sampler") is not None or arg(call, 6, "batch_sampler") is not None:
+                continue  # DST901
+            if loader.dataset is None:
+                continue
+            positional = [x for x in call.args if x.keyword is None and not x.star]
+            splats = [x for x in call.args if x.star == "**"]
+            if len(positional) > 3 or len(splats) > 1 or any(x.star == "*" for x in call.args):
+                continue  # DST906
+            shuffle_arg = arg(call, 2, "shuffle")
+            if shuffle_arg is not None:
+                shuffle_src = ctx.code(shuffle_arg.value)
+            elif splats:
+                shuffle_src = f'{ctx.code(splats[0].value)}.pop("shuffle", False)'
+            else:
+                shuffle_src = "False"
+
+            cls = ctx.imported("torch.utils.data.distributed", "DistributedSampler", "DistributedSampler")
+            extra = ""
+            if ctx.backend == HOROVOD_BACKEND:
+                extra = f", num_replicas={ctx.hvd}.size(), rank={ctx.hvd}.rank()"
+
+            ds_src = ctx.code(loader.dataset)
+            stmt = loader.call.stmt
+            hoist = None
+            if dotted(loader.dataset) is None:
+                # a dataset built inline must exist once: name it before the sampler uses it
+                hoist = ctx.fresh(_stem(loader.target) + "_dataset" if loader.target else "train_dataset")
+                ds_node = loader.dataset
+                ctx.edits.replace(ds_node, lambda n, h=hoist: cst.Name(h))
+                ctx.edits.insert_before(stmt, ctx.stmts(f"{hoist} = {ds_src}"))
+                ds_src = hoist
+
+            sampler_expr = f"{cls}({ds_src}{extra}, shuffle={shuffle_src})"
+            if loader.target is not None and _is_assignment(stmt, call):
+                sname = _sampler_name(ctx, loader.target)
+                ctx.edits.insert_before(stmt, ctx.stmts(f"{sname} = {sampler_expr}"))
+                value = cst.parse_expression(sname)
+                samplers[loader] = sname
+            else:
+                value = cst.parse_expression(sampler_expr)
+                samplers[loader] = None  # reached through `<loader>.sampler`
+
+            def rewrite(node: cst.Call, value=value, had_shuffle=shuffle_arg is not None) -> cst.Call:
+                if had_shuffle:
+                    args = []
+                    for i, x in enumerate(node.args):
+                        if (x.keyword is not None and x.keyword.value == "shuffle") or (
+                            x.keyword is None and not x.star and i == 2
+                        ):
+                            x = x.with_changes(
+                                keyword=cst.Name("sampler"),
+                                value=value,
+                                equal=x.equal
+                                if x.keyword is not None
+                                else cst.AssignEqual(
+                                    whitespace_before=cst.SimpleWhitespace(""),
+                                    whitespace_after=cst.SimpleWhitespace(""),
+                                ),
+                            )
+                        args.append(x)
+                    return node.with_changes(args=args)
+                return add_kwarg(node, "sampler", value)
+
+            ctx.edits.replace(call, rewrite)
+            moved = " (shuffle moved into the sampler)" if shuffle_arg is not None else ""
+            ctx.report(self.code, call, f"{loader.target or 'DataLoader'} now shards its dataset with DistributedSampler{moved}")
+
+
+def _is_assignment(stmt: cst.CSTNode, call: cst.Call) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and isinstance(stmt.body[0], cst.Assign)
+        and stmt.body[0].value is call
+    )
+
+
+def _stem(target: str) -> str:
+    last = target.split(".")[-1]
+    for suffix in ("_loader", "loader", "_dl", "_dataloader", "dataloader"):
+        if last.lower().endswith(suffix) and len(last) > len(suffix):
+            return last[: -len(suffix)].rstrip("_")
+    return last
+
+
+def _sampler_name(ctx: Context, target: str) -> str:
+    prefix = target.rsplit(".", 1)[0] + "." if "." in target else ""
+    last = target.split(".")[-1]
+    stem = _stem(target)
+    base = f"{stem}_sampler" if stem != last else f"{last}_sampler"
+    if prefix:
+        return prefix + base  # attributes of self: no clash with local names
+    return ctx.fresh(base)
+
+
+RULE = DistributedSamplerRule()

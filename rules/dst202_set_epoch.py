@@ -1,0 +1,62 @@
+"""DST202 sampler.set_epoch(epoch) in the epoch loop."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from distify.rules.base import Context, Rule
+
+
+class SetEpoch(Rule):
+    """Call ``sampler.set_epoch(epoch)`` at the top of the loop that runs the epochs.
+
+    What it does:
+        For every DataLoader that DST201 gave a DistributedSampler, inserts
+        ``train_sampler.set_epoch(epoch)`` as the first statement of the epoch loop – also when the
+        batch loop lives in a ``train(...)`` function or a ``Trainer`` method called from that loop
+        (then it goes into the caller, through ``loader.sampler`` if the sampler is out of reach).
+
+    Why:
+        The sampler seeds its shuffle with the epoch number. Without ``set_epoch`` every epoch
+        uses the same order – the most common silent mistake in DDP scripts.
+
+    Example:
+        for epoch in range(1, args.epochs + 1):
+            train(args, model, device, train_loader, optimizer, epoch)
+
+        becomes
+
+        for epoch in range(1, args.epochs + 1):
+            train_sampler.set_epoch(epoch)
+            train(args, model, device, train_loader, optimizer, epoch)
+    """
+
+    code = "DST202"
+    name = "set-epoch"
+    summary = "call set_epoch on the sampler every epoch"
+
+    def apply(self, ctx: Context) -> None:
+        done = set()
+        for loader, sname in ctx.state.get("samplers", {}).items():
+            for ep in ctx.anatomy.epoch_loops.get(loader, []):
+                if ep.loop in done or ep.var is None:
+                    continue
+                same_place = ep.scope is loader.call.scope or (
+                    loader.target is not None and loader.target.startswith("self.") and ep.cls is loader.call.cls
+                )
+                if sname is not None and same_place:
+                    obj = sname
+                elif ep.loader_ref is not None:
+                    obj = f"{ep.loader_ref}.sampler"
+                else:
+                    continue
+                body = ep.loop.body
+                if not isinstance(body, cst.IndentedBlock) or not body.body:
+                    continue
+                first = body.body[0]
+                ctx.edits.insert_before(first, ctx.stmts(f"{obj}.set_epoch({ep.var})"))
+                done.add(ep.loop)
+                ctx.report(self.code, ep.loop, f"{obj}.set_epoch({ep.var}) reshuffles the shards every epoch")
+
+
+RULE = SetEpoch()

@@ -1,0 +1,42 @@
+"""DST301 checkpoints are written by rank 0 only."""
+
+from __future__ import annotations
+
+from distify.anatomy import SAVE
+from distify.rules.base import Context, Rule, call_statement
+
+
+class Rank0Save(Rule):
+    """Write checkpoints from the main process only.
+
+    What it does:
+        Puts every ``torch.save(...)`` statement under ``if runtime.is_main_process():`` (or
+        ``hvd.rank() == 0``); when the save is the only statement of an ``if``, the condition is
+        extended instead: ``if args.save_model and runtime.is_main_process():``.
+
+    Why:
+        All ranks hold identical weights after every step, so N writers produce N copies of the
+        same file at best and a corrupted file at worst (concurrent writes to one path).
+
+    Example:
+        torch.save(model.state_dict(), "model.pt")
+
+        becomes
+
+        if runtime.is_main_process():
+            torch.save(model.module.state_dict(), "model.pt")
+    """
+
+    code = "DST301"
+    name = "rank0-save"
+    summary = "save checkpoints on rank 0 only"
+
+    def apply(self, ctx: Context) -> None:
+        for site in ctx.anatomy.calls_to(SAVE):
+            if not call_statement(site.stmt, site.call) or ctx.in_rank_guard(site.stmt):
+                continue
+            ctx.guard_statement(site.stmt)
+            ctx.report(self.code, site.call, "torch.save runs on the main process only")
+
+
+RULE = Rank0Save()

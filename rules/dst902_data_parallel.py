@@ -1,0 +1,33 @@
+"""DST902 nn.DataParallel is not combined with DDP."""
+
+from __future__ import annotations
+
+from distify.anatomy import DATA_PARALLEL
+from distify.rules.base import Context, Rule
+
+
+class DataParallelAdvisory(Rule):
+    """Warn about ``nn.DataParallel``, which distify does not wrap again.
+
+    What it does:
+        Reports each ``nn.DataParallel(...)`` and leaves that model unwrapped.
+
+    Why:
+        DataParallel splits a batch over the GPUs of one process; inside a DDP job each process
+        owns one GPU, so the two must not be stacked. Remove the DataParallel line and run distify
+        again: the model then gets ``DistributedDataParallel``.
+
+    Example:
+        model = nn.DataParallel(model)   # DST902: remove, then re-run distify
+    """
+
+    code = "DST902"
+    name = "data-parallel"
+    summary = "nn.DataParallel left in place"
+
+    def apply(self, ctx: Context) -> None:
+        for site in ctx.anatomy.calls_to(DATA_PARALLEL):
+            ctx.warn(self.code, site.call, "nn.DataParallel is not converted: remove it and re-run distify to get DDP")
+
+
+RULE = DataParallelAdvisory()

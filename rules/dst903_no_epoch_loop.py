@@ -1,0 +1,45 @@
+"""DST903 no epoch loop found for set_epoch."""
+
+from __future__ import annotations
+
+from distify.rules.base import Context, Rule
+
+
+class NoEpochLoop(Rule):
+    """Warn when a sharded training loader has no epoch loop distify could find.
+
+    What it does:
+        Reports the loader; no ``set_epoch`` call is added.
+
+    Why:
+        Without ``sampler.set_epoch(epoch)`` at the start of each epoch a shuffling
+        DistributedSampler repeats the same order every epoch. Distify looks for the loop around
+        the batch loop, also through the functions and methods that contain it; when the epochs
+        are driven from elsewhere (a callback, a scheduler library) it cannot place the call.
+
+    Example:
+        train_loader.sampler.set_epoch(epoch)   # add at the start of each epoch
+    """
+
+    code = "DST903"
+    name = "no-epoch-loop"
+    summary = "epoch loop not found: set_epoch not added"
+
+    def apply(self, ctx: Context) -> None:
+        a = ctx.anatomy
+        for loader in a.loaders:
+            if loader.role != "train" or loader.call.call is None:
+                continue
+            if a.epoch_loops.get(loader):
+                continue
+            if not any(bl.trains for bl in loader.batch_loops):
+                continue  # no training loop at all: nothing to shuffle per epoch
+            ctx.warn(
+                self.code,
+                loader.call.call,
+                f"no epoch loop found around {loader.target or 'this loader'}'s batch loop: "
+                "call <loader>.sampler.set_epoch(epoch) at the start of each epoch",
+            )
+
+
+RULE = NoEpochLoop()

@@ -1,0 +1,44 @@
+"""DST904 hard-coded device index."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from distify.anatomy import DEVICE
+from distify.rules.base import Context, Rule
+
+
+class FixedDevice(Rule):
+    """Warn about a device hard-coded to a GPU other than 0 (``"cuda:1"``, ``.cuda(1)``).
+
+    What it does:
+        Reports it and leaves it alone.
+
+    Why:
+        Under a launcher every process must use ``cuda:<local_rank>``; a fixed index puts all
+        ranks on one GPU. Index 0 is rewritten automatically (DST002) because it is the
+        single-GPU default; any other index expresses an intent distify cannot guess.
+
+    Example:
+        device = torch.device("cuda:1")   # DST904: use runtime.device()
+    """
+
+    code = "DST904"
+    name = "fixed-device"
+    summary = "hard-coded GPU index"
+
+    def apply(self, ctx: Context) -> None:
+        a = ctx.anatomy
+        for site in a.calls:
+            c = site.call
+            if site.qualname in DEVICE and c.args and isinstance(c.args[0].value, cst.SimpleString):
+                v = c.args[0].value.evaluated_value
+                if isinstance(v, str) and v.startswith("cuda:") and v != "cuda:0":
+                    ctx.warn(self.code, c, f"device {v!r} is fixed: every rank would use it; use runtime.device()")
+            elif isinstance(c.func, cst.Attribute) and c.func.attr.value == "cuda" and site.qualname is None:
+                pos = [x for x in c.args if x.keyword is None]
+                if pos and not (isinstance(pos[0].value, cst.Integer) and pos[0].value.value == "0"):
+                    ctx.warn(self.code, c, ".cuda() with a fixed device index: every rank would use it; use .to(device)")
+
+
+RULE = FixedDevice()

@@ -1,0 +1,49 @@
+"""DST905 a trained model distify cannot wrap."""
+
+from __future__ import annotations
+
+from distify.rules.base import DDP_BACKEND, Context, Rule
+
+
+class UnwrappedModel(Rule):
+    """Warn about an optimizer whose model distify could not find or wrap.
+
+    What it does:
+        Reports the optimizer when the model it trains is not built in the same function (or the
+        same class, for ``self.`` attributes) before it – e.g. a model passed in as an argument or
+        returned by a helper and then unpacked.
+
+    Why:
+        Wrapping in the wrong place is worse than not wrapping: a model wrapped after the
+        optimizer, or twice, silently trains wrong. Wrap it yourself right after it is moved to
+        its device: ``model = DDP(model, device_ids=runtime.device_ids())``.
+
+    Example:
+        optimizer = optim.SGD(build().parameters(), lr=0.1)   # DST905
+    """
+
+    code = "DST905"
+    name = "unwrapped-model"
+    backends = frozenset({DDP_BACKEND})
+    summary = "trained model not found: not wrapped"
+
+    def apply(self, ctx: Context) -> None:
+        a = ctx.anatomy
+        found = {id(m.optimizer) for m in a.models}
+        named = {(id(m.optimizer), m.name) for m in a.models}
+        for opt in a.optimizers:
+            missing = [r for r in opt.models if (id(opt), r) not in named]
+            if not opt.models:
+                missing = ["its parameters"]
+            for m in missing:
+                if any(mm.name == m for mm in a.models):
+                    continue  # the same model was found through another optimizer
+                ctx.warn(
+                    self.code,
+                    opt.call.call,
+                    f"model for this optimizer ({m}) is not built in this scope before it: not wrapped; "
+                    "wrap it with DDP(model, device_ids=runtime.device_ids()) yourself",
+                )
+
+
+RULE = UnwrappedModel()
