@@ -18,6 +18,8 @@ _MODULES = (
     "dst002_device",
     "dst101_ddp_wrap",
     "dst102_unwrap_module",
+    "dst111_distributed_optimizer",
+    "dst112_broadcast_state",
     "dst201_distributed_sampler",
     "dst202_set_epoch",
     "dst301_rank0_save",

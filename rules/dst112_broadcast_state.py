@@ -1,0 +1,69 @@
+"""DST112 broadcast initial state from rank 0 (Horovod)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from distify.anatomy import dotted
+from distify.rules.base import HOROVOD_BACKEND, Context, Rule
+
+
+class BroadcastState(Rule):
+    """Start every rank from rank 0's weights and optimizer state (Horovod).
+
+    What it does:
+        Adds ``hvd.broadcast_parameters(model.state_dict(), root_rank=0)`` and
+        ``hvd.broadcast_optimizer_state(optimizer, root_rank=0)`` after the optimizer is built –
+        and after any ``load_state_dict`` that follows it in the same function, so a resumed
+        checkpoint is what gets broadcast.
+
+    Why:
+        Unlike DDP, Horovod does not synchronise the initial state: ranks seeded differently (or
+        one that loaded a checkpoint while others did not) would train different models.
+        Broadcasting before a checkpoint is loaded would be undone by the load – or, when only rank
+        0 loads, overwrite the resumed weights with fresh ones.
+
+    Example:
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+
+        is followed by
+
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    """
+
+    code = "DST112"
+    name = "broadcast-state"
+    backends = frozenset({HOROVOD_BACKEND})
+    summary = "broadcast parameters and optimizer state from rank 0"
+
+    def apply(self, ctx: Context) -> None:
+        a = ctx.anatomy
+        hvd = ctx.hvd
+        for opt in ctx.state.get("hvd_optimizers", []):
+            anchor = opt.call.stmt
+            siblings = a.stmt_parent.get(anchor, ())
+            # the last load_state_dict after the optimizer, at the optimizer's block level
+            for site in a.calls:
+                if site.scope is not opt.call.scope or not isinstance(site.call.func, cst.Attribute):
+                    continue
+                if site.call.func.attr.value != "load_state_dict":
+                    continue
+                owner = dotted(site.call.func.value) or ""
+                if owner not in opt.models and owner != opt.target and not any(owner.startswith(m + ".") for m in opt.models):
+                    continue
+                chain = (*site.parents, site.stmt)
+                level = [s for s in chain if a.stmt_parent.get(s, ()) == siblings]
+                if level and a.is_before(anchor, level[0]) and not _inside_loop(level[0]):
+                    anchor = level[0]
+            lines = [f"{hvd}.broadcast_parameters({m}.state_dict(), root_rank=0)" for m in opt.models]
+            lines.append(f"{hvd}.broadcast_optimizer_state({opt.target}, root_rank=0)")
+            ctx.edits.insert_after(anchor, ctx.stmts("\n".join(lines)))
+            ctx.report(self.code, opt.call.call, "rank 0's parameters and optimizer state are broadcast before training")
+
+
+def _inside_loop(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, (cst.For, cst.While))
+
+
+RULE = BroadcastState()

@@ -1,0 +1,73 @@
+"""Golden fixtures: every `fixtures/<group>/<case>.in.py` against its expected output per backend.
+
+For each case and backend: the output equals `<case>.<backend>.py` (or the input itself when that
+file does not exist: the case must come out unchanged), it compiles, a second run changes nothing,
+and the warnings equal `<case>.<backend>.warnings` (none when absent).
+
+Regenerate after an intended change with `DISTIFY_UPDATE_GOLDENS=1 pytest tests/test_fixtures.py`,
+then read every changed expected file as a reviewer would.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from distify.engine import migrate_source
+from distify.rules.base import Options
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+BACKENDS = ("ddp",)
+UPDATE = os.environ.get("DISTIFY_UPDATE_GOLDENS") == "1"
+
+
+def cases():
+    for path in sorted(FIXTURES.rglob("*.in.py")):
+        for backend in BACKENDS:
+            yield pytest.param(path, backend, id=f"{path.parent.name}/{path.name[:-6]}-{backend}")
+
+
+def _expected_paths(src: Path, backend: str):
+    stem = src.name[: -len(".in.py")]
+    return src.with_name(f"{stem}.{backend}.py"), src.with_name(f"{stem}.{backend}.warnings")
+
+
+def _warning_lines(findings) -> str:
+    return "".join(f"{f.line}:{f.col}: {f.code} {f.message}\n" for f in findings if f.kind == "warning")
+
+
+@pytest.mark.parametrize("src,backend", list(cases()))
+def test_fixture(src: Path, backend: str) -> None:
+    source = src.read_bytes()
+    expected_path, warnings_path = _expected_paths(src, backend)
+    result = migrate_source(source, Options(backend=backend))
+    warnings = _warning_lines(result.findings)
+
+    if UPDATE:
+        if result.output != source:
+            expected_path.write_bytes(result.output)
+        elif expected_path.exists():
+            expected_path.unlink()
+        if warnings:
+            warnings_path.write_text(warnings)
+        elif warnings_path.exists():
+            warnings_path.unlink()
+
+    expected = expected_path.read_bytes() if expected_path.exists() else source
+    assert result.output.decode() == expected.decode(), f"{src.name} ({backend}) differs from {expected_path.name}"
+    compile(result.output, str(expected_path), "exec", dont_inherit=True)
+
+    again = migrate_source(result.output, Options(backend=backend))
+    assert again.output == result.output, "a second run changed the output (not idempotent)"
+
+    expected_warnings = warnings_path.read_text() if warnings_path.exists() else ""
+    assert warnings == expected_warnings
+
+
+def test_every_fixture_group_has_cases() -> None:
+    groups = [d for d in FIXTURES.iterdir() if d.is_dir()]
+    assert groups
+    for d in groups:
+        assert list(d.glob("*.in.py")), f"fixture folder {d.name} has no *.in.py case"
