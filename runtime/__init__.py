@@ -1,0 +1,391 @@
+"""distify.runtime: the small shim that migrated training scripts import.
+
+It hides environment plumbing only; the distributed calls stay visible in the user's script::
+
+    dist.init_process_group(**runtime.init_kwargs())
+    device = runtime.device()
+    model = DDP(Net().to(device), device_ids=runtime.device_ids())
+    if runtime.is_main_process():
+        torch.save(runtime.unwrap(model).state_dict(), "model.pt")
+
+Imports torch and the standard library only (never libcst, typer or rich). ``import torch``
+already loads ``torch.distributed``, so nothing here adds a heavy import.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import os
+import sys
+import threading
+from typing import Any, Mapping, Optional, Union
+
+import torch
+
+from ._env import DistifyEnvError, Environment, discover, expand_nodelist, first_host
+
+__all__ = [
+    "DistifyEnvError",
+    "Environment",
+    "all_reduce",
+    "barrier",
+    "choose_backend",
+    "cleanup",
+    "device",
+    "device_ids",
+    "discover",
+    "expand_nodelist",
+    "first_host",
+    "init_kwargs",
+    "is_main_process",
+    "local_rank",
+    "rank",
+    "reduce_mean",
+    "unwrap",
+    "world_size",
+]
+
+BACKENDS = ("nccl", "gloo", "mpi", "ucc")
+DEFAULT_TIMEOUT_S = 1800.0  # torch's default for gloo; NCCL gets the same instead of its 10 min
+CLEANUP_JOIN_S = 5.0
+
+_state_lock = threading.Lock()
+_atexit_registered = False
+_cleanup_thread: Optional[threading.Thread] = None
+_device_cache: dict[bool, torch.device] = {}
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _dist() -> Any:
+    """torch.distributed if it is usable in this build, else None."""
+    dist = getattr(torch, "distributed", None)
+    if dist is None or not dist.is_available():
+        return None
+    return dist
+
+
+def _group_ready() -> bool:
+    dist = _dist()
+    return dist is not None and dist.is_initialized()
+
+
+def _horovod() -> Any:
+    """``horovod.torch`` if the script already imported AND initialised it; never imports it."""
+    hvd = sys.modules.get("horovod.torch")
+    if hvd is None:
+        return None
+    try:
+        return hvd if hvd.is_initialized() else None
+    except Exception:  # an old or half-imported horovod: treat as absent
+        return None
+
+
+def _fail(error: DistifyEnvError) -> SystemExit:
+    return SystemExit(f"distify: {error}")
+
+
+def _loopback_ifname() -> Optional[str]:
+    """Name of the loopback interface ("lo" on Linux, "lo0" on macOS/BSD), None if not found."""
+    import socket
+
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except (OSError, AttributeError):  # Windows without if_nameindex, sandboxes
+        return None
+    for name in names:  # Linux: trust the kernel's IFF_LOOPBACK flag over the name
+        try:
+            with open(f"/sys/class/net/{name}/flags") as fh:
+                if int(fh.read().strip(), 16) & 0x8:
+                    return name
+        except (OSError, ValueError):
+            break
+    for candidate in ("lo", "lo0"):
+        if candidate in names:
+            return candidate
+    return next((n for n in names if n.startswith("lo")), None)
+
+
+# ---------------------------------------------------------------------------- public API
+
+
+def choose_backend(environ: Optional[Mapping[str, str]] = None) -> str:
+    """"nccl" when CUDA (and NCCL) is available, else "gloo"; ``DISTIFY_BACKEND`` overrides."""
+    env = os.environ if environ is None else environ
+    override = (env.get("DISTIFY_BACKEND") or "").strip()
+    if override:
+        if override.lower() not in BACKENDS:
+            raise DistifyEnvError(
+                f"DISTIFY_BACKEND={override!r} is not one of {', '.join(BACKENDS)}"
+            )
+        return override.lower()
+    dist = _dist()
+    if torch.cuda.is_available() and dist is not None and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def _timeout(timeout: Optional[float], environ: Mapping[str, str]) -> datetime.timedelta:
+    if timeout is None:
+        raw = (environ.get("DISTIFY_INIT_TIMEOUT") or "").strip()
+        if raw:
+            try:
+                timeout = float(raw)
+            except ValueError:
+                timeout = -1.0
+            if not timeout > 0 or timeout == float("inf"):
+                raise DistifyEnvError(
+                    f"DISTIFY_INIT_TIMEOUT={raw!r} is not a positive number of seconds"
+                )
+        else:
+            timeout = DEFAULT_TIMEOUT_S
+    elif not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return datetime.timedelta(seconds=timeout)
+
+
+def init_kwargs(timeout: Optional[float] = None) -> dict:
+    """Keyword arguments for ``torch.distributed.init_process_group`` in this environment.
+
+    * Under a launcher (torchrun, Kubeflow, srun, mpirun, horovodrun): exports what ``env://``
+      needs (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK; existing values are kept) and
+      returns ``backend, init_method="env://", rank, world_size, timeout``. torchrun always gets
+      ``env://``: its agent already serves the store on MASTER_PORT.
+    * Without one (plain ``python train.py``), or a non-torchrun world of one: a one-process group
+      on an in-memory ``HashStore`` -- no rendezvous socket at all -- and gloo/NCCL pinned to the
+      loopback interface, so nothing listens beyond 127.0.0.1.
+
+    An inconsistent environment exits with one line, ``distify: <sentence>``.
+    """
+    global _atexit_registered
+    try:
+        env = discover()
+        backend = choose_backend()
+        if backend == "nccl" and not os.environ.get("DISTIFY_BACKEND"):
+            # NCCL for CUDA tensors, gloo for CPU ones: a script that keeps the model on the CPU
+            # (a --no-cuda flag) or reduces CPU metrics still works on a GPU machine.
+            backend = "cpu:gloo,cuda:nccl"
+        td = _timeout(timeout, os.environ)
+        if env.source == "torchrun" or env.world_size > 1:
+            if env.master_addr is None:
+                raise DistifyEnvError(
+                    f"MASTER_ADDR is not set and cannot be inferred for this {env.source} launch "
+                    f"across several hosts (world size {env.world_size})"
+                )
+            os.environ.setdefault("MASTER_ADDR", env.master_addr)
+            os.environ.setdefault("MASTER_PORT", str(env.master_port))
+            os.environ.setdefault("RANK", str(env.rank))
+            os.environ.setdefault("WORLD_SIZE", str(env.world_size))
+            os.environ.setdefault("LOCAL_RANK", str(env.local_rank))
+            kwargs: dict = {
+                "backend": backend,
+                "init_method": "env://",
+                "rank": env.rank,
+                "world_size": env.world_size,
+                "timeout": td,
+            }
+        else:
+            dist = _dist()
+            if dist is None:
+                raise DistifyEnvError("torch.distributed is not available in this torch build")
+            lo = _loopback_ifname()
+            if lo is not None:
+                # Gloo binds its pair listener to the address the host name resolves to (a public
+                # NIC on most machines) unless told otherwise; NCCL's bootstrap prefers non-lo NICs.
+                os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+                os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
+            kwargs = {
+                "backend": backend,
+                "store": dist.HashStore(),
+                "rank": 0,
+                "world_size": 1,
+                "timeout": td,
+            }
+    except DistifyEnvError as error:
+        raise _fail(error) from None
+    with _state_lock:
+        if not _atexit_registered:
+            atexit.register(cleanup)
+            _atexit_registered = True
+    return kwargs
+
+
+def device(enabled: bool = True) -> torch.device:
+    """``cuda:<local_rank>`` (and make it current) when CUDA is usable and ``enabled``, else cpu.
+
+    Cached per process. A local rank with no matching visible GPU exits with one line.
+    """
+    enabled = bool(enabled)
+    cached = _device_cache.get(enabled)
+    if cached is not None:
+        return cached
+    if enabled and torch.cuda.is_available():
+        lr = local_rank()
+        count = torch.cuda.device_count()
+        if lr >= count:
+            noun = "device is" if count == 1 else "devices are"
+            raise _fail(DistifyEnvError(f"LOCAL_RANK={lr} but only {count} CUDA {noun} visible"))
+        torch.cuda.set_device(lr)
+        result = torch.device("cuda", lr)
+    else:
+        result = torch.device("cpu")
+    _device_cache[enabled] = result
+    global _last_device
+    _last_device = result
+    return result
+
+
+_last_device: Optional[torch.device] = None
+
+
+def device_ids() -> Optional[list]:
+    """What ``DistributedDataParallel(device_ids=...)`` wants: ``[local_rank]`` on CUDA, else None.
+
+    It follows the device the script picked last with :func:`device` – ``device(use_cuda)`` with
+    ``use_cuda=False`` on a GPU machine gives ``None`` – and the default device otherwise.
+    """
+    dev = _last_device if _last_device is not None else device()
+    return [dev.index] if dev.type == "cuda" else None
+
+
+def rank() -> int:
+    """Global rank: the process group's, else Horovod's (if initialised), else the environment's."""
+    if _group_ready():
+        return torch.distributed.get_rank()
+    hvd = _horovod()
+    if hvd is not None:
+        return int(hvd.rank())
+    return discover().rank
+
+
+def world_size() -> int:
+    """Number of processes: the process group's, else Horovod's, else the environment's."""
+    if _group_ready():
+        return torch.distributed.get_world_size()
+    hvd = _horovod()
+    if hvd is not None:
+        return int(hvd.size())
+    return discover().world_size
+
+
+def local_rank() -> int:
+    """Rank on this host: Horovod's if initialised, else the environment's (0 without launcher)."""
+    hvd = _horovod()
+    if hvd is not None and not _group_ready():
+        return int(hvd.local_rank())
+    return discover().local_rank
+
+
+def is_main_process() -> bool:
+    """True on global rank 0 (and in a plain single-process run)."""
+    return rank() == 0
+
+
+def barrier() -> None:
+    """Wait for every rank; a no-op without a process group or Horovod."""
+    if _group_ready():
+        torch.distributed.barrier()
+        return
+    hvd = _horovod()
+    if hvd is not None:
+        hvd.barrier()
+
+
+_OPS = ("sum", "mean", "max", "min")
+
+
+def all_reduce(value: Union[int, float, torch.Tensor], op: str = "sum") -> Any:
+    """Reduce ``value`` over all ranks and return the result; the input is never modified.
+
+    Numbers come back as numbers (``int`` for integer sum/max/min, ``float`` otherwise), tensors as
+    a new tensor on the input's device. Uses the torch.distributed group if initialised, else
+    Horovod if initialised, else (one process) returns the value as is.
+    """
+    if op not in _OPS:
+        raise ValueError(f"op must be one of {', '.join(_OPS)}, got {op!r}")
+    is_tensor = isinstance(value, torch.Tensor)
+    if not is_tensor and not isinstance(value, (int, float)):
+        raise TypeError(f"all_reduce takes a number or a tensor, got {type(value).__name__}")
+
+    if is_tensor:
+        tensor = value.detach().clone()
+        integral = not (tensor.is_floating_point() or tensor.is_complex())
+    else:
+        integral = isinstance(value, int) and op != "mean"
+        tensor = torch.tensor(value, dtype=torch.int64 if integral else torch.float64)
+    if op == "mean" and not (tensor.is_floating_point() or tensor.is_complex()):
+        tensor = tensor.to(torch.float64)
+
+    if _group_ready():
+        dist = torch.distributed
+        home = tensor.device
+        work = tensor
+        if dist.get_backend() == "nccl" and home.type != "cuda":
+            work = tensor.to(device())
+        red = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM,
+               "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+        dist.all_reduce(work, op=red)
+        if op == "mean":
+            work = work / dist.get_world_size()
+        tensor = work.to(home)
+    else:
+        hvd = _horovod()
+        if hvd is not None:
+            red = {"sum": hvd.Sum, "mean": hvd.Sum, "max": hvd.Max, "min": hvd.Min}[op]
+            tensor = hvd.allreduce(tensor, op=red)
+            if op == "mean":
+                tensor = tensor / hvd.size()
+
+    if is_tensor:
+        return tensor
+    return int(tensor.item()) if integral else float(tensor.item())
+
+
+def reduce_mean(value: Union[int, float, torch.Tensor]) -> Any:
+    """``all_reduce(value, "mean")``: the average over ranks (e.g. of a loss or an accuracy)."""
+    return all_reduce(value, "mean")
+
+
+def unwrap(model: Any) -> Any:
+    """The plain module inside DDP / DataParallel / ``torch.compile`` wrappers (recursively)."""
+    parallel = torch.nn.parallel
+    wrappers = (parallel.DistributedDataParallel, parallel.DataParallel)
+    seen = 0
+    while seen < 64:  # wrappers nest a few levels at most; never loop forever on odd objects
+        seen += 1
+        if isinstance(model, wrappers):
+            model = model.module
+        elif type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            break
+    return model
+
+
+def cleanup() -> None:
+    """Destroy the default process group if one exists. Idempotent; registered at exit.
+
+    The destroy runs in a daemon thread joined for a few seconds, so a wedged peer (a rank that
+    died, an NCCL communicator stuck on a dead link) cannot hang the exit of a finished script.
+    """
+    global _cleanup_thread
+    with _state_lock:
+        if _cleanup_thread is not None and _cleanup_thread.is_alive():
+            return  # a destroy is already under way (or wedged): do not pile up threads
+        if not _group_ready():
+            return
+        worker = _cleanup_thread = threading.Thread(
+            target=_destroy, name="distify-cleanup", daemon=True
+        )
+    worker.start()
+    worker.join(CLEANUP_JOIN_S)
+
+
+def _destroy() -> None:
+    try:
+        torch.distributed.destroy_process_group()
+    except Exception:  # exiting anyway: never turn a finished run into a traceback
+        pass
+

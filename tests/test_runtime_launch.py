@@ -1,0 +1,189 @@
+"""End-to-end: the runtime shim under real launchers (torchrun, horovodrun), emulated schedulers
+(Slurm srun tasks, OpenMPI ranks, Kubeflow pods: the same processes, started by hand with the
+variables those launchers export) and plain ``python``."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+SCRIPTS = Path(__file__).parent / "scripts"
+SHIM = SCRIPTS / "allreduce_shim.py"
+HVD = SCRIPTS / "allreduce_hvd.py"
+TIMEOUT = 120
+
+LINE = re.compile(
+    r"rank=(?P<rank>\d+) world=(?P<world>\d+) local=(?P<local>\d+) main=(?P<main>True|False) "
+    r"sum=(?P<sum>\S+) mean=(?P<mean>\S+) max=(?P<max>\S+) tensor=(?P<tensor>\S+)"
+)
+HVD_LINE = re.compile(
+    r"rank=(?P<rank>\d+) world=(?P<world>\d+) local=(?P<local>\d+) main=(?P<main>True|False) "
+    r"hvd=(?P<hvd>\S+) sum=(?P<sum>\S+) mean=(?P<mean>\S+) max=(?P<max>\S+)"
+)
+
+
+def _lines(pattern: re.Pattern, output: str) -> dict[int, dict]:
+    found: dict[int, dict] = {}
+    for line in output.splitlines():
+        m = pattern.search(line)  # search: horovodrun prefixes lines with "[0]<stdout>:"
+        if m:
+            rank = int(m["rank"])
+            assert rank not in found, f"rank {rank} reported twice:\n{output}"
+            found[rank] = m.groupdict()
+    return found
+
+
+def _check_shim(output: str, world: int, locals_: dict[int, int] | None = None) -> None:
+    by_rank = _lines(LINE, output)
+    assert sorted(by_rank) == list(range(world)), output
+    total = world * (world + 1) // 2
+    for rank, got in by_rank.items():
+        assert int(got["world"]) == world
+        assert got["main"] == str(rank == 0)
+        assert got["sum"] == str(total)  # an int stays an int
+        assert float(got["mean"]) == (world - 1) / 2
+        assert got["max"] == str(world - 1)
+        assert [float(x) for x in got["tensor"].split(",")] == [
+            world * (world - 1) / 2, 10.0 * total,
+        ]
+        if locals_ is not None:
+            assert int(got["local"]) == locals_[rank]
+
+
+def _run(cmd: list, env: dict, timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def _run_ranks(envs: list[dict], timeout: int = TIMEOUT) -> str:
+    """Start one process per env (as srun/mpirun would) and return their joined stdout."""
+    procs = [
+        subprocess.Popen([sys.executable, str(SHIM)], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for env in envs
+    ]
+    outputs = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{err}"
+            outputs.append(out)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return "".join(outputs)
+
+
+def _free_port(lo: int = 20000, hi: int = 29999) -> int:
+    """A port in [lo, hi] that is free right now on 127.0.0.1."""
+    for port in range(lo + os.getpid() % (hi - lo), hi):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port")
+
+
+# --------------------------------------------------------------------------- torch launchers
+
+
+def test_torchrun_two_ranks(launcher_free_env):
+    proc = _run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(SHIM)],
+        launcher_free_env,
+    )
+    _check_shim(proc.stdout, world=2, locals_={0: 0, 1: 1})
+
+
+def test_plain_python_is_a_world_of_one(launcher_free_env):
+    proc = _run([sys.executable, str(SHIM)], launcher_free_env)
+    _check_shim(proc.stdout, world=1, locals_={0: 0})
+
+
+def test_plain_python_in_an_sbatch_script_does_not_wait_for_peers(launcher_free_env):
+    env = {**launcher_free_env, "SLURM_JOB_ID": "4242", "SLURM_PROCID": "0",
+           "SLURM_NTASKS": "4", "SLURM_LOCALID": "0", "SLURM_JOB_NODELIST": "node[1-4]",
+           "SLURM_NODELIST": "node[1-4]"}
+    proc = _run([sys.executable, str(SHIM)], env, timeout=60)
+    _check_shim(proc.stdout, world=1)
+
+
+# ------------------------------------------------------------------- emulated schedulers
+
+
+def test_srun_tasks(launcher_free_env):
+    port = _free_port(10000, 29999)  # the port distify derives: 10000 + SLURM_JOB_ID % 20000
+    base = {**launcher_free_env, "SLURM_JOB_ID": str(port - 10000), "SLURM_NTASKS": "2",
+            "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_ID": "0",
+            "SLURM_JOB_NODELIST": "localhost", "SLURM_STEP_NODELIST": "localhost"}
+    envs = [{**base, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)} for r in range(2)]
+    _check_shim(_run_ranks(envs), world=2, locals_={0: 0, 1: 1})
+
+
+def test_openmpi_ranks(launcher_free_env):
+    base = {**launcher_free_env, "OMPI_COMM_WORLD_SIZE": "2",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_PORT": str(_free_port())}
+    envs = [{**base, "OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_LOCAL_RANK": str(r)}
+            for r in range(2)]
+    _check_shim(_run_ranks(envs), world=2, locals_={0: 0, 1: 1})
+
+
+def test_kubeflow_pods(launcher_free_env):
+    base = {**launcher_free_env, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(_free_port())}
+    envs = [{**base, "RANK": str(r)} for r in range(2)]
+    _check_shim(_run_ranks(envs), world=2, locals_={0: 0, 1: 0})  # one process per pod
+
+
+# -------------------------------------------------------------------------------- horovod
+
+
+def _ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _horovod_import_error(env: dict) -> str | None:
+    if importlib.util.find_spec("horovod") is None:
+        return "No module named 'horovod'"
+    proc = subprocess.run([sys.executable, "-c", "import horovod.torch"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
+
+
+@pytest.mark.horovod
+def test_horovodrun_gloo_two_ranks(launcher_free_env):
+    error = _horovod_import_error(launcher_free_env)
+    if error is not None:
+        message = f"horovod.torch cannot be imported ({error}); install it with .ci/install-horovod.sh"
+        if _ci():
+            pytest.fail(f"CI must prove Horovod works: {message}")
+        pytest.skip(message)
+    proc = _run(
+        [sys.executable, "-m", "horovod.runner.launch", "--gloo", "-np", "2", "-H", "localhost:2",
+         sys.executable, str(HVD)],
+        launcher_free_env,
+    )
+    by_rank = _lines(HVD_LINE, proc.stdout)
+    assert sorted(by_rank) == [0, 1], proc.stdout + proc.stderr
+    for rank, got in by_rank.items():
+        assert (int(got["world"]), int(got["local"])) == (2, rank)
+        assert got["main"] == str(rank == 0)
+        assert float(got["hvd"]) == 3.0  # horovod's own allreduce of rank + 1
+        assert got["sum"] == "3"  # runtime.all_reduce through horovod, int kept
+        assert float(got["mean"]) == 0.5
+        assert got["max"] == "1.0"
