@@ -415,6 +415,36 @@ class Anatomy:
                 return local
         return None
 
+    @property
+    def flavour(self) -> Optional[str]:
+        """The distributed backend the script already uses: "horovod", "ddp" or None."""
+        if "imports horovod" in self.distributed:
+            return "horovod"
+        if {"calls init_process_group", "wraps a model in DistributedDataParallel"} & set(self.distributed):
+            return "ddp"
+        return None
+
+    def sampler_call(self, loader: "Loader") -> Optional[cst.Call]:
+        """The DistributedSampler(...) call a loader already uses (inline or through a name)."""
+        a = arg(loader.call.call, 5, "sampler")
+        if a is None:
+            return None
+        if isinstance(a.value, cst.Call) and self.qualname(a.value.func) in DIST_SAMPLER:
+            return a.value
+        name = dotted(a.value)
+        if name is None:
+            return None
+        for c in self.calls:
+            if c.qualname in DIST_SAMPLER and isinstance(c.stmt, cst.SimpleStatementLine):
+                small = c.stmt.body[0]
+                if (
+                    isinstance(small, cst.Assign)
+                    and small.value is c.call
+                    and any(dotted(t.target) == name for t in small.targets)
+                ):
+                    return c.call
+        return None
+
     def calls_to(self, names: Set[str]) -> List[CallSite]:
         return [c for c in self.calls if c.qualname in names]
 
@@ -729,7 +759,11 @@ def _entry(
     """Where process-group setup goes: the body that first builds the training pieces."""
     if not constructions:
         return None, ()
-    if any(isinstance(c.scope, cst.Module) and c.cls is None for c in constructions):
+    at_module = [c for c in constructions if isinstance(c.scope, cst.Module) and c.cls is None]
+    if at_module:
+        guard = col.main_guard
+        if guard is not None and all(guard in c.parents for c in at_module):
+            return guard, guard.body.body  # training written inline under `if __name__ == ...`
         return module, module.body
 
     construction_scopes: Set[cst.CSTNode] = {c.scope for c in constructions}

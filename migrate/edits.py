@@ -30,6 +30,7 @@ class EditSet:
     before: Dict[cst.CSTNode, List[Stmt]] = field(default_factory=dict)
     after: Dict[cst.CSTNode, List[Stmt]] = field(default_factory=dict)
     guards: Dict[cst.CSTNode, str] = field(default_factory=dict)
+    removed: Dict[cst.CSTNode, bool] = field(default_factory=dict)
     # import lines in the order first requested, e.g. "import torch.distributed as dist"
     imports: List[str] = field(default_factory=list)
 
@@ -45,12 +46,16 @@ class EditSet:
     def guard(self, stmt: cst.CSTNode, condition: str) -> None:
         self.guards.setdefault(stmt, condition)
 
+    def remove(self, stmt: cst.CSTNode) -> None:
+        """Drop a statement; comments above it stay (they move to the next statement)."""
+        self.removed[stmt] = True
+
     def add_import(self, line: str) -> None:
         if line not in self.imports:
             self.imports.append(line)
 
     def __bool__(self) -> bool:
-        return bool(self.replacements or self.before or self.after or self.guards or self.imports)
+        return bool(self.replacements or self.before or self.after or self.guards or self.imports or self.removed)
 
 
 def parse_stmts(code: str, newline: str = "\n") -> List[Stmt]:
@@ -83,18 +88,34 @@ def _block_statements(
             )
         pending_guard, guarded = None, []
 
+    carried: Sequence[cst.EmptyLine] = ()
     for orig, upd in zip(original, updated):
+        if orig in edits.removed:
+            flush()
+            changed = True
+            carried = list(carried) + list(getattr(upd, "leading_lines", ()))
+            continue
+        if carried and hasattr(upd, "leading_lines"):
+            own = list(upd.leading_lines)
+            if own:  # the statement has its own spacing: keep only the removed one's comments
+                carried = [line for line in carried if line.comment is not None]
+            upd = upd.with_changes(leading_lines=[*carried, *own])
+            carried = ()
         before = edits.before.get(orig, [])
         after = edits.after.get(orig, [])
         cond = edits.guards.get(orig)
         if before:
             flush()
             changed = True
-            # keep blank lines/comments that preceded the original statement above the insertion
-            leading = getattr(upd, "leading_lines", ())
-            if leading and hasattr(before[0], "leading_lines"):
-                before = [before[0].with_changes(leading_lines=leading)] + list(before[1:])
-                upd = _strip_leading(upd)
+            # blank lines above the original statement move above the insertion; comments stay
+            # with the statement they describe
+            leading = list(getattr(upd, "leading_lines", ()))
+            blanks = 0
+            while blanks < len(leading) and leading[blanks].comment is None:
+                blanks += 1
+            if blanks and hasattr(before[0], "leading_lines"):
+                before = [before[0].with_changes(leading_lines=leading[:blanks])] + list(before[1:])
+                upd = upd.with_changes(leading_lines=leading[blanks:])
             out.extend(before)
         if cond is not None:
             changed = True
@@ -114,7 +135,13 @@ def _block_statements(
             changed = True
             out.extend(after)
     flush()
+    if changed and not out:
+        out.append(cst.SimpleStatementLine(body=[cst.Pass()]))
     return out, changed
+
+
+def _code(stmt: cst.CSTNode) -> str:
+    return cst.Module(body=[stmt]).code.strip()
 
 
 def _strip_leading(node: cst.CSTNode) -> cst.CSTNode:
@@ -207,6 +234,11 @@ def _import_order(line: str) -> tuple:
 def _insert_imports(body: List[cst.CSTNode], lines: Sequence[str]) -> List[cst.CSTNode]:
     new = parse_stmts("\n".join(sorted(lines, key=_import_order)))
     anchor = import_anchor(body)
+    # keep distify's own imports last: new torch imports go above an existing `from distify ...`
+    while anchor > 0 and _is_import(body[anchor]) and _import_order(_code(body[anchor]))[0] and not all(
+        _import_order(line)[0] for line in lines
+    ):
+        anchor -= 1
     if anchor < 0:
         if body:
             body = [body[0].with_changes(leading_lines=body[0].leading_lines)] + body[1:]

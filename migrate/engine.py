@@ -12,7 +12,7 @@ import os
 import stat
 import tempfile
 import tokenize
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -99,27 +99,59 @@ def migrate_source(source: bytes, options: Options) -> MigrationResult:
         raise InputError(f"cannot parse: {type(e).__name__}") from None
 
     anatomy = analyse(module)
-    if anatomy.distributed:
+    if anatomy.flavour == options.backend:
         return MigrationResult(source, source, note="already distributed (" + ", ".join(anatomy.distributed) + ")")
     if not anatomy.has_training:
         return MigrationResult(source, source, note="no training loop")
 
+    findings: List[Finding] = []
+    line_map = None
+    rules = selected(options.backend, options.select, options.ignore)
+    if anatomy.flavour is not None:
+        # written for the other backend: strip its constructs, then migrate what is left
+        from distify.rules.dst003_convert_backend import CONVERT_CODE, strip
+
+        if not any(r.code == CONVERT_CODE for r in rules):
+            return MigrationResult(source, source, note=f"written for {anatomy.flavour} (conversion not selected)")
+        module, converted = strip(anatomy, options)
+        findings += converted
+        anatomy = analyse(module)
+        line_map = _line_map(source, module.bytes)
+
     ctx = Context(anatomy, options)
-    for rule in selected(options.backend, options.select, options.ignore):
+    for rule in rules:
         rule.apply(ctx)
     ctx.finish()
-    findings = tuple(sorted(ctx.findings, key=lambda f: (f.line, f.col, f.code)))
-    if not ctx.edits:
-        return MigrationResult(source, source, findings)
-    new_module = module.visit(ApplyEdits(ctx.edits))
+    if anatomy.flavour is None and line_map is not None:
+        # positions found in the stripped intermediate code, reported against the user's file
+        ctx.findings = [replace(f, line=line_map(f.line)) for f in ctx.findings]
+    findings += ctx.findings
+    findings.sort(key=lambda f: (f.line, f.col, f.code))
+    if ctx.blocked:
+        return MigrationResult(source, source, tuple(f for f in findings if f.kind == "warning"), note="not migrated: see warnings")
+    new_module = module.visit(ApplyEdits(ctx.edits)) if ctx.edits else module
     output = new_module.bytes
+    if output == source:
+        return MigrationResult(source, source, tuple(findings))
     # the output must be valid Python: re-parse it before anything is written
     try:
         cst.parse_module(output)
         compile(output, "<distify output>", "exec", dont_inherit=True)
     except (SyntaxError, cst.ParserSyntaxError) as e:  # pragma: no cover - would be a distify bug
         raise RuntimeError(f"distify produced invalid code: {e}") from e
-    return MigrationResult(source, output, findings)
+    return MigrationResult(source, output, tuple(findings))
+
+
+def _line_map(old: bytes, new: bytes):
+    """Map line numbers of `new` back to `old` (equal lines exactly, changed ones to their block)."""
+    import difflib
+
+    a, b = old.splitlines(), new.splitlines()
+    mapping = {}
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        for k, j in enumerate(range(j1, j2)):
+            mapping[j + 1] = (i1 + k + 1) if tag == "equal" else i1 + 1
+    return lambda line: mapping.get(line, line)
 
 
 def _first_line(msg: str) -> str:

@@ -15,6 +15,7 @@ from distify.rules.base import Rule
 
 _MODULES = (
     "dst001_process_group",
+    "dst003_convert_backend",
     "dst002_device",
     "dst101_ddp_wrap",
     "dst102_unwrap_module",

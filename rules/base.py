@@ -50,6 +50,7 @@ class Context:
         self.edits = EditSet()
         self.findings: List[Finding] = []
         self.state: Dict[str, Any] = {}
+        self.blocked = False
         self._taken = set(anatomy.name_bindings)
         self._names: Dict[str, str] = {}
 
@@ -71,6 +72,11 @@ class Context:
 
     def warn(self, code: str, node: cst.CSTNode, message: str) -> None:
         self.report(code, node, message, kind="warning")
+
+    def block(self, code: str, node: cst.CSTNode, message: str) -> None:
+        """Warn, and leave the whole file unchanged: a partial migration would train wrong."""
+        self.warn(code, node, message)
+        self.blocked = True
 
     # names and imports ----------------------------------------------------------------------
     def fresh(self, preferred: str) -> str:
@@ -125,7 +131,7 @@ class Context:
         """True when the statement already sits under an `if` that tests the rank."""
         for parent in self.anatomy.stmt_parent.get(stmt, ()):
             if isinstance(parent, cst.If):
-                test = self.code(parent.test)
+                test = self.code(parent.test).lower()
                 if any(k in test for k in ("rank", "main_process", "is_master", "is_main")):
                     return True
         return False

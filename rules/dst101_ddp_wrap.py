@@ -46,35 +46,32 @@ class WrapDDP(Rule):
             if _data_parallel_later(ctx, model):
                 continue
             ddp = ctx.imported("torch.nn.parallel", "DistributedDataParallel", "DDP")
-            ids = f"{ctx.runtime}.device_ids()"
+            # a model that is never moved to a device stays on the CPU: no device_ids then
+            placed = model.place is not model.assign or _moves_to_device(model.value)
+            ids = f", device_ids={ctx.runtime}.device_ids()" if placed else ""
             if model.place is model.assign and model.value is not None:
                 def wrap(node: cst.Assign, ddp=ddp, ids=ids) -> cst.Assign:
+                    call = cst.parse_expression(f"{ddp}(_model_{ids})")
                     return node.with_changes(
-                        value=cst.Call(
-                            func=cst.parse_expression(ddp),
-                            args=[
-                                cst.Arg(node.value, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
-                                cst.Arg(
-                                    cst.parse_expression(ids),
-                                    keyword=cst.Name("device_ids"),
-                                    equal=cst.AssignEqual(
-                                        whitespace_before=cst.SimpleWhitespace(""),
-                                        whitespace_after=cst.SimpleWhitespace(""),
-                                    ),
-                                ),
-                            ],
-                        )
+                        value=call.with_changes(args=[call.args[0].with_changes(value=node.value), *call.args[1:]])
                     )
 
                 ctx.edits.replace(model.assign.body[0], wrap)
                 anchor = model.assign
             else:
-                ctx.edits.insert_after(
-                    model.place, ctx.stmts(f"{model.name} = {ddp}({model.name}, device_ids={ids})")
-                )
+                ctx.edits.insert_after(model.place, ctx.stmts(f"{model.name} = {ddp}({model.name}{ids})"))
                 anchor = model.place
             wrapped.append((model, anchor))
             ctx.report(self.code, model.assign, f"{model.name} wrapped in DistributedDataParallel")
+
+
+def _moves_to_device(expr) -> bool:
+    """`X.to(...)` / `X.cuda(...)` as the outermost call of the model's construction."""
+    return (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and expr.func.attr.value in ("to", "cuda")
+    )
 
 
 def _wraps_in(ctx: Context, expr: cst.BaseExpression, names) -> bool:

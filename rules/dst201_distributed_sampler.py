@@ -45,6 +45,10 @@ class DistributedSamplerRule(Rule):
             if loader.role != "train":
                 continue
             call = loader.call.call
+            existing = ctx.anatomy.sampler_call(loader)
+            if existing is not None:
+                self._adapt(ctx, loader, existing, samplers)
+                continue
             if arg(call, 5, "sampler") is not None or arg(call, 6, "batch_sampler") is not None:
                 continue  # DST901
             if loader.dataset is None:
@@ -111,6 +115,24 @@ class DistributedSamplerRule(Rule):
             ctx.edits.replace(call, rewrite)
             moved = " (shuffle moved into the sampler)" if shuffle_arg is not None else ""
             ctx.report(self.code, call, f"{loader.target or 'DataLoader'} now shards its dataset with DistributedSampler{moved}")
+
+
+    def _adapt(self, ctx: Context, loader, sampler: cst.Call, samplers) -> None:
+        """A DistributedSampler is already there: give it what the backend needs, reuse it."""
+        a = arg(loader.call.call, 5, "sampler")
+        samplers[loader] = dotted(a.value) if a is not None else None
+        if ctx.backend != HOROVOD_BACKEND or arg(sampler, 1, "num_replicas") is not None:
+            return
+        hvd = ctx.hvd
+        ctx.edits.replace(
+            sampler,
+            lambda n, hvd=hvd: add_kwarg(
+                add_kwarg(n, "num_replicas", cst.parse_expression(f"{hvd}.size()")),
+                "rank",
+                cst.parse_expression(f"{hvd}.rank()"),
+            ),
+        )
+        ctx.report(self.code, sampler, "DistributedSampler shards by Horovod rank and size")
 
 
 def _is_assignment(stmt: cst.CSTNode, call: cst.Call) -> bool:

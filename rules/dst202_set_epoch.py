@@ -51,12 +51,24 @@ class SetEpoch(Rule):
                 else:
                     continue
                 body = ep.loop.body
-                if not isinstance(body, cst.IndentedBlock) or not body.body:
+                if not isinstance(body, cst.IndentedBlock) or not body.body or _calls_set_epoch(ep.loop):
                     continue
                 first = body.body[0]
                 ctx.edits.insert_before(first, ctx.stmts(f"{obj}.set_epoch({ep.var})"))
                 done.add(ep.loop)
                 ctx.report(self.code, ep.loop, f"{obj}.set_epoch({ep.var}) reshuffles the shards every epoch")
+
+
+def _calls_set_epoch(loop: cst.For) -> bool:
+    found = []
+
+    class V(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if isinstance(node.func, cst.Attribute) and node.func.attr.value == "set_epoch":
+                found.append(node)
+
+    loop.body.visit(V())
+    return bool(found)
 
 
 RULE = SetEpoch()

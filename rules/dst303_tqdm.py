@@ -40,7 +40,10 @@ class Rank0Tqdm(Rule):
             if existing is not None:
                 if "main_process" in ctx.code(existing) or "rank" in ctx.code(existing):
                     continue
-                new_src = f"({ctx.code(existing)}) or {cond}"
+                old = ctx.code(existing)
+                if isinstance(existing, (cst.IfExp, cst.Lambda, cst.NamedExpr)):
+                    old = f"({old})"
+                new_src = f"{old} or {cond}"
 
                 def rewrite(node: cst.Call, new_src=new_src) -> cst.Call:
                     return node.with_changes(

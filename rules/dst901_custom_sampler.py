@@ -28,7 +28,7 @@ class CustomSampler(Rule):
 
     def apply(self, ctx: Context) -> None:
         for loader in ctx.anatomy.loaders:
-            if loader.role != "train":
+            if loader.role != "train" or ctx.anatomy.sampler_call(loader) is not None:
                 continue
             if arg(loader.call.call, 5, "sampler") is not None or arg(loader.call.call, 6, "batch_sampler") is not None:
                 ctx.warn(

@@ -7,10 +7,10 @@ from distify.rules.base import Context, Rule
 
 
 class DataParallelAdvisory(Rule):
-    """Warn about ``nn.DataParallel``, which distify does not wrap again.
+    """Stop at ``nn.DataParallel``: the script is left unchanged.
 
     What it does:
-        Reports each ``nn.DataParallel(...)`` and leaves that model unwrapped.
+        Reports each ``nn.DataParallel(...)`` and leaves the whole file as it is.
 
     Why:
         DataParallel splits a batch over the GPUs of one process; inside a DDP job each process
@@ -27,7 +27,7 @@ class DataParallelAdvisory(Rule):
 
     def apply(self, ctx: Context) -> None:
         for site in ctx.anatomy.calls_to(DATA_PARALLEL):
-            ctx.warn(self.code, site.call, "nn.DataParallel is not converted: remove it and re-run distify to get DDP")
+            ctx.block(self.code, site.call, "nn.DataParallel: file not migrated; remove it and re-run distify to get DDP")
 
 
 RULE = DataParallelAdvisory()

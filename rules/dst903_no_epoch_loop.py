@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import libcst as cst
+
+from distify.anatomy import arg
 from distify.rules.base import Context, Rule
 
 
@@ -34,6 +37,9 @@ class NoEpochLoop(Rule):
                 continue
             if not any(bl.trains for bl in loader.batch_loops):
                 continue  # no training loop at all: nothing to shuffle per epoch
+            shuffle = arg(loader.call.call, 2, "shuffle")
+            if shuffle is None or (isinstance(shuffle.value, cst.Name) and shuffle.value.value == "False"):
+                continue  # a sampler that does not shuffle ignores the epoch
             ctx.warn(
                 self.code,
                 loader.call.call,

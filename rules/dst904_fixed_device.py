@@ -9,10 +9,10 @@ from distify.rules.base import Context, Rule
 
 
 class FixedDevice(Rule):
-    """Warn about a device hard-coded to a GPU other than 0 (``"cuda:1"``, ``.cuda(1)``).
+    """Stop at a device hard-coded to a GPU other than 0 (``"cuda:1"``, ``.cuda(1)``).
 
     What it does:
-        Reports it and leaves it alone.
+        Reports it and leaves the whole file unchanged.
 
     Why:
         Under a launcher every process must use ``cuda:<local_rank>``; a fixed index puts all
@@ -34,11 +34,11 @@ class FixedDevice(Rule):
             if site.qualname in DEVICE and c.args and isinstance(c.args[0].value, cst.SimpleString):
                 v = c.args[0].value.evaluated_value
                 if isinstance(v, str) and v.startswith("cuda:") and v != "cuda:0":
-                    ctx.warn(self.code, c, f"device {v!r} is fixed: every rank would use it; use runtime.device()")
+                    ctx.block(self.code, c, f"device {v!r} is fixed: every rank would use it; file not migrated (use runtime.device())")
             elif isinstance(c.func, cst.Attribute) and c.func.attr.value == "cuda" and site.qualname is None:
                 pos = [x for x in c.args if x.keyword is None]
                 if pos and not (isinstance(pos[0].value, cst.Integer) and pos[0].value.value == "0"):
-                    ctx.warn(self.code, c, ".cuda() with a fixed device index: every rank would use it; use .to(device)")
+                    ctx.block(self.code, c, ".cuda() with a fixed device index: every rank would use it; file not migrated (use .to(device))")
 
 
 RULE = FixedDevice()

@@ -31,7 +31,7 @@ class LoaderArguments(Rule):
             call = loader.call.call
             if loader.role != "train":
                 continue
-            if arg(call, 5, "sampler") is not None or arg(call, 6, "batch_sampler") is not None:
+            if ctx.anatomy.sampler_call(loader) is not None or arg(call, 5, "sampler") is not None or arg(call, 6, "batch_sampler") is not None:
                 continue
             positional = [x for x in call.args if x.keyword is None and not x.star]
             splats = [x for x in call.args if x.star == "**"]
