@@ -47,6 +47,9 @@ def run(
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only rules whose code starts with these prefixes (comma-separated)."),
     ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip rules whose code starts with these prefixes (comma-separated)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 2 when any warning is reported."),
+    scale_lr: Optional[bool] = typer.Option(None, "--scale-lr", help="Scale the learning rate by the number of processes."),
+    fp16_allreduce: Optional[bool] = typer.Option(None, "--fp16-allreduce", help="All-reduce gradients in float16."),
+    adasum: Optional[bool] = typer.Option(None, "--adasum", help="Horovod: combine gradients with Adasum."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Report errors only."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also report unchanged files and why."),
     list_rules: bool = typer.Option(False, "--list-rules", help="List the rules and exit."),
@@ -78,8 +81,13 @@ def run(
         backend=backend,
         select=tuple(_split(select) or _as_list(cfg.get("select"))),
         ignore=tuple(_split(ignore) or _as_list(cfg.get("ignore"))),
-        scale_lr=bool(cfg.get("scale_lr", False)),
+        scale_lr=bool(scale_lr if scale_lr is not None else cfg.get("scale_lr", False)),
+        fp16_allreduce=bool(fp16_allreduce if fp16_allreduce is not None else cfg.get("fp16_allreduce", False)),
+        adasum=bool(adasum if adasum is not None else cfg.get("adasum", False)),
     )
+    if options.adasum and backend != "horovod":
+        reporter.error("distify", "--adasum is a Horovod feature: use it with --backend horovod")
+        raise typer.Exit(EXIT_INPUT)
     from distify.engine import Mode
 
     mode = Mode.CHECK if check and not diff else Mode.DIFF if diff else Mode.WRITE
@@ -185,7 +193,7 @@ def _rules_info(code: Optional[str]) -> int:
         typer.echo(f"{rule.code} {rule.name} ({', '.join(sorted(rule.backends))})\n")
         typer.echo(inspect.cleandoc(type(rule).__doc__ or ""))
         return EXIT_OK
-    for rule in ALL_RULES:
+    for rule in sorted(ALL_RULES, key=lambda r: r.code):
         typer.echo(f"{rule.code}  {rule.name:<22} {', '.join(sorted(rule.backends)):<12} {rule.summary}")
     return EXIT_OK
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
-KEYS = {"backend", "select", "ignore", "exclude", "scale-lr", "scale_lr"}
+KEYS = {
+    "backend", "select", "ignore", "exclude",
+    "scale-lr", "scale_lr", "fp16-allreduce", "fp16_allreduce", "adasum",
+}
 
 
 class ConfigError(Exception):

@@ -61,7 +61,11 @@ class EditSet:
 def parse_stmts(code: str, newline: str = "\n") -> List[Stmt]:
     """Parse statement source (written with '\\n') into statements for insertion."""
     module = cst.parse_module(code if code.endswith("\n") else code + "\n")
-    return list(module.body)
+    body = list(module.body)
+    if module.header and body:
+        # libcst puts comments that open the code into the module header: keep them on the statement
+        body[0] = body[0].with_changes(leading_lines=[*module.header, *body[0].leading_lines])
+    return body
 
 
 def _block_statements(

@@ -39,6 +39,8 @@ class Options:
     select: Sequence[str] = ()
     ignore: Sequence[str] = ()
     scale_lr: bool = False
+    fp16_allreduce: bool = False
+    adasum: bool = False
 
 
 class Context:
@@ -72,6 +74,11 @@ class Context:
 
     def warn(self, code: str, node: cst.CSTNode, message: str) -> None:
         self.report(code, node, message, kind="warning")
+
+    def comment_above(self, stmt: cst.CSTNode, text: str) -> None:
+        """Put `# text` on its own line above a statement (kept with it if lines are inserted)."""
+        line = cst.EmptyLine(comment=cst.Comment(f"# {text}"))
+        self.edits.replace(stmt, lambda n, line=line: n.with_changes(leading_lines=[*n.leading_lines, line]))
 
     def block(self, code: str, node: cst.CSTNode, message: str) -> None:
         """Warn, and leave the whole file unchanged: a partial migration would train wrong."""

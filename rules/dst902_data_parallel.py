@@ -23,7 +23,7 @@ class DataParallelAdvisory(Rule):
 
     code = "DST902"
     name = "data-parallel"
-    summary = "nn.DataParallel left in place"
+    summary = "nn.DataParallel: file left unchanged"
 
     def apply(self, ctx: Context) -> None:
         for site in ctx.anatomy.calls_to(DATA_PARALLEL):

@@ -25,7 +25,7 @@ class FixedDevice(Rule):
 
     code = "DST904"
     name = "fixed-device"
-    summary = "hard-coded GPU index"
+    summary = "hard-coded GPU index: file left unchanged"
 
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy

@@ -34,6 +34,21 @@ def _expected_paths(src: Path, backend: str):
     return src.with_name(f"{stem}.{backend}.py"), src.with_name(f"{stem}.{backend}.warnings")
 
 
+FLAGS = {"--scale-lr": "scale_lr", "--fp16-allreduce": "fp16_allreduce", "--adasum": "adasum"}
+
+
+def _options(src: Path, backend: str) -> Options:
+    """Options for a case: `<case>.flags` may hold flags such as `--scale-lr --fp16-allreduce`."""
+    flags_path = src.with_name(src.name[: -len(".in.py")] + ".flags")
+    kwargs = {}
+    if flags_path.exists():
+        for flag in flags_path.read_text().split():
+            kwargs[FLAGS[flag]] = True
+    if kwargs.get("adasum") and backend != "horovod":
+        kwargs.pop("adasum")
+    return Options(backend=backend, **kwargs)
+
+
 def _warning_lines(findings) -> str:
     return "".join(f"{f.line}:{f.col}: {f.code} {f.message}\n" for f in findings if f.kind == "warning")
 
@@ -42,7 +57,8 @@ def _warning_lines(findings) -> str:
 def test_fixture(src: Path, backend: str) -> None:
     source = src.read_bytes()
     expected_path, warnings_path = _expected_paths(src, backend)
-    result = migrate_source(source, Options(backend=backend))
+    options = _options(src, backend)
+    result = migrate_source(source, options)
     warnings = _warning_lines(result.findings)
 
     if UPDATE:
@@ -59,7 +75,7 @@ def test_fixture(src: Path, backend: str) -> None:
     assert result.output.decode() == expected.decode(), f"{src.name} ({backend}) differs from {expected_path.name}"
     compile(result.output, str(expected_path), "exec", dont_inherit=True)
 
-    again = migrate_source(result.output, Options(backend=backend))
+    again = migrate_source(result.output, options)
     assert again.output == result.output, "a second run changed the output (not idempotent)"
 
     expected_warnings = warnings_path.read_text() if warnings_path.exists() else ""
