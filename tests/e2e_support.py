@@ -1,0 +1,338 @@
+"""Helpers for the end-to-end tests that launch real training processes.
+
+Everything here runs scripts in subprocesses with the current interpreter; nothing imports the
+scripts under test. Outputs always go to directories the caller passes in (pytest's tmp_path).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping, Optional, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = REPO_ROOT / "fixtures" / "scenarios"
+
+# Variables through which a launcher (torchrun, SLURM, MPI, Horovod, Kubeflow) tells a process that it
+# is one rank of many. A "plain python" run must see none of them.
+_LAUNCHER_PREFIXES = (
+    "TORCHELASTIC_",
+    "SLURM_",
+    "OMPI_",
+    "PMI_",
+    "PMIX_",
+    "MV2_",
+    "HOROVOD_",
+)
+_LAUNCHER_NAMES = {
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NODE_RANK",
+}
+
+DEFAULT_TIMEOUT = 180
+
+
+@dataclass(frozen=True)
+class RunResult:
+    argv: tuple
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        """stdout and stderr together (epoch logs may go to either: print vs logging)."""
+        return self.stdout + "\n" + self.stderr
+
+    def describe(self) -> str:
+        return (
+            f"command: {' '.join(map(str, self.argv))}\nexit code: {self.returncode}\n"
+            f"--- stdout ---\n{self.stdout[-6000:]}\n--- stderr ---\n{self.stderr[-6000:]}"
+        )
+
+
+class RunFailed(AssertionError):
+    pass
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (for an explicit MASTER_PORT / rendezvous endpoint)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def clean_env(extra: Optional[Mapping[str, str]] = None) -> dict:
+    """The current environment without any launcher variables, single-threaded, unbuffered."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in _LAUNCHER_NAMES and not key.startswith(_LAUNCHER_PREFIXES)
+    }
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONHASHSEED"] = "0"
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def _run(argv: Sequence, cwd, env, timeout: float, check: bool) -> RunResult:
+    argv = tuple(str(a) for a in argv)
+    try:
+        proc = subprocess.run(
+            argv, cwd=str(cwd), env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        raise RunFailed(
+            f"timed out after {timeout}s\n" + RunResult(argv, -1, out, err).describe()
+        ) from None
+    result = RunResult(argv, proc.returncode, proc.stdout, proc.stderr)
+    if check and proc.returncode != 0:
+        raise RunFailed("process failed\n" + result.describe())
+    return result
+
+
+def run_python(
+    script,
+    args: Iterable = (),
+    env: Optional[Mapping[str, str]] = None,
+    cwd=None,
+    timeout: float = DEFAULT_TIMEOUT,
+    check: bool = True,
+) -> RunResult:
+    """`python script args...` as one process with no launcher variables in its environment."""
+    script = Path(script)
+    return _run(
+        [sys.executable, script, *args],
+        cwd=cwd or script.parent,
+        env=clean_env(env),
+        timeout=timeout,
+        check=check,
+    )
+
+
+def run_torchrun(
+    script,
+    args: Iterable = (),
+    nproc: int = 2,
+    env: Optional[Mapping[str, str]] = None,
+    cwd=None,
+    timeout: float = DEFAULT_TIMEOUT,
+    check: bool = True,
+) -> RunResult:
+    """`torchrun --standalone --nproc-per-node N script args...` (CPU, gloo).
+
+    --standalone picks a free rendezvous port itself; GLOO_SOCKET_IFNAME is not needed on a
+    machine whose hostname resolves locally, but callers may pass it in env.
+    """
+    script = Path(script)
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        script,
+        *args,
+    ]
+    return _run(argv, cwd=cwd or script.parent, env=clean_env(env), timeout=timeout, check=check)
+
+
+# torch 2.13 + gloo on CPU: now and then (a few % of launches on a loaded 2-core machine) a rank
+# aborts at interpreter exit, after destroy_process_group() returned and after all its work was done,
+# with "terminate called without an active exception" (a C++ thread still joinable during static
+# destruction). torchrun then reports exit code -6 for that rank.
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
+def is_gloo_exit_abort(result: RunResult) -> bool:
+    """True when a launch failed only because a rank aborted at exit (see GLOO_EXIT_ABORT)."""
+    return (
+        result.returncode != 0
+        and GLOO_EXIT_ABORT in result.stderr
+        and "Traceback (most recent call last)" not in result.stderr.split("ChildFailedError")[0]
+    )
+
+
+def migrate(src, dst, backend: str = "ddp", extra_args: Iterable = (), timeout: float = 120) -> RunResult:
+    """Copy src to dst and rewrite dst in place with the real CLI (`python -m distify`).
+
+    Exit code 0 (nothing to change) and 1 (changed) are success; anything else fails with the
+    CLI's stderr in the message.
+    """
+    src, dst = Path(src), Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+    argv = [sys.executable, "-m", "distify", dst, "--backend", backend, *extra_args]
+    result = _run(argv, cwd=dst.parent, env=clean_env(), timeout=timeout, check=False)
+    if result.returncode not in (0, 1):
+        raise RunFailed(f"distify failed on {src.name}\n" + result.describe())
+    return result
+
+
+def load_state(path) -> dict:
+    """A state_dict saved with torch.save, loaded on CPU with plain torch.load."""
+    import torch
+
+    state = torch.load(str(path), map_location="cpu")
+    if not isinstance(state, Mapping):
+        raise AssertionError(f"{path} holds a {type(state).__name__}, not a state_dict")
+    return state
+
+
+def assert_same_weights(a: Mapping, b: Mapping, atol: float = 1e-5, label: str = "") -> float:
+    """Same keys, same shapes, max |a - b| < atol. Returns the max abs difference."""
+    import torch
+
+    prefix = f"{label}: " if label else ""
+    keys_a, keys_b = set(a), set(b)
+    if keys_a != keys_b:
+        raise AssertionError(
+            f"{prefix}state_dict keys differ\n  only in first: {sorted(keys_a - keys_b)}\n"
+            f"  only in second: {sorted(keys_b - keys_a)}"
+        )
+    worst_key, worst = None, 0.0
+    for key in sorted(keys_a):
+        ta, tb = a[key], b[key]
+        if not (isinstance(ta, torch.Tensor) and isinstance(tb, torch.Tensor)):
+            if ta != tb:
+                raise AssertionError(f"{prefix}non-tensor entry {key!r} differs: {ta!r} != {tb!r}")
+            continue
+        if ta.shape != tb.shape:
+            raise AssertionError(
+                f"{prefix}{key!r} has shape {tuple(ta.shape)} vs {tuple(tb.shape)}"
+            )
+        if ta.numel() == 0:
+            continue
+        diff = (ta.detach().double() - tb.detach().double()).abs().max().item()
+        if diff != diff:  # NaN
+            raise AssertionError(f"{prefix}{key!r} contains NaN")
+        if diff > worst:
+            worst_key, worst = key, diff
+    if worst >= atol:
+        raise AssertionError(
+            f"{prefix}weights differ: max |diff| = {worst:.3e} at {worst_key!r} (atol {atol:.0e})"
+        )
+    return worst
+
+
+def epoch_lines(output: str) -> list:
+    """Lines (split on \\n and tqdm's \\r) that start with 'epoch <number>'."""
+    import re
+
+    return [
+        line
+        for line in re.split(r"[\r\n]+", output)
+        if re.match(r"epoch \d+\b", line)
+    ]
+
+
+# --- recording which process writes what --------------------------------------------------------
+
+_SPY_SOURCE = '''\
+"""Test-only sitecustomize: records torch.save targets and os.mkdir calls per process."""
+import os
+import sys
+
+_LOG = os.environ.get("DISTIFY_E2E_FS_LOG")
+
+
+def _record(kind, path):
+    try:
+        path = os.path.realpath(os.fsdecode(os.fspath(path)))
+    except TypeError:
+        return
+    line = "%s\\t%d\\t%s\\t%s\\n" % (kind, os.getpid(), os.environ.get("RANK", "-"), path)
+    with open(_LOG, "a") as fh:
+        fh.write(line)
+
+
+if _LOG:
+    def _audit(event, args):
+        if event == "os.mkdir" and args and args[-1] in (-1, None):
+            _record("mkdir", args[0])
+
+    sys.addaudithook(_audit)
+
+    class _TorchSaveSpy:
+        """Meta-path finder that wraps torch.save right after `torch` is first imported."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name != "torch":
+                return None
+            sys.meta_path.remove(self)
+            import importlib.util
+
+            spec = importlib.util.find_spec("torch")
+            if spec is None or spec.loader is None:
+                return spec
+            original_exec = spec.loader.exec_module
+
+            def exec_module(module):
+                original_exec(module)
+                real_save = module.save
+
+                def save(obj, f, *args, **kwargs):
+                    if isinstance(f, (str, bytes, os.PathLike)):
+                        _record("save", f)
+                    return real_save(obj, f, *args, **kwargs)
+
+                save.__wrapped__ = real_save
+                module.save = save
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _TorchSaveSpy())
+'''
+
+
+def fs_spy_env(spy_dir, log_path) -> dict:
+    """Environment additions that make every Python process record its torch.save / mkdir calls
+    into log_path (one line per call: kind, pid, RANK, absolute path)."""
+    spy_dir = Path(spy_dir)
+    spy_dir.mkdir(parents=True, exist_ok=True)
+    (spy_dir / "sitecustomize.py").write_text(_SPY_SOURCE)
+    pythonpath = os.pathsep.join(p for p in (str(spy_dir), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": pythonpath, "DISTIFY_E2E_FS_LOG": str(log_path)}
+
+
+@dataclass(frozen=True)
+class FsEvent:
+    kind: str
+    pid: int
+    rank: str
+    path: str
+
+
+def read_fs_log(log_path, under=None) -> list:
+    """Events from a spy log, optionally only those for paths under `under`."""
+    log_path = Path(log_path)
+    if not log_path.exists():
+        return []
+    root = os.path.realpath(str(under)) if under is not None else None
+    events = []
+    for line in log_path.read_text().splitlines():
+        kind, pid, rank, path = line.split("\t", 3)
+        if root is not None and not (path == root or path.startswith(root + os.sep)):
+            continue
+        events.append(FsEvent(kind, int(pid), rank, path))
+    return events
