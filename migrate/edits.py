@@ -31,6 +31,10 @@ class EditSet:
     after: Dict[cst.CSTNode, List[Stmt]] = field(default_factory=dict)
     guards: Dict[cst.CSTNode, str] = field(default_factory=dict)
     removed: Dict[cst.CSTNode, bool] = field(default_factory=dict)
+    # first statement -> (last statement, fn(updated statements) -> compound statement)
+    wraps: Dict[cst.CSTNode, Tuple[cst.CSTNode, Callable[[List[cst.CSTNode]], cst.CSTNode]]] = field(
+        default_factory=dict
+    )
     # import lines in the order first requested, e.g. "import torch.distributed as dist"
     imports: List[str] = field(default_factory=list)
 
@@ -46,6 +50,10 @@ class EditSet:
     def guard(self, stmt: cst.CSTNode, condition: str) -> None:
         self.guards.setdefault(stmt, condition)
 
+    def wrap(self, first: cst.CSTNode, last: cst.CSTNode, make: Callable[[List[cst.CSTNode]], cst.CSTNode]) -> None:
+        """Replace the statements first..last of one block by `make(those statements)`."""
+        self.wraps[first] = (last, make)
+
     def remove(self, stmt: cst.CSTNode) -> None:
         """Drop a statement; comments above it stay (they move to the next statement)."""
         self.removed[stmt] = True
@@ -55,7 +63,9 @@ class EditSet:
             self.imports.append(line)
 
     def __bool__(self) -> bool:
-        return bool(self.replacements or self.before or self.after or self.guards or self.imports or self.removed)
+        return bool(
+            self.replacements or self.before or self.after or self.guards or self.imports or self.removed or self.wraps
+        )
 
 
 def parse_stmts(code: str, newline: str = "\n") -> List[Stmt]:
@@ -68,12 +78,41 @@ def parse_stmts(code: str, newline: str = "\n") -> List[Stmt]:
     return body
 
 
+def _apply_wraps(original, updated, edits: EditSet):
+    """Fold wrapped runs of statements into one compound statement (keyed by the run's first)."""
+    if not edits.wraps or not any(o in edits.wraps for o in original):
+        return list(original), list(updated)
+    orig_out, upd_out = [], []
+    i = 0
+    while i < len(original):
+        o = original[i]
+        if o in edits.wraps:
+            last, make = edits.wraps[o]
+            j = i
+            while j < len(original) and original[j] is not last:
+                j += 1
+            if j < len(original):
+                run = list(updated[i : j + 1])
+                leading = getattr(run[0], "leading_lines", ())
+                run[0] = run[0].with_changes(leading_lines=())
+                new = make(run).with_changes(leading_lines=leading)
+                orig_out.append(o)  # the run's first statement stands for the whole run
+                upd_out.append(new)
+                i = j + 1
+                continue
+        orig_out.append(o)
+        upd_out.append(updated[i])
+        i += 1
+    return orig_out, upd_out
+
+
 def _block_statements(
     original: Sequence[cst.CSTNode], updated: Sequence[cst.CSTNode], edits: EditSet
 ) -> Tuple[List[cst.CSTNode], bool]:
-    """Rebuild one block's statement list: insertions and guard grouping."""
+    """Rebuild one block's statement list: wraps, insertions and guard grouping."""
+    changed = bool(edits.wraps) and any(o in edits.wraps for o in original)
+    original, updated = _apply_wraps(original, updated, edits)
     out: List[cst.CSTNode] = []
-    changed = False
     pending_guard: Optional[str] = None
     guarded: List[cst.CSTNode] = []
 

@@ -32,6 +32,7 @@ _MODULES = (
     "dst305_logging",
     "dst306_load_map_location",
     "dst401_scale_lr",
+    "dst402_accumulation_no_sync",
     "dst901_custom_sampler",
     "dst902_data_parallel",
     "dst903_no_epoch_loop",

@@ -11,7 +11,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence
 
 import libcst as cst
 
-from distify.anatomy import Anatomy, dotted
+from distify.anatomy import Anatomy, arg, dotted
 from distify.edits import EditSet, parse_stmts
 
 DDP_BACKEND = "ddp"
@@ -239,6 +239,47 @@ def names_in(node: cst.CSTNode) -> FrozenSet[str]:
 
     node.visit(V())
     return frozenset(found)
+
+
+def reaching_scopes(ctx: Context, model, anchor) -> dict:
+    """(scope, dotted name) -> (statement the use must follow or None, "module" | "unwrap")."""
+    a = ctx.anatomy
+    out = {(id(model.scope), model.name): (anchor, "module")}
+    if model.name.startswith("self.") and model.cls is not None:
+        for fn, cls in a.methods.items():
+            if cls is model.cls and fn is not model.scope:
+                out[(id(fn), model.name)] = (None, "module")
+        return out
+    if isinstance(model.scope, cst.Module):
+        for fn in list(a.functions.values()) + list(a.methods):
+            if not binds_locally(a, fn, model.name):
+                out[(id(fn), model.name)] = (None, "module")
+    # functions that receive the model as an argument after the wrap
+    for site in a.calls:
+        if site.scope is not model.scope or not a.is_before(anchor, site.stmt):
+            continue
+        d = dotted(site.call.func)
+        fn = a.functions.get(d) if d else None
+        if fn is None:
+            continue
+        params = [p.name.value for p in fn.params.params]
+        for i, p in enumerate(params):
+            v = arg(site.call, i, p)
+            if v is not None and dotted(v.value) == model.name:
+                out[(id(fn), p)] = (None, "unwrap")
+    return out
+
+
+def binds_locally(a, fn: cst.FunctionDef, name: str) -> bool:
+    if name in [p.name.value for p in fn.params.params]:
+        return True
+    for stmt, scope in a.stmt_scope.items():
+        if scope is fn and isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Assign) and any(dotted(t.target) == name for t in small.targets):
+                    return True
+    return False
+
 
 
 class Rule:

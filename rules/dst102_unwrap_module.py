@@ -6,8 +6,8 @@ from typing import List, Tuple
 
 import libcst as cst
 
-from distify.anatomy import MODULE_API, STATE_API, arg, dotted
-from distify.rules.base import DDP_BACKEND, Context, Rule
+from distify.anatomy import MODULE_API, STATE_API, dotted
+from distify.rules.base import DDP_BACKEND, Context, Rule, reaching_scopes
 
 
 class UnwrapModule(Rule):
@@ -41,7 +41,7 @@ class UnwrapModule(Rule):
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
         for model, anchor in ctx.state.get("wrapped", []):
-            targets = _reaching_scopes(ctx, model, anchor)
+            targets = reaching_scopes(ctx, model, anchor)
             for attr, scope, cls, stmt in a.attr_uses:
                 name = dotted(attr.value)
                 if name is None or attr.attr.value in MODULE_API:
@@ -65,46 +65,6 @@ class UnwrapModule(Rule):
                 what = "state" if attr.attr.value in STATE_API else f"attribute .{attr.attr.value}"
                 via = f"{name}.module" if mode == "module" else f"{ctx.runtime}.unwrap({name})"
                 ctx.report(self.code, attr, f"{what} of the wrapped model reached through {via}")
-
-
-def _reaching_scopes(ctx: Context, model, anchor) -> dict:
-    """(scope, dotted name) -> (statement the use must follow or None, "module" | "unwrap")."""
-    a = ctx.anatomy
-    out = {(id(model.scope), model.name): (anchor, "module")}
-    if model.name.startswith("self.") and model.cls is not None:
-        for fn, cls in a.methods.items():
-            if cls is model.cls and fn is not model.scope:
-                out[(id(fn), model.name)] = (None, "module")
-        return out
-    if isinstance(model.scope, cst.Module):
-        for fn in list(a.functions.values()) + list(a.methods):
-            if not _binds_locally(a, fn, model.name):
-                out[(id(fn), model.name)] = (None, "module")
-    # functions that receive the model as an argument after the wrap
-    for site in a.calls:
-        if site.scope is not model.scope or not a.is_before(anchor, site.stmt):
-            continue
-        d = dotted(site.call.func)
-        fn = a.functions.get(d) if d else None
-        if fn is None:
-            continue
-        params = [p.name.value for p in fn.params.params]
-        for i, p in enumerate(params):
-            v = arg(site.call, i, p)
-            if v is not None and dotted(v.value) == model.name:
-                out[(id(fn), p)] = (None, "unwrap")
-    return out
-
-
-def _binds_locally(a, fn: cst.FunctionDef, name: str) -> bool:
-    if name in [p.name.value for p in fn.params.params]:
-        return True
-    for stmt, scope in a.stmt_scope.items():
-        if scope is fn and isinstance(stmt, cst.SimpleStatementLine):
-            for small in stmt.body:
-                if isinstance(small, cst.Assign) and any(dotted(t.target) == name for t in small.targets):
-                    return True
-    return False
 
 
 RULE = UnwrapModule()

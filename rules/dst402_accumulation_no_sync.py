@@ -1,0 +1,175 @@
+"""DST402 one all-reduce per optimizer step under gradient accumulation (DDP)."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import libcst as cst
+
+from distify.anatomy import dotted
+from distify.rules.base import DDP_BACKEND, Context, Rule, names_in, reaching_scopes
+
+
+class AccumulationNoSync(Rule):
+    """Skip the gradient all-reduce on micro-batches that do not step the optimizer (DDP).
+
+    What it does:
+        In a batch loop that steps the optimizer under ``if (step + 1) % accum == 0:``, puts the
+        statements up to and including ``backward()`` under
+        ``with model.no_sync() if (step + 1) % accum != 0 else contextlib.nullcontext():``.
+        (With Horovod the same idiom becomes ``backward_passes_per_step``, see DST111.)
+
+    Why:
+        DDP all-reduces every gradient at every ``backward()``. With accumulation only the last
+        micro-batch before ``step()`` needs it: ``no_sync`` lets the others accumulate locally, so
+        there is one all-reduce per optimizer step instead of one per micro-batch, with the same
+        result. The forward pass must be inside the context too – DDP prepares the reduction there.
+
+    Example:
+        for step, (x, y) in enumerate(loader):
+            loss = criterion(model(x), y) / accum
+            loss.backward()
+            if (step + 1) % accum == 0:
+                optimizer.step()
+
+        becomes
+
+        for step, (x, y) in enumerate(loader):
+            with model.no_sync() if (step + 1) % accum != 0 else contextlib.nullcontext():
+                loss = criterion(model(x), y) / accum
+                loss.backward()
+            if (step + 1) % accum == 0:
+                optimizer.step()
+    """
+
+    code = "DST402"
+    name = "accumulation-no-sync"
+    backends = frozenset({DDP_BACKEND})
+    summary = "all-reduce once per optimizer step under gradient accumulation"
+
+    def apply(self, ctx: Context) -> None:
+        a = ctx.anatomy
+        wrapped = ctx.state.get("wrapped", [])
+        if not wrapped:
+            return
+        done = set()
+        for loader in a.loaders:
+            for bl in loader.batch_loops:
+                if not bl.trains or bl.loop in done or not isinstance(bl.loop.body, cst.IndentedBlock):
+                    continue
+                done.add(bl.loop)
+                self._loop(ctx, bl, wrapped)
+
+    def _loop(self, ctx: Context, bl, wrapped) -> None:
+        body = list(bl.loop.body.body)
+        step_if = _accumulation_if(body)
+        if step_if is None:
+            return
+        k = _backward_index(body)
+        if k is None or k >= body.index(step_if):
+            return
+        # the condition must not depend on names the micro-batch itself changes
+        assigned = _assigned_names(body[: body.index(step_if)])
+        if names_in(step_if.test) & assigned:
+            ctx.warn(
+                self.code,
+                step_if,
+                "accumulation condition depends on values computed in the loop: no no_sync added; "
+                "DDP all-reduces on every micro-batch (correct, slower)",
+            )
+            return
+        models = self._models_here(ctx, bl, wrapped)
+        if len(models) != 1:
+            return
+        model = models[0]
+        cond = _negate(ctx, step_if.test)
+        contextlib = ctx.imported("contextlib", None, "contextlib")
+        item = f"{model}.no_sync() if {cond} else {contextlib}.nullcontext()"
+
+        def make(stmts: List[cst.CSTNode], item=item) -> cst.CSTNode:
+            return cst.With(items=[cst.WithItem(cst.parse_expression(item))], body=cst.IndentedBlock(body=stmts))
+
+        ctx.edits.wrap(body[0], body[k], make)
+        ctx.report(self.code, bl.loop, f"gradients all-reduced once per optimizer step ({model}.no_sync() on the other micro-batches)")
+
+    def _models_here(self, ctx: Context, bl, wrapped) -> List[str]:
+        """Names of wrapped models the loop calls, in the loop's own scope."""
+        called = set()
+
+        class V(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                d = dotted(node.func)
+                if d:
+                    called.add(d)
+
+        bl.loop.body.visit(V())
+        out = []
+        for model, anchor in wrapped:
+            for (scope_id, name), _ in reaching_scopes(ctx, model, anchor).items():
+                if scope_id == id(bl.scope) and name in called and name not in out:
+                    out.append(name)
+        return out
+
+
+def _accumulation_if(body) -> Optional[cst.If]:
+    """The `if <x> % <n> == 0:` statement of the loop body that steps an optimizer."""
+    for stmt in body:
+        if not (isinstance(stmt, cst.If) and isinstance(stmt.test, cst.Comparison)):
+            continue
+        left = stmt.test.left
+        if not (isinstance(left, cst.BinaryOperation) and isinstance(left.operator, cst.Modulo)):
+            continue
+        found = []
+
+        class V(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                if isinstance(node.func, cst.Attribute) and node.func.attr.value == "step":
+                    found.append(node)
+
+        stmt.body.visit(V())
+        if found:
+            return stmt
+    return None
+
+
+def _backward_index(body) -> Optional[int]:
+    index = None
+    for i, stmt in enumerate(body):
+        found = []
+
+        class V(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                if isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
+                    found.append(node)
+
+        stmt.visit(V())
+        if found:
+            index = i
+    return index
+
+
+def _assigned_names(stmts) -> set:
+    names = set()
+
+    class V(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            names.update(names_in(node.target))
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            names.update(names_in(node.target))
+
+    for s in stmts:
+        s.visit(V())
+    return names
+
+
+def _negate(ctx: Context, test: cst.Comparison) -> str:
+    if len(test.comparisons) == 1:
+        op = test.comparisons[0].operator
+        flipped = {cst.Equal: "!=", cst.NotEqual: "=="}.get(type(op))
+        if flipped is not None:
+            return f"{ctx.code(test.left)} {flipped} {ctx.code(test.comparisons[0].comparator)}"
+    return f"not ({ctx.code(test)})"
+
+
+RULE = AccumulationNoSync()
