@@ -120,6 +120,7 @@ class Model:
     value: Optional[cst.BaseExpression]  # the constructing expression
     place: Stmt  # last statement before the optimizer that moves it (== assign when in place)
     optimizer: Optimizer
+    assign_node: Optional[cst.Assign] = None  # the Assign itself (a line may hold several)
 
 
 def dotted(expr: Optional[cst.CSTNode]) -> Optional[str]:
@@ -499,16 +500,25 @@ def analyse(module: cst.Module) -> Anatomy:
     def params_of(fn: cst.FunctionDef) -> List[str]:
         return [p.name.value for p in fn.params.params]
 
+    # call sites by the spelled callee ("train", "self.train_epoch"): one pass, then lookups
+    by_callee: Dict[str, List[CallSite]] = {}
+    for c in col.calls:
+        d = dotted(c.call.func)
+        if d is not None:
+            by_callee.setdefault(d, []).append(c)
+    callers_cache: Dict[cst.FunctionDef, List[CallSite]] = {}
+
     def callers(fn: cst.FunctionDef) -> List[CallSite]:
         """Call sites of a module-level function or of a method through self."""
-        out = []
+        if fn in callers_cache:
+            return callers_cache[fn]
         cls = col.methods.get(fn)
-        for c in col.calls:
-            d = dotted(c.call.func)
-            if cls is None and d == fn.name.value and col.functions.get(d) is fn:
-                out.append(c)
-            elif cls is not None and d == f"self.{fn.name.value}" and c.cls is cls:
-                out.append(c)
+        if cls is None:
+            name = fn.name.value
+            out = [c for c in by_callee.get(name, ()) if col.functions.get(name) is fn]
+        else:
+            out = [c for c in by_callee.get(f"self.{fn.name.value}", ()) if c.cls is cls]
+        callers_cache[fn] = out
         return out
 
     def bind_param(site: CallSite, fn: cst.FunctionDef, pname: str) -> Optional[cst.BaseExpression]:
@@ -519,6 +529,8 @@ def analyse(module: cst.Module) -> Anatomy:
             return None
         a = arg(site.call, params.index(pname), pname)
         return a.value if a is not None else None
+
+    called_functions = [fn for fn in list(col.functions.values()) + list(col.methods) if callers(fn)]
 
     # which references reach a loader: (scope, dotted) pairs, following function parameters
     def refs_of(loader: Loader) -> List[Tuple[Scope, str]]:
@@ -534,7 +546,7 @@ def analyse(module: cst.Module) -> Anatomy:
         seen = set()
         while frontier:
             scope, name = frontier.pop()
-            for fn in list(col.functions.values()) + list(col.methods):
+            for fn in called_functions:
                 for site in callers(fn):
                     if site.scope is not scope:
                         continue
@@ -714,6 +726,8 @@ def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
     assign_stmt = None
     value = None
     place = None
+    rebinding = None
+    assign_node = None
     opt_stmt = opt.call.stmt
     for a, s, sc in candidates:
         if len(a.targets) != 1 or dotted(a.targets[0].target) != root:
@@ -723,8 +737,16 @@ def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
         v = a.value
         if isinstance(v, cst.Call) and dotted(v.func) in (f"{root}.to", f"{root}.cuda"):
             place = s  # model = model.to(device)
+            if assign_stmt is None:
+                rebinding = (s, v, a)
             continue
-        assign_stmt, value, place = s, v, s
+        if isinstance(v, cst.Call) and col.qualname(v.func) in DATA_PARALLEL and v.args and dotted(v.args[0].value) == root:
+            continue  # model = nn.DataParallel(model): removed by DST902
+        assign_stmt, value, place, assign_node = s, v, s, a
+    if assign_stmt is None and rebinding is not None:
+        # the model comes from a parameter or a global and is rebound by `model = model.to(...)`
+        assign_stmt, value, assign_node = rebinding
+        place = assign_stmt
     if assign_stmt is None:
         return None
     # statement-form moves: `model.to(device)` / `model.cuda()` between assignment and optimizer
@@ -736,6 +758,14 @@ def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
             if isinstance(small, cst.Expr) and small.value is c.call:
                 if _before(col, place, c.stmt) and _before(col, c.stmt, opt_stmt):
                     place = c.stmt
+    if place is not assign_stmt:
+        # a move nested deeper than the construction (`if args.cuda: model.cuda()`): the wrap goes
+        # after the enclosing statement at the construction's level, so it happens on every path
+        level = col.stmt_parent.get(assign_stmt, ())
+        for s in (*col.stmt_parent.get(place, ()), place):
+            if col.stmt_parent.get(s, ()) == level:
+                place = s
+                break
     return Model(
         name=root,
         scope=col.stmt_scope[assign_stmt],
@@ -744,6 +774,7 @@ def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
         value=value,
         place=place,
         optimizer=opt,
+        assign_node=assign_node,
     )
 
 

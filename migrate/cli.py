@@ -18,7 +18,7 @@ from typing import List, Optional
 import typer
 
 from distify import __version__
-from distify.rules.base import BACKENDS, Options
+from distify.options import BACKENDS, Options
 
 EXIT_OK, EXIT_CHANGED, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 123
 
@@ -50,6 +50,7 @@ def run(
     scale_lr: Optional[bool] = typer.Option(None, "--scale-lr", help="Scale the learning rate by the number of processes."),
     fp16_allreduce: Optional[bool] = typer.Option(None, "--fp16-allreduce", help="All-reduce gradients in float16."),
     adasum: Optional[bool] = typer.Option(None, "--adasum", help="Horovod: combine gradients with Adasum."),
+    max_size: float = typer.Option(2.0, "--max-size", help="Skip files larger than this many MiB (exit 2).", min=0.001),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Report errors only."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also report unchanged files and why."),
     list_rules: bool = typer.Option(False, "--list-rules", help="List the rules and exit."),
@@ -84,6 +85,7 @@ def run(
         scale_lr=bool(scale_lr if scale_lr is not None else cfg.get("scale_lr", False)),
         fp16_allreduce=bool(fp16_allreduce if fp16_allreduce is not None else cfg.get("fp16_allreduce", False)),
         adasum=bool(adasum if adasum is not None else cfg.get("adasum", False)),
+        max_bytes=int(max_size * 2**20),
     )
     if options.adasum and backend != "horovod":
         reporter.error("distify", "--adasum is a Horovod feature: use it with --backend horovod")
@@ -111,6 +113,9 @@ def _run_stdin(options: Options, mode, check: bool, reporter, strict: bool) -> i
     from distify.engine import FileResult, InputError, Status, migrate_source
 
     source = sys.stdin.buffer.read()
+    if len(source) > options.max_bytes:
+        reporter.error("<stdin>", f"input is over the {options.max_bytes / 2**20:g} MiB limit (raise it with --max-size)")
+        return EXIT_INPUT
     try:
         result = migrate_source(source, options)
     except InputError as e:
@@ -120,7 +125,7 @@ def _run_stdin(options: Options, mode, check: bool, reporter, strict: bool) -> i
         reporter.error("<stdin>", f"internal error: {type(e).__name__}: {e}")
         return EXIT_INTERNAL
     status = Status.CHANGED if result.changed else Status.UNCHANGED
-    fr = FileResult("<stdin>", status, result.findings, result.note, source, result.output)
+    fr = FileResult("<stdin>", status, result.findings, result.note, source, result.output, result.encoding)
     if mode.name == "DIFF":
         reporter.diff(fr)
     elif not check:
@@ -156,7 +161,7 @@ def _run_paths(paths, options: Options, mode, check: bool, reporter, strict: boo
             errors += 1
         else:
             unchanged += 1
-    if len(results) > 1 or errors:
+    if len(results) > 1:
         reporter.summary(changed, unchanged, errors, word)
 
     if any(r.status is Status.FAILED for r in results):

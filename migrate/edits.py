@@ -218,9 +218,13 @@ class ApplyEdits(cst.CSTTransformer):
 
 
 def _is_import(stmt: cst.CSTNode) -> bool:
-    return isinstance(stmt, cst.SimpleStatementLine) and all(
-        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
-    )
+    """A line of imports, possibly opened by the module docstring (`'''doc'''; import x`)."""
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return False
+    body = list(stmt.body)
+    if len(body) > 1 and isinstance(body[0], cst.Expr) and isinstance(body[0].value, (cst.SimpleString, cst.ConcatenatedString)):
+        body = body[1:]
+    return all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in body)
 
 
 def _is_docstring(stmt: cst.CSTNode) -> bool:

@@ -49,6 +49,7 @@ class MigrationResult:
     output: bytes
     findings: Tuple[Finding, ...] = ()
     note: str = ""  # why nothing changed, when nothing did
+    encoding: str = "utf-8"  # the source's encoding (BOM / coding cookie), for diffs
 
     @property
     def changed(self) -> bool:
@@ -88,9 +89,18 @@ def _quick_skip(text: str) -> bool:
 
 def migrate_source(source: bytes, options: Options) -> MigrationResult:
     """Rewrite one script's bytes. Raises InputError for bad input."""
-    text, _encoding = decode(source)
+    try:
+        return _migrate(source, options)
+    except RecursionError:
+        # libcst's visitors recurse per nesting level: code Python accepts can still be too deep
+        raise InputError("cannot process: nested too deeply for distify (RecursionError)") from None
+
+
+def _migrate(source: bytes, options: Options) -> MigrationResult:
+    text, encoding = decode(source)
     if _quick_skip(text):
-        return MigrationResult(source, source, note="no torch code")
+        return MigrationResult(source, source, note="no torch code", encoding=encoding)
+    _check_syntax(source)
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as e:
@@ -100,9 +110,11 @@ def migrate_source(source: bytes, options: Options) -> MigrationResult:
 
     anatomy = analyse(module)
     if anatomy.flavour == options.backend:
-        return MigrationResult(source, source, note="already distributed (" + ", ".join(anatomy.distributed) + ")")
+        return MigrationResult(
+            source, source, note="already distributed (" + ", ".join(anatomy.distributed) + ")", encoding=encoding
+        )
     if not anatomy.has_training:
-        return MigrationResult(source, source, note="no training loop")
+        return MigrationResult(source, source, note="no training loop", encoding=encoding)
 
     findings: List[Finding] = []
     line_map = None
@@ -112,9 +124,13 @@ def migrate_source(source: bytes, options: Options) -> MigrationResult:
         from distify.rules.dst003_convert_backend import CONVERT_CODE, strip
 
         if not any(r.code == CONVERT_CODE for r in rules):
-            return MigrationResult(source, source, note=f"written for {anatomy.flavour} (conversion not selected)")
+            return MigrationResult(
+                source, source, note=f"written for {anatomy.flavour} (conversion not selected)", encoding=encoding
+            )
         module, converted = strip(anatomy, options)
         findings += converted
+        if module is None:
+            return MigrationResult(source, source, tuple(findings), note="not converted: see warnings", encoding=encoding)
         anatomy = analyse(module)
         line_map = _line_map(source, module.bytes)
 
@@ -128,18 +144,21 @@ def migrate_source(source: bytes, options: Options) -> MigrationResult:
     findings += ctx.findings
     findings.sort(key=lambda f: (f.line, f.col, f.code))
     if ctx.blocked:
-        return MigrationResult(source, source, tuple(f for f in findings if f.kind == "warning"), note="not migrated: see warnings")
+        return MigrationResult(
+            source, source, tuple(f for f in findings if f.kind == "warning"), note="not migrated: see warnings",
+            encoding=encoding,
+        )
     new_module = module.visit(ApplyEdits(ctx.edits)) if ctx.edits else module
     output = new_module.bytes
     if output == source:
-        return MigrationResult(source, source, tuple(findings))
-    # the output must be valid Python: re-parse it before anything is written
+        return MigrationResult(source, source, tuple(findings), encoding=encoding)
+    # the output must be valid Python before anything is written (CPython's compiler is the judge,
+    # and ~10x faster than a second libcst parse)
     try:
-        cst.parse_module(output)
         compile(output, "<distify output>", "exec", dont_inherit=True)
-    except (SyntaxError, cst.ParserSyntaxError) as e:  # pragma: no cover - would be a distify bug
+    except SyntaxError as e:  # pragma: no cover - would be a distify bug
         raise RuntimeError(f"distify produced invalid code: {e}") from e
-    return MigrationResult(source, output, tuple(findings))
+    return MigrationResult(source, output, tuple(findings), encoding=encoding)
 
 
 def _line_map(old: bytes, new: bytes):
@@ -152,6 +171,22 @@ def _line_map(old: bytes, new: bytes):
         for k, j in enumerate(range(j1, j2)):
             mapping[j + 1] = (i1 + k + 1) if tag == "equal" else i1 + 1
     return lambda line: mapping.get(line, line)
+
+
+def _check_syntax(source: bytes) -> None:
+    """Let CPython's compiler judge the input first (it does not run it). libcst accepts code that
+    cannot compile ('return' outside a function, duplicate arguments...), which would otherwise fail
+    only when the output is re-compiled and be reported as a distify bug (exit 123), and its native
+    parser overflows the C stack (SIGSEGV) on deep nesting that CPython rejects cleanly."""
+    try:
+        compile(source, "<input>", "exec", dont_inherit=True)
+    except SyntaxError as e:
+        where = f"{e.lineno}:{e.offset}" if e.lineno and e.offset else f"{e.lineno or 1}"
+        raise InputError(f"syntax error at {where}: {_first_line(e.msg or '')}") from None
+    except (RecursionError, MemoryError) as e:
+        raise InputError(f"cannot parse: too deeply nested ({type(e).__name__})") from None
+    except ValueError as e:  # e.g. NUL bytes
+        raise InputError(f"cannot parse: {e}") from None
 
 
 def _first_line(msg: str) -> str:
@@ -192,6 +227,13 @@ def process_file(path: str, mode: Mode, options: Options) -> FileResult:
         st = os.stat(real)
         if not stat.S_ISREG(st.st_mode):
             return FileResult(path, Status.ERROR, message="not a regular file")
+        if st.st_size > options.max_bytes:
+            return FileResult(
+                path,
+                Status.ERROR,
+                message=f"file is {st.st_size / 2**20:.1f} MiB, over the {options.max_bytes / 2**20:g} MiB limit "
+                "for a training script (raise it with --max-size)",
+            )
         with open(real, "rb") as f:
             source = f.read()
     except OSError as e:
@@ -203,7 +245,10 @@ def process_file(path: str, mode: Mode, options: Options) -> FileResult:
     except Exception as e:  # noqa: BLE001 - reported as an internal failure, exit 123
         return FileResult(path, Status.FAILED, message=f"internal error: {type(e).__name__}: {e}", source=source)
     if not result.changed:
-        return FileResult(path, Status.UNCHANGED, result.findings, message=result.note, source=source, output=source)
+        return FileResult(
+            path, Status.UNCHANGED, result.findings, message=result.note, source=source, output=source,
+            encoding=result.encoding,
+        )
     if mode is Mode.WRITE:
         try:
             write_atomic(real, result.output, expect=st)
@@ -211,7 +256,7 @@ def process_file(path: str, mode: Mode, options: Options) -> FileResult:
             return FileResult(path, Status.ERROR, result.findings, message=str(e), source=source)
         except OSError as e:
             return FileResult(path, Status.ERROR, result.findings, message=f"cannot write: {e.strerror or e}", source=source)
-    return FileResult(path, Status.CHANGED, result.findings, source=source, output=result.output)
+    return FileResult(path, Status.CHANGED, result.findings, source=source, output=result.output, encoding=result.encoding)
 
 
 def write_atomic(path: str, data: bytes, expect: Optional[os.stat_result] = None) -> None:
@@ -227,7 +272,8 @@ def write_atomic(path: str, data: bytes, expect: Optional[os.stat_result] = None
         if (now.st_mtime_ns, now.st_size) != (expect.st_mtime_ns, expect.st_size):
             raise InputError("file changed on disk while distify was processing it; not written")
     st = os.stat(path)
-    if not os.access(path, os.W_OK):
+    # os.access alone says "writable" to root; a file without any write bit is read-only to us too
+    if not os.access(path, os.W_OK) or not st.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
         raise InputError("file is read-only; not written")
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".distify-tmp", dir=directory)

@@ -7,20 +7,38 @@ Colour only on a terminal: when stdout is piped the diff is the plain unified di
 from __future__ import annotations
 
 import difflib
+import os
+import io
 import sys
 from typing import Optional, Sequence, TextIO
 
 from distify.engine import FileResult, Status
 
 
+def _diff_encoding(result: FileResult) -> str:
+    # decode a BOM as U+FEFF (not "utf-8-sig", which drops it) so that the first line round-trips
+    return "utf-8" if result.encoding.lower().replace("_", "-") == "utf-8-sig" else result.encoding
+
+
+def _lines(text: str) -> list:
+    # split on \n, \r\n and \r only, as Python's tokenizer does: str.splitlines would also split on
+    # form feeds and other separators, breaking the diff (a "\ No newline" marker mid-file)
+    return io.StringIO(text, newline="").readlines()
+
+
+def _diff_name(side: str, path: str) -> str:
+    """git-style `a/rel/path` for relative paths; absolute paths are shown as they are."""
+    return path if os.path.isabs(path) else f"{side}/{path}"
+
+
 def unified_diff(result: FileResult) -> str:
-    old = result.source.decode(result.encoding, errors="replace")
-    new = result.output.decode(result.encoding, errors="replace")
+    old = result.source.decode(_diff_encoding(result), errors="replace")
+    new = result.output.decode(_diff_encoding(result), errors="replace")
     lines = difflib.unified_diff(
-        old.splitlines(keepends=True),
-        new.splitlines(keepends=True),
-        fromfile=f"a/{result.path}",
-        tofile=f"b/{result.path}",
+        _lines(old),
+        _lines(new),
+        fromfile=_diff_name("a", result.path),
+        tofile=_diff_name("b", result.path),
     )
     out = []
     for line in lines:
@@ -67,8 +85,16 @@ class Reporter:
 
             self.out_console().print(Syntax(text, "diff", theme="ansi_dark", background_color="default"))
         else:
-            self.out.write(text)
-            self.out.flush()
+            # the file's own encoding, so that `patch` applies it (and no UnicodeEncodeError on an
+            # ASCII-only stdout)
+            buffer = getattr(self.out, "buffer", None)
+            if buffer is None:
+                self.out.write(text)
+                self.out.flush()
+            else:
+                self.out.flush()
+                buffer.write(text.encode(_diff_encoding(result), errors="replace"))
+                buffer.flush()
 
     def error(self, path: str, message: str) -> None:
         line = f"{path}: error: {message}"

@@ -16,6 +16,7 @@ from distify.rules.base import Rule
 _MODULES = (
     "dst001_process_group",
     "dst003_convert_backend",
+    "dst005_local_rank_argument",
     "dst002_device",
     "dst101_ddp_wrap",
     "dst102_unwrap_module",
@@ -39,6 +40,10 @@ _MODULES = (
     "dst904_fixed_device",
     "dst905_unwrapped_model",
     "dst906_loader_arguments",
+    "dst907_compile_order",
+    "dst908_device_after_optimizer",
+    "dst909_manual_allreduce",
+    "dst910_iterable_dataset",
 )
 
 ALL_RULES: Tuple[Rule, ...] = tuple(import_module(f"{__name__}.{m}").RULE for m in _MODULES)

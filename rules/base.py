@@ -14,9 +14,7 @@ import libcst as cst
 from distify.anatomy import Anatomy, arg, dotted
 from distify.edits import EditSet, parse_stmts
 
-DDP_BACKEND = "ddp"
-HOROVOD_BACKEND = "horovod"
-BACKENDS = (DDP_BACKEND, HOROVOD_BACKEND)
+from distify.options import BACKENDS, DDP_BACKEND, HOROVOD_BACKEND, Options
 
 
 @dataclass(frozen=True)
@@ -31,16 +29,6 @@ class Finding:
 
     def format(self, path: str) -> str:
         return f"{path}:{self.line}:{self.col}: {self.code} {self.message}"
-
-
-@dataclass(frozen=True)
-class Options:
-    backend: str = DDP_BACKEND
-    select: Sequence[str] = ()
-    ignore: Sequence[str] = ()
-    scale_lr: bool = False
-    fp16_allreduce: bool = False
-    adasum: bool = False
 
 
 class Context:

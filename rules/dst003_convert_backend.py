@@ -90,8 +90,14 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
     """Remove the other backend's constructs; return the re-parsed module and what was done."""
     ctx = Context(anatomy, options)
     a = anatomy
-    rt = ctx.runtime
     flavour = a.flavour
+    if flavour == "ddp" and not a.calls_to(DDP | DIST_SAMPLER):
+        # init_process_group without a DDP wrapper or DistributedSampler: the script shards and
+        # reduces by hand; stripping its init would leave that machinery without a process group
+        init = a.calls_to(INIT_PG)[0]
+        ctx.warn(CONVERT_CODE, init.call, "hand-written data parallelism (no DDP wrapper, no DistributedSampler): not converted")
+        return None, ctx.findings
+    rt = ctx.runtime
 
     def neutral(node: cst.CSTNode, fn_name: str) -> None:
         ctx.edits.replace(node, lambda n: cst.parse_expression(f"{rt}.{fn_name}()"))
@@ -102,13 +108,13 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
         call = site.call
         if flavour == "ddp":
             if q in DDP_DROP and call_statement(site.stmt, call):
-                ctx.edits.remove(site.stmt)
+                _remove(ctx, site.stmt)
                 ctx.report(CONVERT_CODE, call, f"{dotted(call.func)}() removed (DDP only)")
             elif q in DDP and call.args:
                 target = _assigned_name(site.stmt, call)
                 inner = dotted(call.args[0].value)
                 if target is not None and inner == target:
-                    ctx.edits.remove(site.stmt)  # model = DDP(model, ...)
+                    _remove(ctx, site.stmt)  # model = DDP(model, ...)
                 else:
                     ctx.edits.replace(call, lambda n: n.args[0].value)
                 if target is not None:
@@ -125,13 +131,13 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
                 )
         else:  # horovod
             if q in HVD_DROP and call_statement(site.stmt, call):
-                ctx.edits.remove(site.stmt)
+                _remove(ctx, site.stmt)
                 ctx.report(CONVERT_CODE, call, f"{dotted(call.func)}() removed (Horovod only)")
             elif q == "horovod.torch.DistributedOptimizer" and call.args:
                 target = _assigned_name(site.stmt, call)
                 inner = dotted(call.args[0].value)
                 if target is not None and inner == target:
-                    ctx.edits.remove(site.stmt)
+                    _remove(ctx, site.stmt)
                 else:
                     ctx.edits.replace(call, lambda n: n.args[0].value)
                 ctx.report(CONVERT_CODE, call, "hvd.DistributedOptimizer removed (DDP averages in backward)")
@@ -142,7 +148,7 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
                 op = _hvd_op(ctx, call)
                 ctx.edits.replace(call, lambda n, v=value, op=op: cst.parse_expression(f'{rt}.all_reduce({v}, "{op}")'))
             elif isinstance(call.func, cst.Attribute) and call.func.attr.value == "synchronize" and call_statement(site.stmt, call) and not call.args:
-                ctx.edits.remove(site.stmt)
+                _remove(ctx, site.stmt)
         # both: a DistributedSampler takes its replicas and rank from the backend in place
         if q in DIST_SAMPLER:
             drop = {"num_replicas", "rank"}
@@ -176,6 +182,13 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
     return module, ctx.findings
 
 
+def _remove(ctx: Context, stmt: cst.CSTNode) -> None:
+    """Drop a call statement (only the call when other statements share its line)."""
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) > 1:
+        return  # call_statement() matched only single-statement lines; nothing to do here
+    ctx.edits.remove(stmt)
+
+
 def _fix_trailing_comma(args: List[cst.Arg]) -> List[cst.Arg]:
     if args and args[-1].comma is not cst.MaybeSentinel.DEFAULT:
         # keep a trailing comma only if the call is laid out over several lines
@@ -187,7 +200,7 @@ def _fix_trailing_comma(args: List[cst.Arg]) -> List[cst.Arg]:
 
 
 def _assigned_name(stmt: cst.CSTNode, call: cst.Call) -> Optional[str]:
-    if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign):
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign):
         small = stmt.body[0]
         if small.value is call and len(small.targets) == 1:
             return dotted(small.targets[0].target)

@@ -49,14 +49,14 @@ class WrapDDP(Rule):
             # a model that is never moved to a device stays on the CPU: no device_ids then
             placed = model.place is not model.assign or _moves_to_device(model.value)
             ids = f", device_ids={ctx.runtime}.device_ids()" if placed else ""
-            if model.place is model.assign and model.value is not None:
+            if model.place is model.assign and model.value is not None and model.assign_node is not None:
                 def wrap(node: cst.Assign, ddp=ddp, ids=ids) -> cst.Assign:
                     call = cst.parse_expression(f"{ddp}(_model_{ids})")
                     return node.with_changes(
                         value=call.with_changes(args=[call.args[0].with_changes(value=node.value), *call.args[1:]])
                     )
 
-                ctx.edits.replace(model.assign.body[0], wrap)
+                ctx.edits.replace(model.assign_node, wrap)
                 anchor = model.assign
             else:
                 ctx.edits.insert_after(model.place, ctx.stmts(f"{model.name} = {ddp}({model.name}{ids})"))

@@ -65,6 +65,103 @@ class UnwrapModule(Rule):
                 what = "state" if attr.attr.value in STATE_API else f"attribute .{attr.attr.value}"
                 via = f"{name}.module" if mode == "module" else f"{ctx.runtime}.unwrap({name})"
                 ctx.report(self.code, attr, f"{what} of the wrapped model reached through {via}")
+            self._arguments(ctx, model, anchor, targets)
+
+    def _arguments(self, ctx: Context, model, anchor, targets) -> None:
+        """`ModelEMA(model)`, `ema.update(model)`: a callee of this script that only reads the
+        model's state or copies it gets the unwrapped module (its copy must not be a DDP)."""
+        a = ctx.anatomy
+        for site in a.calls:
+            how = None
+            for i, x in enumerate(site.call.args):
+                if x.keyword is None and not x.star and dotted(x.value) is not None:
+                    how = targets.get((id(site.scope), dotted(x.value)))
+                    if how is None:
+                        continue
+                    after, mode = how
+                    if after is not None and not a.is_before(after, site.stmt):
+                        continue
+                    fn = _callee(a, site)
+                    if fn is None:
+                        continue
+                    params = [p.name.value for p in fn.params.params]
+                    if fn in a.methods and params and params[0] == "self":
+                        params = params[1:]
+                    if i >= len(params) or not _only_reads(a, fn, params[i]):
+                        continue
+                    name = dotted(x.value)
+                    if mode == "module":
+                        new_value = lambda n: cst.Attribute(value=n, attr=cst.Name("module"))
+                    else:
+                        rt = ctx.runtime
+                        new_value = lambda n, rt=rt: cst.parse_expression(f"{rt}.unwrap()").with_changes(args=[cst.Arg(n)])
+                    ctx.edits.replace(x.value, new_value)
+                    ctx.report(self.code, x.value, f"{dotted(site.call.func)}() gets the unwrapped model: it only reads or copies it")
+
+
+def _callee(a, site):
+    """The FunctionDef a call reaches: a module function, a class's __init__, or a method of an
+    instance built from a class of this module in the same scope."""
+    func = site.call.func
+    if isinstance(func, cst.Name):
+        if func.value in a.functions:
+            return a.functions[func.value]
+        cls = a.classes.get(func.value)
+        return _method(a, cls, "__init__") if cls is not None else None
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+        owner = func.value.value
+        for stmt, scope in a.stmt_scope.items():
+            if scope is not site.scope or not isinstance(stmt, cst.SimpleStatementLine):
+                continue
+            small = stmt.body[0]
+            if (
+                isinstance(small, cst.Assign)
+                and any(dotted(t.target) == owner for t in small.targets)
+                and isinstance(small.value, cst.Call)
+                and dotted(small.value.func) in a.classes
+            ):
+                return _method(a, a.classes[dotted(small.value.func)], func.attr.value)
+    return None
+
+
+def _method(a, cls, name):
+    for fn, owner in a.methods.items():
+        if owner is cls and fn.name.value == name:
+            return fn
+    return None
+
+
+def _only_reads(a, fn, param: str) -> bool:
+    """True when `param` is only used for attributes (not forward) or copied in `fn`'s body."""
+    ok = True
+    seen = False
+
+    class V(cst.CSTVisitor):
+        def __init__(self):
+            super().__init__()
+            self.stack = []
+
+        def on_visit(self, node):
+            nonlocal ok, seen
+            if isinstance(node, cst.Name) and node.value == param and self.stack:
+                parent = self.stack[-1]
+                seen = True
+                if isinstance(parent, cst.Attribute) and parent.value is node:
+                    if parent.attr.value in ("forward", "__call__", "module"):
+                        ok = False
+                elif isinstance(parent, cst.Arg) and len(self.stack) > 1 and isinstance(self.stack[-2], cst.Call):
+                    if a.qualname(self.stack[-2].func) not in ("copy.deepcopy", "copy.copy"):
+                        ok = False
+                elif not isinstance(parent, cst.Param):
+                    ok = False
+            self.stack.append(node)
+            return True
+
+        def on_leave(self, original_node):
+            self.stack.pop()
+
+    fn.body.visit(V())
+    return ok and seen
 
 
 RULE = UnwrapModule()

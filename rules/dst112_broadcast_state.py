@@ -12,10 +12,12 @@ class BroadcastState(Rule):
     """Start every rank from rank 0's weights and optimizer state (Horovod).
 
     What it does:
-        Adds ``hvd.broadcast_parameters(model.state_dict(), root_rank=0)`` and
-        ``hvd.broadcast_optimizer_state(optimizer, root_rank=0)`` after the optimizer is built –
-        and after any ``load_state_dict`` that follows it in the same function, so a resumed
-        checkpoint is what gets broadcast.
+        Adds ``hvd.broadcast_parameters(model.state_dict(), root_rank=0)`` after the optimizer is
+        built – and after any ``load_state_dict`` that follows it in the same function, so a
+        resumed checkpoint is what gets broadcast. When the optimizer's state is loaded there too,
+        ``hvd.broadcast_optimizer_state(optimizer, root_rank=0)`` follows. A fresh optimizer's
+        state is not broadcast: it is identical everywhere, and Horovod would create it with a
+        zero-gradient step that shifts Adam's step count and applies weight decay once.
 
     Why:
         Unlike DDP, Horovod does not synchronise the initial state: ranks seeded differently (or
@@ -29,7 +31,6 @@ class BroadcastState(Rule):
         is followed by
 
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     """
 
     code = "DST112"
@@ -41,7 +42,8 @@ class BroadcastState(Rule):
         a = ctx.anatomy
         hvd = ctx.hvd
         for opt in ctx.state.get("hvd_optimizers", []):
-            anchor = opt.call.stmt
+            anchor = ctx.state.get("hvd_anchor", {}).get(opt, opt.call.stmt)
+            loads_optimizer = False
             siblings = a.stmt_parent.get(anchor, ())
             # the last load_state_dict after the optimizer, at the optimizer's block level
             for site in a.calls:
@@ -56,8 +58,13 @@ class BroadcastState(Rule):
                 level = [s for s in chain if a.stmt_parent.get(s, ()) == siblings]
                 if level and a.is_before(anchor, level[0]) and not _inside_loop(level[0]):
                     anchor = level[0]
+                    loads_optimizer = loads_optimizer or owner == opt.target
             lines = [f"{hvd}.broadcast_parameters({m}.state_dict(), root_rank=0)" for m in opt.models]
-            lines.append(f"{hvd}.broadcast_optimizer_state({opt.target}, root_rank=0)")
+            if loads_optimizer:
+                # only a loaded state needs broadcasting: on a fresh optimizer Horovod creates the
+                # state with a zero-gradient step, which shifts Adam's step count and applies weight
+                # decay once – the run would no longer match the single-process one
+                lines.append(f"{hvd}.broadcast_optimizer_state({opt.target}, root_rank=0)")
             ctx.edits.insert_after(anchor, ctx.stmts("\n".join(lines)))
             ctx.report(self.code, opt.call.call, "rank 0's parameters and optimizer state are broadcast before training")
 

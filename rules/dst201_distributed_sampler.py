@@ -8,6 +8,7 @@ import libcst as cst
 
 from distify.anatomy import arg, dotted
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg
+from distify.rules.dst910_iterable_dataset import is_iterable_dataset
 
 
 class DistributedSamplerRule(Rule):
@@ -51,8 +52,8 @@ class DistributedSamplerRule(Rule):
                 continue
             if arg(call, 5, "sampler") is not None or arg(call, 6, "batch_sampler") is not None:
                 continue  # DST901
-            if loader.dataset is None:
-                continue
+            if loader.dataset is None or is_iterable_dataset(ctx, loader):
+                continue  # DST906 / DST910
             positional = [x for x in call.args if x.keyword is None and not x.star]
             splats = [x for x in call.args if x.star == "**"]
             if len(positional) > 3 or len(splats) > 1 or any(x.star == "*" for x in call.args):

@@ -54,6 +54,10 @@ class SetEpoch(Rule):
                 if not isinstance(body, cst.IndentedBlock) or not body.body or _calls_set_epoch(ep.loop):
                     continue
                 first = body.body[0]
+                loader_stmt = loader.call.stmt
+                if ep.loop in ctx.anatomy.stmt_parent.get(loader_stmt, ()):
+                    # the loader (and its sampler) is built inside the epoch loop: right after it
+                    first = loader_stmt
                 ctx.edits.insert_before(first, ctx.stmts(f"{obj}.set_epoch({ep.var})"))
                 done.add(ep.loop)
                 ctx.report(self.code, ep.loop, f"{obj}.set_epoch({ep.var}) reshuffles the shards every epoch")

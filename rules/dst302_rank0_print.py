@@ -5,6 +5,9 @@ from __future__ import annotations
 from distify.rules.base import Context, Rule, call_statement
 
 
+PRINT_LIKE = {"tqdm.tqdm.write", "tqdm.auto.tqdm.write", "tqdm.write"}
+
+
 class Rank0Print(Rule):
     """Print from the main process only.
 
@@ -34,7 +37,7 @@ class Rank0Print(Rule):
         if a.entry_owner is None:
             return
         for site in a.calls:
-            if not (site.qualname is None and _is_print(site.call)):
+            if not ((site.qualname is None and _is_print(site.call)) or site.qualname in PRINT_LIKE):
                 continue
             if not call_statement(site.stmt, site.call) or ctx.in_rank_guard(site.stmt):
                 continue

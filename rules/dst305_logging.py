@@ -13,7 +13,8 @@ class Rank0Logging(Rule):
 
     What it does:
         ``logging.basicConfig(level=X)`` gets ``level=X if runtime.is_main_process() else
-        logging.WARNING`` (other ranks still report warnings and errors). A TensorBoard
+        logging.WARNING`` (other ranks still report warnings and errors); ``wandb.init/log/...``
+        statements run on rank 0 only. A TensorBoard
         ``SummaryWriter`` is created on rank 0 only (``None`` elsewhere) and the statements that
         use it are guarded.
 
@@ -55,6 +56,12 @@ class Rank0Logging(Rule):
 
             ctx.edits.replace(site.call, rewrite)
             ctx.report(self.code, site.call, "INFO logging on the main process only; others log warnings")
+
+        for site in a.calls:
+            if (site.qualname or "").startswith("wandb.") and call_statement(site.stmt, site.call):
+                if not ctx.in_rank_guard(site.stmt):
+                    ctx.guard_statement(site.stmt)
+                    ctx.report(self.code, site.call, f"{ctx.code(site.call.func)} runs on the main process only")
 
         writers = []
         for site in a.calls_to(SUMMARY_WRITER):

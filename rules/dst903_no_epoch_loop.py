@@ -31,12 +31,10 @@ class NoEpochLoop(Rule):
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
         for loader in a.loaders:
-            if loader.role != "train" or loader.call.call is None:
-                continue
+            if loader.role != "train" or loader.call.call is None or ctx.state.get("samplers", {}).get(loader, 0) == 0:
+                continue  # only loaders DST201 gave a sampler
             if a.epoch_loops.get(loader):
                 continue
-            if not any(bl.trains for bl in loader.batch_loops):
-                continue  # no training loop at all: nothing to shuffle per epoch
             shuffle = arg(loader.call.call, 2, "shuffle")
             if shuffle is None or (isinstance(shuffle.value, cst.Name) and shuffle.value.value == "False"):
                 continue  # a sampler that does not shuffle ignores the epoch

@@ -31,14 +31,31 @@ class FixedDevice(Rule):
         a = ctx.anatomy
         for site in a.calls:
             c = site.call
-            if site.qualname in DEVICE and c.args and isinstance(c.args[0].value, cst.SimpleString):
-                v = c.args[0].value.evaluated_value
-                if isinstance(v, str) and v.startswith("cuda:") and v != "cuda:0":
-                    ctx.block(self.code, c, f"device {v!r} is fixed: every rank would use it; file not migrated (use runtime.device())")
+            if site.qualname in DEVICE and c.args:
+                for v in _strings(c.args[0].value):
+                    if v.startswith("cuda:") and v != "cuda:0":
+                        ctx.block(self.code, c, f"device {v!r} is fixed: every rank would use it; file not migrated (use runtime.device())")
+                        break
+                idx = c.args[1].value if len(c.args) > 1 else None
+                if isinstance(idx, cst.Integer) and idx.value != "0":
+                    ctx.block(self.code, c, f"device index {idx.value} is fixed: every rank would use it; file not migrated (use runtime.device())")
             elif isinstance(c.func, cst.Attribute) and c.func.attr.value == "cuda" and site.qualname is None:
                 pos = [x for x in c.args if x.keyword is None]
                 if pos and not (isinstance(pos[0].value, cst.Integer) and pos[0].value.value == "0"):
                     ctx.block(self.code, c, ".cuda() with a fixed device index: every rank would use it; file not migrated (use .to(device))")
+
+
+def _strings(expr: cst.CSTNode):
+    """String literals in an expression (e.g. both arms of `"cuda:1" if ok else "cpu"`)."""
+    out = []
+
+    class V(cst.CSTVisitor):
+        def visit_SimpleString(self, node: cst.SimpleString) -> None:
+            if isinstance(node.evaluated_value, str):
+                out.append(node.evaluated_value)
+
+    expr.visit(V())
+    return out
 
 
 RULE = FixedDevice()

@@ -179,6 +179,10 @@ def init_kwargs(timeout: Optional[float] = None) -> dict:
             os.environ.setdefault("RANK", str(env.rank))
             os.environ.setdefault("WORLD_SIZE", str(env.world_size))
             os.environ.setdefault("LOCAL_RANK", str(env.local_rank))
+            if env.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+                # rank 0 will serve the rendezvous store on MASTER_PORT (torchrun's agent already
+                # does that itself): say so in one line if the port is taken, not in a traceback
+                _check_port_free(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
             kwargs: dict = {
                 "backend": backend,
                 "init_method": "env://",
@@ -210,6 +214,29 @@ def init_kwargs(timeout: Optional[float] = None) -> dict:
             atexit.register(cleanup)
             _atexit_registered = True
     return kwargs
+
+
+def _check_port_free(addr: str, port: int) -> None:
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return  # not resolvable here: torch reports it
+    family, _, _, _, sockaddr = infos[0]
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe.bind(sockaddr)
+    except OSError as error:
+        import errno
+
+        if error.errno == errno.EADDRINUSE:
+            raise DistifyEnvError(
+                f"MASTER_PORT={port} is already in use on {addr}: pick a free port for MASTER_PORT"
+            ) from None
+        # EADDRNOTAVAIL: the master address belongs to another host; nothing to check here
+    finally:
+        probe.close()
 
 
 def device(enabled: bool = True) -> torch.device:
@@ -385,7 +412,27 @@ def cleanup() -> None:
 
 def _destroy() -> None:
     try:
+        _release_ddp_wrappers()
         torch.distributed.destroy_process_group()
+        # drop the last references now, while the interpreter is alive: a gloo process group
+        # whose worker threads are torn down during interpreter finalisation aborts the process
+        # ("terminate called without an active exception"), and torchrun reports the job failed
+        import gc
+
+        gc.collect()
     except Exception:  # exiting anyway: never turn a finished run into a traceback
         pass
+
+
+def _release_ddp_wrappers() -> None:
+    """Let DistributedDataParallel wrappers still alive at exit (module-level models) drop their
+    reducer and process group, so the group can be freed before the interpreter shuts down."""
+    import gc
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    for obj in gc.get_objects():
+        if isinstance(obj, DistributedDataParallel):
+            for name in ("reducer", "logger", "process_group", "_comm_hooks"):
+                obj.__dict__.pop(name, None)
 

@@ -34,3 +34,40 @@ def launcher_free_environ() -> dict:
 def launcher_free_env() -> dict:
     """Environment for subprocesses that must look like a plain ``python train.py`` run."""
     return launcher_free_environ()
+
+
+# --- CLI / IO tests -------------------------------------------------------------------------
+SCENARIOS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "scenarios")
+
+
+@pytest.fixture
+def train_py(tmp_path):
+    """A copy of a training script that changes under ddp: ``tmp_path/train.py``."""
+    import shutil
+
+    return shutil.copyfile(os.path.join(SCENARIOS, "module_level.in.py"), tmp_path / "train.py")
+
+
+@pytest.fixture
+def infer_py(tmp_path):
+    """A copy of a torch script without training (comes out unchanged): ``tmp_path/infer.py``."""
+    import shutil
+
+    return shutil.copyfile(os.path.join(SCENARIOS, "inference_only.in.py"), tmp_path / "infer.py")
+
+
+@pytest.fixture
+def cli():
+    """Run ``distify ARGS`` in-process; returns click's Result (``.exit_code``, ``.stdout_bytes``,
+    ``.stderr``). Fails the test on an uncaught exception, which CliRunner would report as exit 1."""
+    from typer.testing import CliRunner
+
+    from distify.cli import app
+
+    def invoke(*args, input=None):
+        result = CliRunner().invoke(app, [str(a) for a in args], input=input)
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise result.exception
+        return result
+
+    return invoke

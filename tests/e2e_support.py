@@ -165,11 +165,13 @@ GLOO_EXIT_ABORT = "terminate called without an active exception"
 
 def is_gloo_exit_abort(result: RunResult) -> bool:
     """True when a launch failed only because a rank aborted at exit (see GLOO_EXIT_ABORT)."""
-    return (
-        result.returncode != 0
-        and GLOO_EXIT_ABORT in result.stderr
-        and "Traceback (most recent call last)" not in result.stderr.split("ChildFailedError")[0]
-    )
+    import re
+
+    if result.returncode == 0 or GLOO_EXIT_ABORT not in result.stderr:
+        return False
+    codes = set(re.findall(r"failed \(exitcode: (-?\d+)\)", result.stderr))
+    workers_part = result.stderr.split("failed (exitcode:")[0]
+    return codes == {"-6"} and "Traceback (most recent call last)" not in workers_part
 
 
 def migrate(src, dst, backend: str = "ddp", extra_args: Iterable = (), timeout: float = 120) -> RunResult:

@@ -1,0 +1,114 @@
+"""P4 overhead: a migrated script at world size 1 (plain `python`, distify.runtime's one-process group)
+vs the original script, same workload; and the import cost of distify.runtime on top of torch.
+
+    python bench/p4_overhead.py [--quick] [--json PATH]
+
+Workloads (OMP_NUM_THREADS=1 for every run, so the shared 2-core machine is not oversubscribed):
+
+* ``bench/workloads/mlp_train.py``: a 3-layer 512-wide MLP, a few seconds of training;
+* ``fixtures/scenarios/module_level.in.py`` with many epochs: a tiny model (~300 parameters), i.e. the
+  worst case for per-step overhead (DDP's hooks + a 1-process gloo all-reduce every step).
+
+Wall time = the whole process (interpreter start, import torch, process group set-up, training).
+For mlp_train the in-script training time (sum of its epoch times) is reported as well.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import (FIXTURES, PY, WORKLOADS, alternate, clean_env, epoch_times, finish, goal, md_table,  # noqa: E402
+                     median, migrate_copy, parse_args, spread, wall)
+
+
+def main(argv=None) -> None:
+    args = parse_args(__doc__.splitlines()[0], argv)
+    q = args.quick
+    repeats = 1 if q else 5
+    tmp = tempfile.mkdtemp(prefix="distify-bench-p4-")
+    env = clean_env(OMP_NUM_THREADS="1")
+    try:
+        mlp_orig = os.path.join(tmp, "mlp_orig.py")
+        shutil.copy(os.path.join(WORKLOADS, "mlp_train.py"), mlp_orig)
+        mlp_mig = migrate_copy(mlp_orig, os.path.join(tmp, "mlp_ddp.py"))
+        ml_orig = os.path.join(tmp, "module_level_orig.py")
+        shutil.copy(os.path.join(FIXTURES, "scenarios", "module_level.in.py"), ml_orig)
+        ml_mig = migrate_copy(ml_orig, os.path.join(tmp, "module_level_ddp.py"))
+
+        mlp_args = ["--samples", "256", "--epochs", "1"] if q else ["--samples", "4096", "--epochs", "4"]
+        ml_args = ["--epochs", "3" if q else "150", "--checkpoint", os.path.join(tmp, "m.pt")]
+        train_s = {"mlp orig": [], "mlp migrated": []}
+
+        def run(script, extra, key=None):
+            def f():
+                dt, proc = wall([PY, script, *extra], env=env, cwd=tmp)
+                if key:
+                    train_s[key].append(sum(epoch_times(proc.stdout)))
+                return dt
+            return f
+
+        if not q:
+            wall([PY, mlp_mig, "--samples", "64", "--epochs", "1"], env=env, cwd=tmp)  # warm-up, unmeasured
+        t = alternate({
+            "mlp orig": run(mlp_orig, mlp_args, "mlp orig"),
+            "mlp migrated": run(mlp_mig, mlp_args, "mlp migrated"),
+        }, repeats)
+        t.update(alternate({
+            "tiny orig": run(ml_orig, ml_args),
+            "tiny migrated": run(ml_mig, ml_args),
+        }, repeats))
+        med = {k: median(v) for k, v in t.items()}
+        mlp_pct = 100 * (med["mlp migrated"] / med["mlp orig"] - 1)
+        tiny_pct = 100 * (med["tiny migrated"] / med["tiny orig"] - 1)
+        train_pct = 100 * (median(train_s["mlp migrated"]) / median(train_s["mlp orig"]) - 1)
+
+        # import cost of distify.runtime after torch: in-process marginal time, and wall difference
+        n_imp = 1 if q else 12
+        marginal = []
+        for _ in range(n_imp):
+            _, proc = wall([PY, "-c", "import time, torch; t = time.perf_counter(); import distify.runtime; "
+                            "print(time.perf_counter() - t)"], env=env)
+            marginal.append(float(proc.stdout.strip()) * 1000)
+        imp = alternate({
+            "torch": lambda: wall([PY, "-c", "import torch"], env=env)[0],
+            "torch+runtime": lambda: wall([PY, "-c", "import torch, distify.runtime"], env=env)[0],
+        }, 0 if q else n_imp)  # the wall difference needs many runs to mean anything: not in --quick
+        imp_wall_ms = 1000 * (median(imp["torch+runtime"]) - median(imp["torch"])) if not q else float("nan")
+
+        rows = [
+            [f"mlp_train.py `{' '.join(mlp_args)}` original", f"{med['mlp orig']:.3f}", spread(t["mlp orig"]),
+             f"{median(train_s['mlp orig']):.3f}", ""],
+            ["mlp_train.py migrated, plain python (world size 1)", f"{med['mlp migrated']:.3f}",
+             spread(t["mlp migrated"]), f"{median(train_s['mlp migrated']):.3f}",
+             f"{mlp_pct:+.1f}% wall, {train_pct:+.1f}% training"],
+            [f"module_level.in.py `--epochs {ml_args[1]}` original (tiny model)", f"{med['tiny orig']:.3f}",
+             spread(t["tiny orig"]), "", ""],
+            ["module_level migrated, plain python (world size 1)", f"{med['tiny migrated']:.3f}",
+             spread(t["tiny migrated"]), "", f"{tiny_pct:+.1f}% wall"],
+        ]
+        table = (f"Median of {repeats} alternating runs each, OMP_NUM_THREADS=1.\n\n"
+                 + md_table(["run", "median wall s", "min..max s", "training s (in-script)", "migrated vs original"],
+                            rows)
+                 + "\n\n" + md_table(["import cost of `distify.runtime` after `import torch`", "ms"], [
+                     [f"in-process marginal time, median of {n_imp} fresh processes", f"{median(marginal):.1f}"],
+                     [f"wall difference of medians, `import torch, distify.runtime` vs `import torch` ({n_imp} each)",
+                      f"{imp_wall_ms:+.1f}"],
+                 ]))
+        goals = [
+            goal("mlp_train migrated/original wall difference", mlp_pct, 2.0, False, " %"),
+            goal("tiny-model migrated/original wall difference", tiny_pct, 2.0, False, " %"),
+            goal("import distify.runtime after torch", median(marginal), 50.0, False, " ms"),
+        ]
+        finish("P4", "world-size-1 overhead", table, goals, args,
+               data={"median_s": med, "runs": t, "train_s": train_s, "import_marginal_ms": marginal,
+                     "import_wall_ms": imp_wall_ms})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

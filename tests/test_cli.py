@@ -1,0 +1,447 @@
+"""The ``distify`` command as a user meets it: modes, exit codes, streams, config, import weight.
+
+Every test works on copies in ``tmp_path``. Most run the CLI in-process (the ``cli`` fixture);
+the ones about the process itself (stdin/stdout bytes, colours, ``-m``, import time) start
+``python -m distify``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from distify import __version__
+
+EXIT_OK, EXIT_CHANGED, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 123
+FINDING = re.compile(r"^(?P<path>.+):(?P<line>\d+):(?P<col>\d+): (?P<code>DST\d{3}) \S")
+ANSI = "\x1b["
+
+
+def run_distify(*args, input: bytes = b"", cwd=None, env=None, timeout: float = 120):
+    """``python -m distify ARGS`` with stdin/stdout/stderr as pipes (bytes)."""
+    return subprocess.run(
+        [sys.executable, "-m", "distify", *map(str, args)],
+        input=input, capture_output=True, cwd=cwd, env=env, timeout=timeout,
+    )
+
+
+def _lines(text: str) -> list:
+    """Split on \\n, \\r\\n, \\r only (str.splitlines also splits on \\f and friends)."""
+    return io.StringIO(text, newline="").readlines()
+
+
+def apply_unified_diff(old: str, diff: str) -> str:
+    """Apply a one-file unified diff to `old`, checking every hunk's counts and context."""
+    src, lines = _lines(old), _lines(diff)
+    assert lines[0].startswith("--- ") and lines[1].startswith("+++ "), lines[:2]
+    out, pos, i = [], 0, 2
+    while i < len(lines):
+        m = re.match(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", lines[i])
+        assert m, f"not a hunk header: {lines[i]!r}"
+        start, n_old = int(m[1]), int(m[2] if m[2] is not None else 1)
+        n_new = int(m[4] if m[4] is not None else 1)
+        start = start - 1 if n_old else start
+        out += src[pos:start]
+        pos = start
+        i += 1
+        seen_old = seen_new = 0
+        while i < len(lines) and not lines[i].startswith("@@"):
+            tag, text = lines[i][0], lines[i][1:]
+            assert tag in " -+\\", f"bad diff line {lines[i]!r}"
+            if tag in " -":
+                assert src[pos] == text, f"context mismatch at line {pos + 1}: {src[pos]!r} != {text!r}"
+                pos += 1
+                seen_old += 1
+            if tag in " +":
+                out.append(text)
+                seen_new += 1
+            i += 1
+        assert (seen_old, seen_new) == (n_old, n_new), "hunk line counts do not match its header"
+    return "".join(out + src[pos:])
+
+
+def error_lines(stderr: str, path) -> list:
+    return [ln for ln in stderr.splitlines() if ln.startswith(f"{path}: error: ")]
+
+
+# --- exit codes, write mode ----------------------------------------------------------------
+
+def test_rewrite_in_place_then_idempotent(cli, train_py):
+    before = train_py.read_bytes()
+    first = cli(train_py)
+    assert first.exit_code == EXIT_CHANGED, first.stderr
+    after = train_py.read_bytes()
+    assert after != before
+    text = after.decode()
+    for needle in ("dist.init_process_group(", "DistributedSampler(", "DDP(", "set_epoch(epoch)", "is_main_process()"):
+        assert needle in text
+    compile(after, str(train_py), "exec")
+    assert first.stdout_bytes == b"", "write mode prints nothing on stdout"
+    assert f"rewrote {train_py}" in first.stderr
+    assert any(FINDING.match(ln) and "DST201" in ln for ln in first.stderr.splitlines()), first.stderr
+
+    second = cli(train_py)
+    assert second.exit_code == EXIT_OK, second.stderr
+    assert train_py.read_bytes() == after
+
+
+def test_unchanged_file_exits_0(cli, infer_py):
+    before = infer_py.read_bytes()
+    result = cli(infer_py)
+    assert result.exit_code == EXIT_OK, result.stderr
+    assert infer_py.read_bytes() == before
+    assert result.stdout_bytes == b""
+
+
+def test_verbose_says_why_unchanged(cli, infer_py):
+    result = cli("-v", infer_py)
+    assert result.exit_code == EXIT_OK
+    assert f"unchanged {infer_py}" in result.stderr
+
+
+def test_quiet_prints_nothing_for_a_successful_rewrite(train_py):
+    proc = run_distify("--quiet", train_py)
+    assert proc.returncode == EXIT_CHANGED, proc.stderr
+    assert proc.stderr == b"" and proc.stdout == b""
+    assert b"DistributedSampler" in train_py.read_bytes()
+
+
+def test_quiet_still_reports_errors(cli, tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\ndef f(:\n")
+    result = cli("-q", bad)
+    assert result.exit_code == EXIT_INPUT
+    assert len(error_lines(result.stderr, bad)) == 1
+
+
+def test_internal_failure_exits_123(cli, train_py, monkeypatch):
+    import distify.engine
+
+    def boom(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(distify.engine, "analyse", boom)
+    before = train_py.read_bytes()
+    result = cli(train_py)
+    assert result.exit_code == EXIT_INTERNAL
+    assert error_lines(result.stderr, train_py) == [f"{train_py}: error: internal error: RuntimeError: boom"]
+    assert train_py.read_bytes() == before
+    stdin = cli("-", input=before)
+    assert stdin.exit_code == EXIT_INTERNAL
+    assert stdin.stdout_bytes == b""
+    assert "<stdin>: error: internal error" in stdin.stderr
+
+
+# --- --diff / --check ---------------------------------------------------------------------
+
+def test_diff_prints_unified_diff_and_writes_nothing(cli, train_py):
+    before = train_py.read_bytes()
+    result = cli(train_py, "--diff")
+    assert result.exit_code == EXIT_CHANGED, result.stderr
+    assert train_py.read_bytes() == before
+    diff = result.stdout_bytes.decode()
+    assert diff.startswith(f"--- {train_py}\n+++ {train_py}\n")  # absolute paths as they are
+    plus = [ln for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    assert any("DistributedSampler" in ln for ln in plus)
+    # the diff is exactly the rewrite
+    cli(train_py)
+    assert apply_unified_diff(before.decode(), diff) == train_py.read_text()
+
+
+def test_diff_with_form_feeds_stays_a_valid_patch(cli, tmp_path, train_py):
+    # str.splitlines() splits on \f too; a diff must split on line endings only
+    src = train_py.read_text().replace("criterion = nn.MSELoss()\n", "criterion = nn.MSELoss()\n\f\n", 1)
+    src = src.replace("dataset = TensorDataset", "\f\ndataset = TensorDataset", 1)
+    train_py.write_text(src)
+    result = cli(train_py, "--diff")
+    assert result.exit_code == EXIT_CHANGED
+    diff = result.stdout_bytes.decode()
+    assert "No newline at end of file" not in diff
+    cli(train_py)
+    assert apply_unified_diff(src, diff) == train_py.read_text()
+
+
+def test_diff_of_unchanged_file_is_empty(cli, infer_py):
+    result = cli(infer_py, "--diff")
+    assert result.exit_code == EXIT_OK
+    assert result.stdout_bytes == b""
+
+
+def test_check(cli, train_py, infer_py):
+    before_t, before_i = train_py.read_bytes(), infer_py.read_bytes()
+    changed = cli("--check", train_py)
+    assert changed.exit_code == EXIT_CHANGED
+    assert changed.stdout_bytes == b""
+    assert f"would rewrite {train_py}" in changed.stderr
+    unchanged = cli("--check", infer_py)
+    assert unchanged.exit_code == EXIT_OK
+    both = cli("--check", train_py, infer_py)
+    assert both.exit_code == EXIT_CHANGED
+    assert (train_py.read_bytes(), infer_py.read_bytes()) == (before_t, before_i)
+    assert sorted(p.name for p in train_py.parent.iterdir()) == ["infer.py", "train.py"]
+
+
+def test_check_and_diff_together(cli, train_py, infer_py):
+    before = train_py.read_bytes()
+    result = cli("--check", "--diff", train_py, infer_py)
+    assert result.exit_code == EXIT_CHANGED
+    assert result.stdout_bytes.startswith(f"--- {train_py}".encode())
+    assert b"infer.py" not in result.stdout_bytes
+    assert train_py.read_bytes() == before
+    assert cli("--check", "--diff", infer_py).exit_code == EXIT_OK
+
+
+# --- directories --------------------------------------------------------------------------
+
+def test_directory_is_walked_for_py_files(cli, tmp_path, train_py, infer_py):
+    src = train_py.read_bytes()
+    nested = tmp_path / "pkg" / "sub"
+    nested.mkdir(parents=True)
+    (nested / "deep.py").write_bytes(src)
+    (tmp_path / "notes.txt").write_bytes(src)  # a training script, but not *.py
+    (tmp_path / "script").write_bytes(src)
+    check = cli("--check", tmp_path)
+    assert check.exit_code == EXIT_CHANGED
+    assert str(nested / "deep.py") in check.stderr and str(train_py) in check.stderr
+    assert "notes.txt" not in check.stderr and f"{tmp_path / 'script'} " not in check.stderr
+    assert (nested / "deep.py").read_bytes() == src
+
+    write = cli(tmp_path)
+    assert write.exit_code == EXIT_CHANGED, write.stderr
+    assert b"DistributedSampler" in (nested / "deep.py").read_bytes()
+    assert b"DistributedSampler" in train_py.read_bytes()
+    assert (tmp_path / "notes.txt").read_bytes() == src
+    assert (tmp_path / "script").read_bytes() == src
+    assert b"DistributedSampler" not in infer_py.read_bytes()
+    assert "2 files rewrote, 1 file unchanged." in write.stderr
+    assert cli(tmp_path).exit_code == EXIT_OK
+
+
+def test_directory_with_many_files_in_parallel(tmp_path, train_py, infer_py):
+    # 8+ files go through the process pool
+    src = train_py.read_bytes()
+    for i in range(9):
+        (tmp_path / f"t{i}.py").write_bytes(src)
+    (tmp_path / "bad.py").write_text("import torch\nprint 'x'\n")
+    infer_before = infer_py.read_bytes()
+    proc = run_distify(tmp_path)
+    assert proc.returncode == EXIT_INPUT, proc.stderr  # one bad file: input error wins over "changed"
+    err = proc.stderr.decode()
+    assert len(error_lines(err, tmp_path / "bad.py")) == 1
+    for i in range(9):
+        assert b"DistributedSampler" in (tmp_path / f"t{i}.py").read_bytes()
+    assert infer_py.read_bytes() == infer_before
+    assert "10 files rewrote" in err and "1 file failed" in err
+    assert not [p for p in tmp_path.iterdir() if "distify-tmp" in p.name]
+
+
+# --- stdin --------------------------------------------------------------------------------
+
+def test_stdin_to_stdout(tmp_path, train_py):
+    src = train_py.read_bytes()
+    proc = run_distify("-", input=src, cwd=tmp_path)
+    assert proc.returncode == EXIT_CHANGED, proc.stderr
+    out = proc.stdout
+    assert b"DistributedSampler(" in out and b"init_process_group" in out
+    compile(out, "<stdout>", "exec")  # nothing but the script on stdout
+    assert out.startswith(src.split(b"\n", 1)[0])
+    assert train_py.read_bytes() == src
+    # the same bytes as a rewrite in place
+    run_distify(train_py)
+    assert train_py.read_bytes() == out
+
+
+def test_stdin_unchanged_is_echoed(tmp_path, infer_py):
+    src = infer_py.read_bytes()
+    proc = run_distify("-", input=src, cwd=tmp_path)
+    assert proc.returncode == EXIT_OK, proc.stderr
+    assert proc.stdout == src
+
+
+def test_stdin_modes_in_process(cli, train_py, infer_py):
+    src = train_py.read_bytes()
+    check = cli("-", "--check", input=src)
+    assert (check.exit_code, check.stdout_bytes) == (EXIT_CHANGED, b"")
+    diff = cli("-", "--diff", input=src)
+    assert diff.exit_code == EXIT_CHANGED
+    assert diff.stdout_bytes.startswith(b"--- a/<stdin>\n+++ b/<stdin>\n")
+    bad = cli("-", input=b"import torch\ndef f(:\n")
+    assert bad.exit_code == EXIT_INPUT
+    assert bad.stdout_bytes == b""
+    assert len(error_lines(bad.stderr, "<stdin>")) == 1
+    mixed = cli("-", train_py)
+    assert mixed.exit_code == EXIT_INPUT
+    assert train_py.read_bytes() == src
+
+
+# --- usage --------------------------------------------------------------------------------
+
+def test_version(cli):
+    result = cli("--version")
+    assert result.exit_code == EXIT_OK
+    assert result.stdout.strip() == f"distify {__version__}"
+
+
+def test_help_via_python_m():
+    proc = run_distify("--help")
+    assert proc.returncode == EXIT_OK
+    out = proc.stdout.decode()
+    for flag in ("--backend", "--diff", "--check", "--select", "--ignore", "--strict", "--quiet", "--version"):
+        assert flag in out
+    assert proc.stderr == b""
+
+
+def test_unknown_backend_exits_2(cli, train_py):
+    before = train_py.read_bytes()
+    result = cli("--backend", "tpu", train_py)
+    assert result.exit_code == EXIT_INPUT
+    assert "unknown backend 'tpu'" in result.stderr
+    assert train_py.read_bytes() == before
+
+
+def test_no_path_exits_2(cli):
+    result = cli()
+    assert result.exit_code == EXIT_INPUT
+    assert result.stderr.startswith("distify: error: no path given")
+
+
+def test_unknown_option_exits_2(cli, train_py):
+    before = train_py.read_bytes()
+    assert cli("--frobnicate", train_py).exit_code == EXIT_INPUT
+    assert train_py.read_bytes() == before
+
+
+def test_list_rules_and_explain(cli):
+    rules = cli("--list-rules")
+    assert rules.exit_code == EXIT_OK
+    assert "DST201" in rules.stdout
+    explain = cli("--explain", "dst201")
+    assert explain.exit_code == EXIT_OK and "DistributedSampler" in explain.stdout
+    assert cli("--explain", "DST999").exit_code == EXIT_INPUT
+
+
+# --- rules: --strict, --select, --ignore, [tool.distify] ----------------------------------
+
+def _with_custom_sampler(path: Path) -> Path:
+    text = path.read_text()
+    new = text.replace("shuffle=False)", "sampler=torch.utils.data.RandomSampler(dataset))", 1)
+    assert new != text
+    path.write_text(new)
+    return path
+
+
+def test_strict_exits_2_on_a_warning(cli, train_py):
+    _with_custom_sampler(train_py)
+    lenient = cli("--check", train_py)
+    assert lenient.exit_code == EXIT_CHANGED
+    strict = cli("--check", "--strict", train_py)
+    assert strict.exit_code == EXIT_INPUT
+    warnings = [m for m in map(FINDING.match, strict.stderr.splitlines()) if m and m["code"] == "DST901"]
+    assert len(warnings) == 1 and warnings[0]["path"] == str(train_py)
+    assert cli("--check", "--strict", "--ignore", "DST901", train_py).exit_code == EXIT_CHANGED
+
+
+def test_strict_without_warnings_keeps_exit_codes(cli, train_py, infer_py):
+    assert cli("--strict", "--check", train_py).exit_code == EXIT_CHANGED
+    assert cli("--strict", infer_py).exit_code == EXIT_OK
+
+
+def test_select_prefix(cli, train_py):
+    result = cli("--select", "DST2", train_py)
+    assert result.exit_code == EXIT_CHANGED, result.stderr
+    text = train_py.read_text()
+    assert "DistributedSampler(" in text and "set_epoch(" in text
+    assert "init_process_group" not in text
+    assert "DDP(" not in text and "is_main_process" not in text
+    codes = {m["code"] for m in map(FINDING.match, result.stderr.splitlines()) if m}
+    assert codes and all(c.startswith("DST2") for c in codes), codes
+
+
+def test_ignore_prefix_comma_separated(cli, train_py):
+    result = cli("--ignore", "DST30,DST201", train_py)
+    assert result.exit_code == EXIT_CHANGED
+    text = train_py.read_text()
+    assert "is_main_process" not in text and "DistributedSampler" not in text
+    assert "init_process_group" in text
+
+
+def test_pyproject_config_is_honoured_and_cli_overrides(cli, tmp_path, train_py):
+    (tmp_path / "pyproject.toml").write_text('[tool.distify]\nbackend = "ddp"\nignore = ["DST30"]\n')
+    src = train_py.read_bytes()
+    result = cli(train_py)
+    assert result.exit_code == EXIT_CHANGED, result.stderr
+    text = train_py.read_text()
+    assert "DistributedSampler(" in text and "init_process_group" in text
+    assert "is_main_process" not in text  # print and save stay unguarded: DST30x ignored
+
+    train_py.write_bytes(src)
+    override = cli("--ignore", "DST201", train_py)
+    assert override.exit_code == EXIT_CHANGED
+    text = train_py.read_text()
+    assert "is_main_process()" in text  # the command line replaces the config's ignore list
+    assert "DistributedSampler" not in text
+
+
+def test_pyproject_backend(cli, tmp_path, train_py):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[tool.distify]\nbackend = "horovod"\n')
+    assert cli("--diff", train_py).stdout_bytes.count(b"+import horovod.torch as hvd") == 1
+    assert b"hvd." not in cli("--diff", "--backend", "ddp", train_py).stdout_bytes
+    pyproject.write_text('[tool.distify]\nbackend = "tpu"\n')
+    assert cli(train_py).exit_code == EXIT_INPUT
+    pyproject.write_text('[tool.distify]\nbakend = "ddp"\n')
+    bad_key = cli(train_py)
+    assert bad_key.exit_code == EXIT_INPUT and "bakend" in bad_key.stderr
+
+
+# --- colours, import weight -----------------------------------------------------------------
+
+def test_no_ansi_codes_when_piped(tmp_path, train_py):
+    _with_custom_sampler(train_py)  # a warning line too
+    (tmp_path / "bad.py").write_text("import torch\ndef f(:\n")
+    env = dict(os.environ, FORCE_COLOR="1", TERM="xterm-256color", CLICOLOR_FORCE="1")
+    env.pop("NO_COLOR", None)
+    proc = run_distify("--diff", tmp_path, env=env)
+    assert proc.returncode == EXIT_INPUT
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    assert out.startswith("--- ") and "DST901" in err and "bad.py: error: " in err
+    assert ANSI not in out and ANSI not in err
+
+
+def _imported_modules(stderr: bytes) -> set:
+    mods = set()
+    for line in stderr.decode(errors="replace").splitlines():
+        if line.startswith("import time:") and "|" in line:
+            name = line.rsplit("|", 1)[1].strip()
+            if name != "imported package":
+                mods.add(name)
+    return mods
+
+
+def _from(mods: set, package: str) -> set:
+    return {m for m in mods if m == package or m.startswith(package + ".")}
+
+
+def test_cli_does_not_import_torch():
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "distify", "--help"], capture_output=True, timeout=120
+    )
+    assert proc.returncode == EXIT_OK
+    mods = _imported_modules(proc.stderr)
+    assert "distify.cli" in mods, "importtime output not understood"
+    assert not _from(mods, "torch")
+
+
+def test_runtime_does_not_import_the_migration_tool():
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import distify.runtime"], capture_output=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    mods = _imported_modules(proc.stderr)
+    assert "distify.runtime" in mods
+    for heavy in ("libcst", "typer", "rich", "click"):
+        assert not _from(mods, heavy), heavy
