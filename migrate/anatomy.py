@@ -60,6 +60,8 @@ MODULE_API = {
     "named_children", "modules", "named_modules", "zero_grad", "to", "cuda", "cpu", "float",
     "double", "half", "bfloat16", "type", "apply", "requires_grad_", "training", "forward",
     "no_sync", "module", "register_forward_hook", "register_forward_pre_hook", "__call__",
+    # DistributedDataParallel's own API
+    "register_comm_hook", "join", "join_hook", "reducer", "process_group", "device_ids",
 }
 # API of the wrapper that must reach the wrapped module to keep checkpoints free of `module.`.
 STATE_API = {"state_dict", "load_state_dict"}
@@ -163,6 +165,7 @@ class _Collector(cst.CSTVisitor):
         self.horovod = False
         self.attr_uses: List[Tuple[cst.Attribute, Scope, Optional[cst.ClassDef], Stmt]] = []
         self.name_bindings: Set[str] = set()
+        self.ifexps: List[cst.IfExp] = []
         self._scope: List[Scope] = []
         self._cls: List[Optional[cst.ClassDef]] = []
         self._stmts: List[Stmt] = []
@@ -293,6 +296,9 @@ class _Collector(cst.CSTVisitor):
             )
         )
 
+    def visit_IfExp(self, node: cst.IfExp) -> None:
+        self.ifexps.append(node)
+
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if self._stmts:
             self.attr_uses.append((node, self._scope[-1], self._cls[-1], self._stmts[-1]))
@@ -389,9 +395,13 @@ class Anatomy:
     attr_uses: List[Tuple[cst.Attribute, Scope, Optional[cst.ClassDef], Stmt]]
     name_bindings: Set[str]
     fors: List[Tuple[cst.For, Scope, Optional[cst.ClassDef], Tuple[cst.For, ...]]]
+    ifexps: List[cst.IfExp] = field(default_factory=list)
+    want_positions: bool = True  # False when nothing will show them (--quiet): skips a costly pass
     _positions: Optional[dict] = None
 
     def position(self, node: cst.CSTNode) -> Tuple[int, int]:
+        if not self.want_positions:
+            return (0, 0)
         if self._positions is None:
             self._positions = self.wrapper.resolve(PositionProvider)
         rng: Optional[CodeRange] = self._positions.get(node)
@@ -415,6 +425,11 @@ class Anatomy:
             if q == qualified:
                 return local
         return None
+
+    @property
+    def migrated_by_distify(self) -> bool:
+        """The script imports distify's runtime: it is distify's output (maybe edited since)."""
+        return any(q == "distify.runtime" for q in self.aliases.values())
 
     @property
     def flavour(self) -> Optional[str]:
@@ -675,6 +690,7 @@ def analyse(module: cst.Module) -> Anatomy:
         attr_uses=col.attr_uses,
         name_bindings=col.name_bindings,
         fors=col.fors,
+        ifexps=col.ifexps,
     )
 
 

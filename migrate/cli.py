@@ -86,6 +86,7 @@ def run(
         fp16_allreduce=bool(fp16_allreduce if fp16_allreduce is not None else cfg.get("fp16_allreduce", False)),
         adasum=bool(adasum if adasum is not None else cfg.get("adasum", False)),
         max_bytes=int(max_size * 2**20),
+        positions=not quiet or strict,
     )
     if options.adasum and backend != "horovod":
         reporter.error("distify", "--adasum is a Horovod feature: use it with --backend horovod")

@@ -109,17 +109,22 @@ def _migrate(source: bytes, options: Options) -> MigrationResult:
         raise InputError(f"cannot parse: {type(e).__name__}") from None
 
     anatomy = analyse(module)
+    anatomy.want_positions = options.positions
+    incremental = False
     if anatomy.flavour == options.backend:
-        return MigrationResult(
-            source, source, note="already distributed (" + ", ".join(anatomy.distributed) + ")", encoding=encoding
-        )
+        if not anatomy.migrated_by_distify:
+            return MigrationResult(
+                source, source, note="already distributed (" + ", ".join(anatomy.distributed) + ")", encoding=encoding
+            )
+        # distify's own output: add only what is missing (a new loader, model, save...)
+        incremental = True
     if not anatomy.has_training:
         return MigrationResult(source, source, note="no training loop", encoding=encoding)
 
     findings: List[Finding] = []
     line_map = None
     rules = selected(options.backend, options.select, options.ignore)
-    if anatomy.flavour is not None:
+    if anatomy.flavour is not None and not incremental:
         # written for the other backend: strip its constructs, then migrate what is left
         from distify.rules.dst003_convert_backend import CONVERT_CODE, strip
 
@@ -132,9 +137,11 @@ def _migrate(source: bytes, options: Options) -> MigrationResult:
         if module is None:
             return MigrationResult(source, source, tuple(findings), note="not converted: see warnings", encoding=encoding)
         anatomy = analyse(module)
+        anatomy.want_positions = options.positions
         line_map = _line_map(source, module.bytes)
 
     ctx = Context(anatomy, options)
+    ctx.state["incremental"] = incremental
     for rule in rules:
         rule.apply(ctx)
     ctx.finish()

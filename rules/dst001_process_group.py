@@ -39,8 +39,8 @@ class ProcessGroupSetup(Rule):
 
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
-        if a.entry_owner is None:
-            return
+        if a.entry_owner is None or ctx.state.get("incremental"):
+            return  # incremental: the process group is set up already
         anchor = first_statement(a.entry_owner, a.entry_body)
         if anchor is None:
             return

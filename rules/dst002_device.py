@@ -177,7 +177,9 @@ def _string_device_idioms(a):
             ):
                 out.append((node, None))
 
-    a.module.visit(V())
+    visitor = V()
+    for node in a.ifexps:
+        visitor.visit_IfExp(node)
     return out
 
 

@@ -41,8 +41,11 @@ class WrapDDP(Rule):
     def apply(self, ctx: Context) -> None:
         wrapped = ctx.state.setdefault("wrapped", [])
         for model in ctx.anatomy.models:
-            if model.value is not None and _wraps_in(ctx, model.value, DATA_PARALLEL | DDP):
-                continue  # DataParallel / DDP already: DST902 explains
+            if model.value is not None and _wraps_in(ctx, model.value, DDP):
+                wrapped.append((model, model.assign))  # wrapped already (incremental run)
+                continue
+            if model.value is not None and _wraps_in(ctx, model.value, DATA_PARALLEL):
+                continue  # DST902 explains
             if _data_parallel_later(ctx, model):
                 continue
             ddp = ctx.imported("torch.nn.parallel", "DistributedDataParallel", "DDP")

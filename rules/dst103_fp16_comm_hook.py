@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import libcst as cst
+
 from distify.rules.base import DDP_BACKEND, Context, Rule
 
 
@@ -37,6 +39,13 @@ class Fp16CommHook(Rule):
         if not ctx.options.fp16_allreduce:
             return
         for model, anchor in ctx.state.get("wrapped", []):
+            if any(
+                isinstance(site.call.func, cst.Attribute)
+                and site.call.func.attr.value == "register_comm_hook"
+                and ctx.code(site.call.func.value) == model.name
+                for site in ctx.anatomy.calls
+            ):
+                continue  # a comm hook is registered already
             hooks = ctx.imported("torch.distributed.algorithms.ddp_comm_hooks", "default_hooks", "default_hooks")
             stmts = ctx.stmts(
                 "# distify --fp16-allreduce: gradients are all-reduced in float16 (half the bytes)\n"

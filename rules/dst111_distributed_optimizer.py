@@ -37,7 +37,7 @@ class DistributedOptimizer(Rule):
     def apply(self, ctx: Context) -> None:
         wrapped = ctx.state.setdefault("hvd_optimizers", [])
         anchors = ctx.state.setdefault("hvd_anchor", {})
-        optimizers = [o for o in ctx.anatomy.optimizers if o.target is not None]
+        optimizers = [o for o in ctx.anatomy.optimizers if o.target is not None and not _already_wrapped(ctx, o)]
         for opt in optimizers:
             if _backward_passes_before_step(ctx, opt) > 1:
                 ctx.block(
@@ -76,6 +76,16 @@ class DistributedOptimizer(Rule):
             _drop_set_to_none(ctx, opt)
             wrapped.append(opt)
             ctx.report(self.code, opt.call.call, f"{opt.target} averages gradients across ranks (hvd.DistributedOptimizer)")
+
+
+def _already_wrapped(ctx: Context, opt) -> bool:
+    """`opt = hvd.DistributedOptimizer(opt, ...)` exists already (distify's earlier output)."""
+    return any(
+        site.qualname == "horovod.torch.DistributedOptimizer"
+        and site.call.args
+        and ctx.code(site.call.args[0].value) == opt.target
+        for site in ctx.anatomy.calls
+    )
 
 
 def _after_assignments(ctx: Context, anchor, expr_src: str):

@@ -43,6 +43,14 @@ class DistributedSamplerRule(Rule):
     def apply(self, ctx: Context) -> None:
         samplers = ctx.state.setdefault("samplers", {})
         for loader in ctx.anatomy.loaders:
+            if loader.role == "eval":
+                ctx.report(
+                    self.code,
+                    loader.call.call,
+                    f"{loader.target or 'evaluation DataLoader'} left whole: every rank evaluates the full set, "
+                    "so reported metrics equal the single-process ones",
+                    kind="info",
+                )
             if loader.role != "train":
                 continue
             call = loader.call.call

@@ -62,6 +62,8 @@ class AccumulationNoSync(Rule):
 
     def _loop(self, ctx: Context, bl, wrapped) -> None:
         body = list(bl.loop.body.body)
+        if "no_sync" in ctx.code(bl.loop.body):
+            return
         step_if = _accumulation_if(body)
         if step_if is None:
             return

@@ -196,6 +196,24 @@ def test_ddp_two_ranks_match_big_batch(runs, scenario):
     _check_state_files(scenario, ddp, big.weights)
 
 
+METRICS = {
+    "two_loaders": r"epoch (\d+) val_acc ([0-9.]+)",
+    "examples_style": r"Accuracy: (\d+)/(\d+)",
+}
+
+
+@pytest.mark.parametrize("scenario", [s for s in RUNNABLE if s.name in METRICS], ids=str)
+def test_reported_eval_metrics_equal_single_process(runs, scenario):
+    """Evaluation loaders stay whole: under 2 ranks the printed accuracy is the single-process one."""
+    import re
+
+    big = runs.original(scenario, NPROC * B)
+    ddp = runs.migrated(scenario, "torchrun")
+    expected = re.findall(METRICS[scenario.name], big.output)
+    assert expected, f"no metric lines in the original's output:\n{big.output[-2000:]}"
+    assert re.findall(METRICS[scenario.name], ddp.output) == expected
+
+
 @pytest.mark.parametrize("scenario", RUNNABLE, ids=str)
 def test_ddp_side_effects_happen_once(runs, scenario):
     ddp = runs.migrated(scenario, "torchrun")

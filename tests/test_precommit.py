@@ -1,0 +1,96 @@
+"""The pre-commit hooks, run by the real `pre-commit` in a temporary git repository.
+
+The hooks are installed from this repository at its current commit (pre-commit clones it and builds
+distify into its own virtualenv). A commit of an unmigrated training script fails under
+`distify-check` with the file untouched; under `distify-fix` the first commit fails with the file
+rewritten, and the rewritten file then commits cleanly.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "fixtures" / "scenarios" / "module_level.in.py"
+
+pytestmark = pytest.mark.e2e
+
+
+def _git(*args, cwd, check=True, env=None):
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=check, env=env)
+
+
+@pytest.fixture(scope="module")
+def hook_rev():
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    if _git("status", "--porcelain", "--", ".pre-commit-hooks.yaml", "migrate", "rules", "pyproject.toml", cwd=ROOT).stdout.strip():
+        pytest.skip("the hook sources have uncommitted changes: pre-commit installs a commit")
+    return _git("rev-parse", "HEAD", cwd=ROOT).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def precommit_home(tmp_path_factory):
+    return tmp_path_factory.mktemp("pre-commit-home")
+
+
+def _repo(tmp_path: Path, rev: str, hook: str) -> Path:
+    repo = tmp_path / "project"
+    repo.mkdir()
+    _git("init", "-q", cwd=repo)
+    _git("config", "user.email", "dev@example.com", cwd=repo)
+    _git("config", "user.name", "Dev", cwd=repo)
+    (repo / ".pre-commit-config.yaml").write_text(
+        "repos:\n"
+        f"  - repo: {ROOT}\n"
+        f"    rev: {rev}\n"
+        "    hooks:\n"
+        f"      - id: {hook}\n"
+        "        files: '(^|/)train[^/]*\\.py$'\n"
+    )
+    (repo / "train.py").write_bytes(SCRIPT.read_bytes())
+    (repo / "utils.py").write_text("def helper():\n    return 1\n")
+    _git("add", ".", cwd=repo)
+    return repo
+
+
+def _commit(repo: Path, env):
+    return subprocess.run(
+        [sys.executable, "-m", "pre_commit", "run", "--all-files"], cwd=repo, capture_output=True, text=True, env=env,
+        timeout=900,
+    )
+
+
+def _env(home: Path):
+    env = dict(os.environ, PRE_COMMIT_HOME=str(home))
+    env.pop("PRE_COMMIT", None)
+    return env
+
+
+def test_check_hook_fails_and_writes_nothing(tmp_path, hook_rev, precommit_home):
+    repo = _repo(tmp_path, hook_rev, "distify-check")
+    env = _env(precommit_home)
+    subprocess.run([sys.executable, "-m", "pre_commit", "install"], cwd=repo, check=True, capture_output=True, env=env)
+    result = _git("commit", "-qm", "add training script", cwd=repo, check=False, env=env)
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "distify (check)" in result.stdout + result.stderr
+    assert (repo / "train.py").read_bytes() == SCRIPT.read_bytes()
+
+
+def test_fix_hook_rewrites_then_the_fixed_script_commits(tmp_path, hook_rev, precommit_home):
+    repo = _repo(tmp_path, hook_rev, "distify-fix")
+    env = _env(precommit_home)
+    subprocess.run([sys.executable, "-m", "pre_commit", "install"], cwd=repo, check=True, capture_output=True, env=env)
+    first = _git("commit", "-qm", "add training script", cwd=repo, check=False, env=env)
+    assert first.returncode != 0, "the hook should fail the commit that needed rewriting"
+    text = (repo / "train.py").read_text()
+    assert "init_process_group" in text and "DistributedSampler(" in text and "DDP(" in text
+    _git("add", "train.py", cwd=repo)
+    second = _git("commit", "-qm", "add training script", cwd=repo, check=False, env=env)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert _git("log", "--oneline", cwd=repo).stdout.count("\n") == 1
