@@ -135,6 +135,18 @@ def dotted(expr: Optional[cst.CSTNode]) -> Optional[str]:
     return None
 
 
+def resolve(aliases: Dict[str, str], expr: cst.BaseExpression) -> Optional[str]:
+    """Qualified name of a Name/Attribute chain through the module's imports (None if local)."""
+    d = dotted(expr)
+    if d is None:
+        return None
+    head, _, rest = d.partition(".")
+    if head in aliases:
+        base = aliases[head]
+        return f"{base}.{rest}" if rest else base
+    return None
+
+
 def arg(call: cst.Call, pos: Optional[int], kw: Optional[str]) -> Optional[cst.Arg]:
     if kw is not None:
         for a in call.args:
@@ -304,14 +316,7 @@ class _Collector(cst.CSTVisitor):
             self.attr_uses.append((node, self._scope[-1], self._cls[-1], self._stmts[-1]))
 
     def qualname(self, expr: cst.BaseExpression) -> Optional[str]:
-        d = dotted(expr)
-        if d is None:
-            return None
-        head, _, rest = d.partition(".")
-        if head in self.aliases:
-            base = self.aliases[head]
-            return f"{base}.{rest}" if rest else base
-        return None
+        return resolve(self.aliases, expr)
 
 
 def _names_in_target(t: cst.BaseExpression) -> Iterable[str]:
@@ -410,14 +415,7 @@ class Anatomy:
         return (rng.start.line, rng.start.column + 1)
 
     def qualname(self, expr: cst.BaseExpression) -> Optional[str]:
-        d = dotted(expr)
-        if d is None:
-            return None
-        head, _, rest = d.partition(".")
-        if head in self.aliases:
-            base = self.aliases[head]
-            return f"{base}.{rest}" if rest else base
-        return None
+        return resolve(self.aliases, expr)
 
     def local_name_for(self, qualified: str) -> Optional[str]:
         """An existing local spelling of a qualified name (e.g. 'dist' for torch.distributed)."""

@@ -20,6 +20,8 @@ SCENARIOS = REPO_ROOT / "fixtures" / "scenarios"
 # Variables through which a launcher (torchrun, SLURM, MPI, Horovod, Kubeflow) tells a process that it
 # is one rank of many. A "plain python" run must see none of them.
 _LAUNCHER_PREFIXES = (
+    "DISTIFY_",
+    "MPI_LOCAL",
     "TORCHELASTIC_",
     "SLURM_",
     "OMPI_",
@@ -40,6 +42,8 @@ _LAUNCHER_NAMES = {
     "MASTER_ADDR",
     "MASTER_PORT",
     "NODE_RANK",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_SOCKET_IFNAME",
 }
 
 DEFAULT_TIMEOUT = 180
