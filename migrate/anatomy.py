@@ -403,6 +403,7 @@ class Anatomy:
     ifexps: List[cst.IfExp] = field(default_factory=list)
     want_positions: bool = True  # False when nothing will show them (--quiet): skips a costly pass
     _positions: Optional[dict] = None
+    _order: Optional[dict] = None
 
     def position(self, node: cst.CSTNode) -> Tuple[int, int]:
         if not self.want_positions:
@@ -463,7 +464,18 @@ class Anatomy:
         return [c for c in self.calls if c.qualname in names]
 
     def is_before(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
-        return self.position(a) < self.position(b)
+        """Source order of two statements (from the analysis pass: independent of positions)."""
+        if self._order is None:
+            self._order = {s: i for i, s in enumerate(self.stmt_parent)}
+        if a in self._order and b in self._order:
+            return self._order[a] < self._order[b]
+        return self._positions_for_order(a) < self._positions_for_order(b)
+
+    def _positions_for_order(self, node: cst.CSTNode) -> Tuple[int, int]:
+        if self._positions is None:
+            self._positions = self.wrapper.resolve(PositionProvider)
+        rng = self._positions.get(node)
+        return (rng.start.line, rng.start.column) if rng is not None else (0, 0)
 
     def scope_of(self, stmt: cst.CSTNode) -> Optional[Scope]:
         return self.stmt_scope.get(stmt)

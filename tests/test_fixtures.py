@@ -87,3 +87,14 @@ def test_every_fixture_group_has_cases() -> None:
     assert groups
     for d in groups:
         assert list(d.glob("*.in.py")), f"fixture folder {d.name} has no *.in.py case"
+
+
+@pytest.mark.parametrize("src,backend", [c for c in cases() if "scenarios" in str(c.values[0])])
+def test_output_does_not_depend_on_reporting_positions(src: Path, backend: str) -> None:
+    """--quiet skips position resolution; the rewrite itself must not change with it."""
+    from dataclasses import replace
+
+    options = _options(src, backend)
+    with_positions = migrate_source(src.read_bytes(), options).output
+    without = migrate_source(src.read_bytes(), replace(options, positions=False)).output
+    assert without == with_positions
