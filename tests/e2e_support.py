@@ -157,7 +157,15 @@ def run_torchrun(
         script,
         *args,
     ]
-    return _run(argv, cwd=cwd or script.parent, env=clean_env(env), timeout=timeout, check=check)
+    result = _run(argv, cwd=cwd or script.parent, env=clean_env(env), timeout=timeout, check=False)
+    if check and is_gloo_exit_abort(result):  # check=False callers relaunch themselves
+        import warnings
+
+        warnings.warn(f"{script.name}: a rank aborted at exit (gloo teardown); relaunching once")
+        result = _run(argv, cwd=cwd or script.parent, env=clean_env(env), timeout=timeout, check=False)
+    if check and result.returncode != 0:
+        raise RunFailed("process failed\n" + result.describe())
+    return result
 
 
 # torch 2.13 + gloo on CPU: now and then (a few % of launches on a loaded 2-core machine) a rank

@@ -9,10 +9,14 @@ import os
 import re
 import socket
 import subprocess
+import warnings
 import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e_support import RunResult, is_gloo_exit_abort  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -60,13 +64,29 @@ def _check_shim(output: str, world: int, locals_: dict[int, int] | None = None) 
 
 
 def _run(cmd: list, env: dict, timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    for attempt in range(2):
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        if attempt == 0 and is_gloo_exit_abort(RunResult(tuple(cmd), proc.returncode, proc.stdout, proc.stderr)):
+            warnings.warn("a rank aborted at exit (torch/gloo teardown, see e2e_support); relaunching once")
+            continue
+        break
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc
 
 
 def _run_ranks(envs: list[dict], timeout: int = TIMEOUT) -> str:
-    """Start one process per env (as srun/mpirun would) and return their joined stdout."""
+    """Start one process per env (as srun/mpirun would) and return their joined stdout
+    (relaunched once if a rank only aborted in gloo's teardown at exit, see e2e_support)."""
+    try:
+        return _run_ranks_once(envs, timeout)
+    except AssertionError as error:
+        if "exit -6" not in str(error) or "terminate called without an active exception" not in str(error):
+            raise
+        warnings.warn("a rank aborted at exit (torch/gloo teardown); relaunching once")
+        return _run_ranks_once(envs, timeout)
+
+
+def _run_ranks_once(envs: list[dict], timeout: int) -> str:
     procs = [
         subprocess.Popen([sys.executable, str(SHIM)], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
