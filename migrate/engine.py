@@ -34,7 +34,6 @@ class Mode(enum.Enum):
 class Status(enum.Enum):
     UNCHANGED = "unchanged"
     CHANGED = "changed"
-    SKIPPED = "skipped"  # nothing to do (no torch text, already distributed, no training)
     ERROR = "error"  # the input's fault: unreadable, undecodable, syntax error
     FAILED = "failed"  # distify's fault: internal error
 

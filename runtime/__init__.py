@@ -432,7 +432,9 @@ def _release_ddp_wrappers() -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     for obj in gc.get_objects():
-        if isinstance(obj, DistributedDataParallel):
+        # type(), not isinstance(): isinstance reads obj.__class__, and some torch objects (the
+        # deprecated torch.distributed.reduce_op) warn when touched
+        if issubclass(type(obj), DistributedDataParallel):
             for name in ("reducer", "logger", "process_group", "_comm_hooks"):
                 obj.__dict__.pop(name, None)
 
