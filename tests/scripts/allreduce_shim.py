@@ -2,6 +2,8 @@
 
 Prints one line per rank:  rank=R world=W local=L main=M sum=S mean=A max=X tensor=T1,T2
 """
+import sys
+
 import torch
 import torch.distributed as dist
 
@@ -22,10 +24,12 @@ model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1).to(devic
                                                   device_ids=runtime.device_ids())
 assert type(runtime.unwrap(model)) is torch.nn.Linear
 
-print(
+# one write() per line: print() writes the text and the newline separately, and two ranks sharing
+# torchrun's stdout pipe could then interleave their lines
+sys.stdout.write(
     f"rank={r} world={w} local={runtime.local_rank()} main={runtime.is_main_process()} "
     f"sum={value!r} mean={mean!r} max={biggest!r} "
-    f"tensor={','.join(repr(x) for x in out.tolist())}",
-    flush=True,
+    f"tensor={','.join(repr(x) for x in out.tolist())}\n"
 )
+sys.stdout.flush()
 runtime.barrier()
