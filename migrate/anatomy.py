@@ -147,6 +147,15 @@ def resolve(aliases: Dict[str, str], expr: cst.BaseExpression) -> Optional[str]:
     return None
 
 
+def assigned_name(stmt: cst.CSTNode, call: cst.Call) -> Optional[str]:
+    """'x' / 'self.x' when `stmt` is exactly `x = <call>` (one statement, one target), else None."""
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        small = stmt.body[0]
+        if isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1:
+            return dotted(small.targets[0].target)
+    return None
+
+
 def arg(call: cst.Call, pos: Optional[int], kw: Optional[str]) -> Optional[cst.Arg]:
     if kw is not None:
         for a in call.args:
@@ -504,11 +513,7 @@ def analyse(module: cst.Module) -> Anatomy:
     for c in col.calls:
         if c.qualname not in DATALOADER:
             continue
-        target = None
-        if isinstance(c.stmt, cst.SimpleStatementLine) and len(c.stmt.body) == 1:
-            small = c.stmt.body[0]
-            if isinstance(small, cst.Assign) and small.value is c.call and len(small.targets) == 1:
-                target = dotted(small.targets[0].target)
+        target = assigned_name(c.stmt, c.call)
         ds = arg(c.call, 0, "dataset")
         loaders.append(Loader(call=c, target=target, dataset=ds.value if ds else None))
 
@@ -650,11 +655,7 @@ def analyse(module: cst.Module) -> Anatomy:
             continue
         if len(qn.split(".")) != 3 or not qn.split(".")[2][:1].isupper():
             continue
-        target = None
-        if isinstance(c.stmt, cst.SimpleStatementLine) and len(c.stmt.body) == 1:
-            small = c.stmt.body[0]
-            if isinstance(small, cst.Assign) and small.value is c.call and len(small.targets) == 1:
-                target = dotted(small.targets[0].target)
+        target = assigned_name(c.stmt, c.call)
         p = arg(c.call, 0, "params")
         roots: List[str] = []
         if p is not None:
@@ -733,7 +734,8 @@ def _parameter_roots(expr: cst.BaseExpression) -> List[str]:
     return roots
 
 
-def _moves_to_device(expr: cst.BaseExpression) -> bool:
+def moves_to_device(expr: cst.BaseExpression) -> bool:
+    """`X.to(...)` / `X.cuda(...)` as the outermost call."""
     return (
         isinstance(expr, cst.Call)
         and isinstance(expr.func, cst.Attribute)

@@ -14,7 +14,7 @@ from typing import List, Optional, Set, Tuple
 
 import libcst as cst
 
-from distify.anatomy import DDP, DIST_SAMPLER, INIT_PG, Anatomy, arg, dotted
+from distify.anatomy import DDP, DIST_SAMPLER, INIT_PG, Anatomy, arg, assigned_name, dotted
 from distify.edits import ApplyEdits, EditSet
 from distify.rules.base import Context, Finding, Options, Rule, call_statement
 
@@ -111,7 +111,7 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
                 _remove(ctx, site.stmt)
                 ctx.report(CONVERT_CODE, call, f"{dotted(call.func)}() removed (DDP only)")
             elif q in DDP and call.args:
-                target = _assigned_name(site.stmt, call)
+                target = assigned_name(site.stmt, call)
                 inner = dotted(call.args[0].value)
                 if target is not None and inner == target:
                     _remove(ctx, site.stmt)  # model = DDP(model, ...)
@@ -134,7 +134,7 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
                 _remove(ctx, site.stmt)
                 ctx.report(CONVERT_CODE, call, f"{dotted(call.func)}() removed (Horovod only)")
             elif q == "horovod.torch.DistributedOptimizer" and call.args:
-                target = _assigned_name(site.stmt, call)
+                target = assigned_name(site.stmt, call)
                 inner = dotted(call.args[0].value)
                 if target is not None and inner == target:
                     _remove(ctx, site.stmt)
@@ -197,14 +197,6 @@ def _fix_trailing_comma(args: List[cst.Arg]) -> List[cst.Arg]:
         if not isinstance(ws, cst.ParenthesizedWhitespace):
             args[-1] = last.with_changes(comma=cst.MaybeSentinel.DEFAULT)
     return args
-
-
-def _assigned_name(stmt: cst.CSTNode, call: cst.Call) -> Optional[str]:
-    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign):
-        small = stmt.body[0]
-        if small.value is call and len(small.targets) == 1:
-            return dotted(small.targets[0].target)
-    return None
 
 
 def _ddp_op(ctx: Context, call: cst.Call) -> str:

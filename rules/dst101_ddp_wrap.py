@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import DATA_PARALLEL, DDP, dotted
+from distify.anatomy import DATA_PARALLEL, DDP, dotted, moves_to_device
 from distify.rules.base import DDP_BACKEND, Context, Rule
 
 
@@ -50,7 +50,7 @@ class WrapDDP(Rule):
                 continue
             ddp = ctx.imported("torch.nn.parallel", "DistributedDataParallel", "DDP")
             # a model that is never moved to a device stays on the CPU: no device_ids then
-            placed = model.place is not model.assign or _moves_to_device(model.value)
+            placed = model.place is not model.assign or moves_to_device(model.value)
             ids = f", device_ids={ctx.runtime}.device_ids()" if placed else ""
             if model.place is model.assign and model.value is not None and model.assign_node is not None:
                 def wrap(node: cst.Assign, ddp=ddp, ids=ids) -> cst.Assign:
@@ -66,15 +66,6 @@ class WrapDDP(Rule):
                 anchor = model.place
             wrapped.append((model, anchor))
             ctx.report(self.code, model.assign, f"{model.name} wrapped in DistributedDataParallel")
-
-
-def _moves_to_device(expr) -> bool:
-    """`X.to(...)` / `X.cuda(...)` as the outermost call of the model's construction."""
-    return (
-        isinstance(expr, cst.Call)
-        and isinstance(expr.func, cst.Attribute)
-        and expr.func.attr.value in ("to", "cuda")
-    )
 
 
 def _wraps_in(ctx: Context, expr: cst.BaseExpression, names) -> bool:
