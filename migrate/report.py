@@ -47,15 +47,31 @@ def unified_diff(result: FileResult) -> str:
 
 
 class Reporter:
-    def __init__(self, quiet: bool = False, verbose: bool = False, out: Optional[TextIO] = None, err: Optional[TextIO] = None):
+    """Writes diffs to stdout and the report to stderr; rich output only where a person reads it.
+
+    ``terminal`` forces (True) or forbids (False) the rich terminal output; by default each stream
+    decides with ``isatty()``.
+    """
+
+    def __init__(
+        self,
+        quiet: bool = False,
+        verbose: bool = False,
+        out: Optional[TextIO] = None,
+        err: Optional[TextIO] = None,
+        terminal: Optional[bool] = None,
+    ):
         self.quiet = quiet
         self.verbose = verbose
         self.out = out or sys.stdout
         self.err = err or sys.stderr
+        self.terminal = terminal
         self._err_console = None
         self._out_console = None
 
     def _is_tty(self, stream: TextIO) -> bool:
+        if self.terminal is not None:
+            return self.terminal
         try:
             return stream.isatty()
         except (AttributeError, ValueError):
@@ -65,14 +81,18 @@ class Reporter:
         if self._err_console is None:
             from rich.console import Console
 
-            self._err_console = Console(file=self.err, highlight=False, soft_wrap=True)
+            self._err_console = Console(
+                file=self.err, highlight=False, soft_wrap=True, force_terminal=self.terminal or None
+            )
         return self._err_console
 
     def out_console(self):
         if self._out_console is None:
             from rich.console import Console
 
-            self._out_console = Console(file=self.out, highlight=False, soft_wrap=True)
+            self._out_console = Console(
+                file=self.out, highlight=False, soft_wrap=True, force_terminal=self.terminal or None
+            )
         return self._out_console
 
     # ---------------------------------------------------------------------------------------
@@ -123,6 +143,54 @@ class Reporter:
         for f in warnings:
             self._line(f.format(result.path), "yellow")
 
+    # many files ------------------------------------------------------------------------------
+    def progress(self, total: int) -> "Progress":
+        """A progress bar on a terminal for runs over many files; a no-op otherwise."""
+        if self.quiet or total < PROGRESS_MIN_FILES or not self._is_tty(self.err):
+            return Progress(None)
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+
+        bar = RichProgress(
+            TextColumn("distify"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.err_console(),
+            transient=True,
+        )
+        return Progress(bar, bar.add_task("files", total=total))
+
+    def table(self, results: Sequence[FileResult], mode_word: str) -> None:
+        """Per-file table on a terminal: what each file got (rule codes) and what it warns about.
+
+        Piped stderr keeps the one-finding-per-line report, which editors and CI parse.
+        """
+        if self.quiet or not self._is_tty(self.err):
+            return
+        rows = [r for r in results if self.verbose or r.status is not Status.UNCHANGED or _warnings(r)]
+        if not rows:
+            return
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(title=None, show_edge=False, pad_edge=False, header_style="bold")
+        table.add_column("file", overflow="fold")
+        table.add_column("result")
+        table.add_column("rules applied", overflow="fold")
+        table.add_column("warnings", overflow="fold")
+        styles = {Status.CHANGED: "green", Status.UNCHANGED: "dim", Status.ERROR: "red", Status.FAILED: "bold red"}
+        for r in rows:
+            word = mode_word if r.status is Status.CHANGED else r.status.name.lower()
+            applied = _codes(f for f in r.findings if f.kind in ("fix", "info"))
+            warned = _codes(_warnings(r))
+            table.add_row(
+                escape(r.path),
+                f"[{styles.get(r.status, '')}]{escape(word)}[/]",
+                escape(applied) or "-",
+                f"[yellow]{escape(warned)}[/]" if warned else "-",
+            )
+        self.err_console().print(table)
+
     def summary(self, changed: int, unchanged: int, errors: int, mode_word: str) -> None:
         if self.quiet:
             return
@@ -143,3 +211,39 @@ class Reporter:
             self.err_console().print(f"[{style}]{escape(text)}[/]")
         else:
             self.err.write(text + "\n")
+
+
+PROGRESS_MIN_FILES = 8  # below this a run is over before a bar would be worth drawing
+
+
+class Progress:
+    """Context manager around an optional rich progress bar; ``advance()`` after each file."""
+
+    def __init__(self, bar, task=None) -> None:
+        self._bar = bar
+        self._task = task
+
+    def __enter__(self) -> "Progress":
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def advance(self) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._task)
+
+
+def _warnings(result: FileResult) -> list:
+    return [f for f in result.findings if f.kind == "warning"]
+
+
+def _codes(findings) -> str:
+    """Rule codes in order, with a count when a rule fired more than once."""
+    counts: dict = {}
+    for f in findings:
+        counts[f.code] = counts.get(f.code, 0) + 1
+    return " ".join(code if n == 1 else f"{code}\u00d7{n}" for code, n in sorted(counts.items()))
