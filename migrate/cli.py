@@ -148,7 +148,8 @@ def _run_paths(paths, options: Options, mode, check: bool, reporter, strict: boo
             results.append(FileResult(path, Status.ERROR, message=problem))
         else:
             todo.append(path)
-    results += _process_all(todo, mode, options)
+    with reporter.progress(len(todo)) as progress:
+        results += _process_all(todo, mode, options, progress.advance)
 
     word = "would rewrite" if mode.name in ("CHECK", "DIFF") else "rewrote"
     changed = unchanged = errors = 0
@@ -163,6 +164,7 @@ def _run_paths(paths, options: Options, mode, check: bool, reporter, strict: boo
         else:
             unchanged += 1
     if len(results) > 1:
+        reporter.table(results, word)
         reporter.summary(changed, unchanged, errors, word)
 
     if any(r.status is Status.FAILED for r in results):
@@ -174,16 +176,24 @@ def _run_paths(paths, options: Options, mode, check: bool, reporter, strict: boo
     return EXIT_CHANGED if changed else EXIT_OK
 
 
-def _process_all(files: List[str], mode, options: Options):
+def _process_all(files: List[str], mode, options: Options, advance=lambda: None):
+    """Results in input order; ``advance`` is called once per finished file (for the progress bar)."""
     from distify.engine import process_file
 
+    results = []
     workers = min(len(files), os.cpu_count() or 1)
     if workers <= 1 or len(files) < 8:
-        return [process_file(f, mode, options) for f in files]
+        for f in files:
+            results.append(process_file(f, mode, options))
+            advance()
+        return results
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(process_file, files, [mode] * len(files), [options] * len(files), chunksize=4))
+        for result in pool.map(process_file, files, [mode] * len(files), [options] * len(files), chunksize=4):
+            results.append(result)
+            advance()
+    return results
 
 
 def _rules_info(code: Optional[str]) -> int:
