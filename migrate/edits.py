@@ -157,7 +157,8 @@ def _block_statements(
             while blanks < len(leading) and leading[blanks].comment is None:
                 blanks += 1
             if blanks and hasattr(before[0], "leading_lines"):
-                before = [before[0].with_changes(leading_lines=leading[:blanks])] + list(before[1:])
+                own = list(before[0].leading_lines)  # e.g. a comment the rule put above its insertion
+                before = [before[0].with_changes(leading_lines=[*leading[:blanks], *own])] + list(before[1:])
                 upd = upd.with_changes(leading_lines=leading[blanks:])
             out.extend(before)
         if cond is not None:

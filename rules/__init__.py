@@ -34,6 +34,7 @@ _MODULES = (
     "dst306_load_map_location",
     "dst401_scale_lr",
     "dst402_accumulation_no_sync",
+    "dst403_seed_per_rank",
     "dst901_custom_sampler",
     "dst902_data_parallel",
     "dst903_no_epoch_loop",
