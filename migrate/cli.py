@@ -4,6 +4,7 @@
     distify train.py --diff                 show the change, write nothing
     distify src/ --check                    exit 1 if any file would change, write nothing
     distify - < train.py                    stdin -> stdout
+    distify --launch train.py --nproc 4 --nodes h1,h2   print torchrun/horovodrun/srun/Kubeflow commands
 
 Exit codes (black/pyupgrade): 0 nothing to change, 1 changed or would change, 2 usage or input
 error, 123 internal failure. Nothing here imports torch.
@@ -56,6 +57,10 @@ def run(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also report unchanged files and why."),
     list_rules: bool = typer.Option(False, "--list-rules", help="List the rules and exit."),
     explain: Optional[str] = typer.Option(None, "--explain", help="Explain a rule code (e.g. DST201) and exit."),
+    launch: bool = typer.Option(False, "--launch", help="Print the commands that run the script (torchrun, horovodrun, srun, Kubeflow) and exit; rewrites nothing. Arguments after '--' are passed to the script."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", min=1, help="Processes (GPUs) per node for the launch commands (default: the GPUs visible here, else 1)."),
+    nodes: Optional[List[str]] = typer.Option(None, "--nodes", help="Hosts for the launch commands, comma-separated; the first one hosts the rendezvous."),
+    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535, help="Rendezvous port for the launch commands (default 29500)."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
 ) -> None:
     from distify import config
@@ -79,6 +84,10 @@ def run(
     if backend not in BACKENDS:
         reporter.error("distify", f"unknown backend {backend!r}: choose ddp or horovod")
         raise typer.Exit(EXIT_INPUT)
+    launch_defaults = (nproc if nproc is not None else cfg.get("nproc"), _split(nodes) or _as_list(cfg.get("nodes")),
+                       port if port is not None else cfg.get("port"))
+    if launch:
+        raise typer.Exit(_launch(paths, backend, *launch_defaults, reporter))
     options = Options(
         backend=backend,
         select=tuple(_split(select) or _as_list(cfg.get("select"))),
@@ -101,7 +110,7 @@ def run(
             reporter.error("distify", "'-' (stdin) cannot be combined with other paths")
             raise typer.Exit(EXIT_INPUT)
         raise typer.Exit(_run_stdin(options, mode, check, reporter, strict))
-    raise typer.Exit(_run_paths(paths, options, mode, check, reporter, strict, _as_list(cfg.get("exclude"))))
+    raise typer.Exit(_run_paths(paths, options, mode, check, reporter, strict, _as_list(cfg.get("exclude")), hint=launch_defaults))
 
 
 def _as_list(value) -> List[str]:
@@ -140,7 +149,7 @@ def _run_stdin(options: Options, mode, check: bool, reporter, strict: bool) -> i
     return EXIT_CHANGED if result.changed else EXIT_OK
 
 
-def _run_paths(paths, options: Options, mode, check: bool, reporter, strict: bool, exclude) -> int:
+def _run_paths(paths, options: Options, mode, check: bool, reporter, strict: bool, exclude, hint=None) -> int:
     from distify.engine import FileResult, Status, iter_python_files, process_file
 
     results: List[FileResult] = []
@@ -168,6 +177,8 @@ def _run_paths(paths, options: Options, mode, check: bool, reporter, strict: boo
     if len(results) > 1:
         reporter.table(results, word)
         reporter.summary(changed, unchanged, errors, word)
+    if hint is not None and mode.name == "WRITE" and not reporter.quiet and len(results) == 1 and changed == 1:
+        _run_hint(results[0].path, options.backend, *hint, reporter)
 
     if any(r.status is Status.FAILED for r in results):
         return EXIT_INTERNAL
@@ -196,6 +207,49 @@ def _process_all(files: List[str], mode, options: Options, advance=lambda: None)
             results.append(result)
             advance()
     return results
+
+
+def _launch_plan(script: str, script_args, backend: str, nproc, nodes, port):
+    """A LaunchPlan from flags/config; raises distify.launch.LaunchError on bad values."""
+    from distify.launch import LaunchError, LaunchPlan, detect_gpus, parse_nodes
+
+    if nproc is None:
+        nproc = detect_gpus() or 1
+    for name, value in (("nproc", nproc), ("port", port)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise LaunchError(f"{name} must be an integer, not {value!r}")
+    return LaunchPlan(script, backend, nproc, parse_nodes(nodes), port, tuple(script_args))
+
+
+def _launch(paths: List[str], backend: str, nproc, nodes, port, reporter) -> int:
+    """``--launch SCRIPT [-- ARGS]``: print how to start SCRIPT with every launcher; write nothing."""
+    from distify.launch import LaunchError, render
+
+    script, script_args = paths[0], paths[1:]
+    if script == "-" or not os.path.isfile(script):
+        reporter.error(script, "--launch needs the path of a script (arguments for it go after '--')")
+        return EXIT_INPUT
+    try:
+        plan = _launch_plan(script, script_args, backend, nproc, nodes, port)
+    except LaunchError as e:
+        reporter.error("distify", str(e))
+        return EXIT_INPUT
+    typer.echo(render(plan), nl=False)
+    return EXIT_OK
+
+
+def _run_hint(path: str, backend: str, nproc, nodes, port, reporter) -> None:
+    """After rewriting exactly one script: the command that runs it on this machine."""
+    import shlex
+
+    from distify.launch import LaunchError, run_hint
+
+    try:
+        plan = _launch_plan(path, (), backend, nproc, (), port)
+    except LaunchError:
+        return  # bad launch settings: --launch reports them; a rewrite does not fail over a hint
+    more = f"distify --launch {shlex.quote(path)} --nproc {plan.nproc} --nodes HOST1,HOST2"
+    reporter.err.write(f"Run it with: {run_hint(plan)}\n  (several nodes, horovodrun, SLURM, Kubeflow: {more})\n")
 
 
 def _rules_info(code: Optional[str]) -> int:
