@@ -17,6 +17,7 @@ import libcst as cst
 from distify.anatomy import DDP, DIST_SAMPLER, INIT_PG, Anatomy, arg, assigned_name, dotted
 from distify.edits import ApplyEdits, EditSet
 from distify.rules.base import Context, Finding, Options, Rule, call_statement
+from distify.standalone import find_block
 
 CONVERT_CODE = "DST003"
 
@@ -98,6 +99,12 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
         ctx.warn(CONVERT_CODE, init.call, "hand-written data parallelism (no DDP wrapper, no DistributedSampler): not converted")
         return None, ctx.findings
     rt = ctx.runtime
+    block = find_block(a.module)
+    if block is not None:
+        # the inline runtime of a --standalone run speaks the old backend: drop it (with its marker,
+        # so that the old backend's imports it used become unused); the engine writes a new one
+        ctx.edits.replace(block.node, lambda n: n.with_changes(leading_lines=()))
+        ctx.edits.remove(block.node)
 
     def neutral(node: cst.CSTNode, fn_name: str) -> None:
         ctx.edits.replace(node, lambda n: cst.parse_expression(f"{rt}.{fn_name}()"))
@@ -141,6 +148,26 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
                 else:
                     ctx.edits.replace(call, lambda n: n.args[0].value)
                 ctx.report(CONVERT_CODE, call, "hvd.DistributedOptimizer removed (DDP averages in backward)")
+            elif (
+                q == "horovod.torch.grouped_allreduce_"
+                and call_statement(site.stmt, call)
+                and call.args
+                and ".grad" in ctx.code(call.args[0].value)
+                and _hvd_op(ctx, call) == "mean"
+            ):
+                # averaging gradients before a step (distify's GAN form, DST111): DDP does it in backward;
+                # distify's comment above it goes too (remove() keeps comments: they may be the user's)
+                ctx.edits.replace(
+                    site.stmt,
+                    lambda n: n.with_changes(
+                        leading_lines=[
+                            ln for ln in n.leading_lines
+                            if ln.comment is None or "across ranks once, before its step" not in ln.comment.value
+                        ]
+                    ),
+                )
+                _remove(ctx, site.stmt)
+                ctx.report(CONVERT_CODE, call, "gradient all-reduce removed (DDP averages in backward)")
             elif q in HVD_RANK and not call.args:
                 neutral(call, HVD_RANK[q])
             elif q in ("horovod.torch.allreduce", "horovod.torch.allreduce_") and call.args:

@@ -6,19 +6,34 @@ from distify.rules.base import HOROVOD_BACKEND, Context, Rule
 
 
 class DistributedOptimizer(Rule):
-    """Wrap every optimizer in ``hvd.DistributedOptimizer`` (Horovod).
+    """Average every optimizer's gradients across ranks (Horovod).
 
     What it does:
         After each optimizer is built, adds
         ``optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())``
-        with the model whose parameters it optimises (several models: no names, Horovod numbers
-        the tensors itself).
+        with the model whose parameters it optimises (several models: names prefixed with the
+        model's, as Horovod needs them unique across optimizers). An optimizer whose gradients can
+        come from several backward passes per step – a GAN, where the discriminator's step follows a
+        backward on the real and one on the fake batch, and the generator's loss runs through the
+        discriminator after its step – is left unwrapped instead: one
+        ``hvd.grouped_allreduce_(..., op=hvd.Average)`` of its gradients goes right after the last
+        ``backward()`` before its ``step()``. That applies to every optimizer stepped in a loop that
+        calls ``backward()`` more than once per iteration (or in an inner loop), and to several
+        optimizers stepped in functions that do not show the loop. A ``step(closure)`` there is
+        refused: the closure recomputes the gradients inside the step.
 
     Why:
         Horovod averages gradients inside the wrapped optimizer: hooks start each gradient's
-        all-reduce as soon as backward produces it and ``step()`` waits for them. Without the wrapper
+        all-reduce as soon as backward produces it and ``step()`` waits for them. Without averaging
         every rank follows its own gradients and the models drift apart. The parameter names make
-        Horovod's timeline and error messages readable.
+        Horovod's timeline and error messages readable. The hooks count backward passes per
+        parameter (``backward_passes_per_step``), and which passes reach which model is data flow
+        distify does not trace: in a GAN the generator's backward also fires the discriminator's
+        hooks after its step, so no fixed count is right on every iteration and Horovod stops with
+        "Gradients were computed more than backward_passes_per_step times". Averaging once, after
+        all of an update's backward passes and before anything (clipping, the step) reads the
+        gradients, is exact whatever reached them, equals what DDP computes, and leaves the script's
+        own ``zero_grad`` calls in charge; it only gives up overlapping the all-reduce with backward.
 
     Example:
         optimizer = optim.SGD(model.parameters(), lr=0.1)
@@ -27,31 +42,57 @@ class DistributedOptimizer(Rule):
 
         optimizer = optim.SGD(model.parameters(), lr=0.1)
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+
+        and in a GAN loop
+
+        errD_fake.backward()
+        optimizerD.step()
+
+        becomes
+
+        errD_fake.backward()
+        hvd.grouped_allreduce_([p.grad for g in optimizerD.param_groups for p in g["params"] if p.grad is not None], op=hvd.Average)
+        optimizerD.step()
     """
 
     code = "DST111"
     name = "distributed-optimizer"
     backends = frozenset({HOROVOD_BACKEND})
-    summary = "wrap optimizers in hvd.DistributedOptimizer"
+    summary = "average gradients: hvd.DistributedOptimizer, or one all-reduce before a GAN step"
 
     def apply(self, ctx: Context) -> None:
         wrapped = ctx.state.setdefault("hvd_optimizers", [])
+        averaged = ctx.state.setdefault("hvd_averaged", [])
         anchors = ctx.state.setdefault("hvd_anchor", {})
-        optimizers = [o for o in ctx.anatomy.optimizers if o.target is not None and not _already_wrapped(ctx, o)]
+        optimizers = [
+            o for o in ctx.anatomy.optimizers
+            if o.target is not None and not _already_wrapped(ctx, o) and not _already_averaged(ctx, o)
+        ]
+        backwards = _backward_sites(ctx)
+        explicit = {}
         for opt in optimizers:
-            if _backward_passes_before_step(ctx, opt) > 1:
+            reason = _several_passes(ctx, opt, backwards, len(ctx.anatomy.optimizers))
+            if reason is None:
+                continue
+            steps = _step_sites(ctx, opt)
+            closure = next((s for s in steps if _has_closure(ctx, s, opt)), None)
+            if closure is not None:
                 ctx.block(
                     self.code,
-                    opt.call.call,
-                    f"{opt.target} steps after several backward() calls (e.g. a GAN discriminator on real and fake "
-                    "batches): Horovod counts each as a pass; file not migrated to Horovod (use --backend ddp, or "
-                    "set backward_passes_per_step yourself)",
+                    closure.call,
+                    f"{opt.target}.step(closure) cannot be averaged before its step ({reason}): the closure recomputes "
+                    "the gradients inside step(); file not migrated to Horovod (use --backend ddp)",
                 )
                 return
-        for opt in optimizers:
+            explicit[opt] = (reason, steps)
+        hooked = [o for o in optimizers if o not in explicit]
+        for opt, (reason, steps) in explicit.items():
+            self._average_before_step(ctx, opt, reason, steps)
+            averaged.append(opt)
+        for opt in hooked:
             hvd = ctx.hvd
             extra, notes = "", []
-            if len(opt.models) == 1 and len(optimizers) == 1:
+            if len(opt.models) == 1 and len(hooked) == 1:
                 extra += f", named_parameters={opt.models[0]}.named_parameters()"
             elif len(opt.models) == 1:
                 # several DistributedOptimizers: tensor names must be unique across all of them
@@ -76,6 +117,35 @@ class DistributedOptimizer(Rule):
             _drop_set_to_none(ctx, opt)
             wrapped.append(opt)
             ctx.report(self.code, opt.call.call, f"{opt.target} averages gradients across ranks (hvd.DistributedOptimizer)")
+
+    def _average_before_step(self, ctx: Context, opt, reason: str, steps) -> None:
+        """One grouped all-reduce of `opt`'s gradients after the last backward() before each step."""
+        hvd = ctx.hvd
+        grads = f'[p.grad for g in {opt.target}.param_groups for p in g["params"] if p.grad is not None]'
+        lines = [
+            f"# several backward passes may reach {opt.target}'s gradients: average them across ranks once, before its step",
+            f"{hvd}.grouped_allreduce_({grads}, op={hvd}.Average)",
+        ]
+        done = set()
+        for step in steps:
+            after, before = _average_anchor(ctx, step)
+            key = id(after if after is not None else before)
+            if key in done:
+                continue
+            done.add(key)
+            if after is not None:
+                ctx.edits.insert_after(after, ctx.stmts("\n".join(lines)))
+            else:
+                ctx.edits.insert_before(before, ctx.stmts("\n".join(lines)))
+        for flag, name in ((ctx.options.fp16_allreduce, "--fp16-allreduce"), (ctx.options.adasum, "--adasum")):
+            if flag:
+                ctx.warn(self.code, opt.call.call, f"{name} does not apply to {opt.target}: its gradients are averaged by hvd.grouped_allreduce_")
+        ctx.report(
+            self.code,
+            opt.call.call,
+            f"{opt.target}: {reason}; its gradients are all-reduced before each step (not hvd.DistributedOptimizer, "
+            "whose hooks count backward passes)",
+        )
 
 
 def _already_wrapped(ctx: Context, opt) -> bool:
@@ -125,23 +195,117 @@ def _drop_set_to_none(ctx: Context, opt) -> None:
             ctx.warn("DST111", site.call, "hvd.DistributedOptimizer.zero_grad() takes no set_to_none argument: call p.grad = None yourself")
 
 
-def _backward_passes_before_step(ctx: Context, opt) -> int:
-    """How many backward() calls a batch loop makes before it steps `opt` (loop body level)."""
+def _already_averaged(ctx: Context, opt) -> bool:
+    """`hvd.grouped_allreduce_([... opt.param_groups ...])` exists already (distify's earlier output)."""
+    return any(
+        site.qualname == "horovod.torch.grouped_allreduce_"
+        and site.call.args
+        and f"{opt.target}.param_groups" in ctx.code(site.call.args[0].value)
+        for site in ctx.anatomy.calls
+    )
+
+
+def _backward_sites(ctx: Context) -> list:
+    """`loss.backward()` / `torch.autograd.backward(loss)` calls."""
+    import libcst as cst
+
+    return [
+        s for s in ctx.anatomy.calls
+        if (isinstance(s.call.func, cst.Attribute) and s.call.func.attr.value == "backward" and s.qualname is None)
+        or s.qualname == "torch.autograd.backward"
+    ]
+
+
+def _step_sites(ctx: Context, opt) -> list:
+    """`opt.step(...)` and `scaler.step(opt)` calls."""
     import libcst as cst
 
     a = ctx.anatomy
-    worst = 0
-    for loop, scope, cls, outer in a.fors:
-        if not isinstance(loop.body, cst.IndentedBlock):
+    out = []
+    for site in a.calls:
+        func = site.call.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "step" and a.qualname(func) is None):
             continue
-        count = 0
-        for stmt in loop.body.body:
-            code = ctx.code(stmt)
-            if f"{opt.target}.step(" in code or f".step({opt.target})" in code:
-                worst = max(worst, count)
-                break
-            count += code.count(".backward(")
-    return worst
+        if ctx.code(func.value) == opt.target or any(
+            x.keyword is None and ctx.code(x.value) == opt.target for x in site.call.args
+        ):
+            out.append(site)
+    return out
+
+
+def _has_closure(ctx: Context, site, opt) -> bool:
+    """`opt.step(closure)`: the step runs backward itself."""
+    import libcst as cst
+
+    func = site.call.func
+    return isinstance(func, cst.Attribute) and ctx.code(func.value) == opt.target and bool(site.call.args)
+
+
+def _backward_calls(node) -> int:
+    """`.backward(` calls written inside `node` (nested functions included)."""
+    import libcst as cst
+
+    found = []
+
+    class V(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
+                found.append(call)
+
+    node.visit(V())
+    return len(found)
+
+
+def _loops(parents) -> list:
+    import libcst as cst
+
+    return [p for p in parents if isinstance(p, (cst.For, cst.While))]
+
+
+def _several_passes(ctx: Context, opt, backwards, n_optimizers: int):
+    """Why `opt` may step on gradients from more than one backward pass (None: one pass per step).
+
+    Several backward() calls in a loop around the step (or in its function, when no loop is in
+    sight), a backward() in an inner loop the step is not in, or – several optimizers – a step in a
+    function that shows no loop while the script calls backward() more than once.
+    """
+    steps = _step_sites(ctx, opt)
+    for step in steps:
+        around = _loops(step.parents)
+        regions = [(loop, [b for b in backwards if b.scope is step.scope and loop in b.parents]) for loop in around]
+        if not around:
+            regions = [(None, [b for b in backwards if b.scope is step.scope])]
+        for loop, inside in regions:
+            # counted in the source, so that a closure or helper defined in the loop counts too
+            if (_backward_calls(loop.body) if loop is not None else len(inside)) > 1:
+                where = "per iteration" if loop is not None else "before a step"
+                return f"several backward() calls {where}"
+            for b in inside:
+                inner = [l for l in _loops(b.parents) if l not in step.parents]
+                if inner:
+                    return "backward() runs in an inner loop"
+        if not around and n_optimizers > 1 and len(backwards) > 1:
+            return "several optimizers and backward() calls, and the loop is not in sight"
+    return None
+
+
+def _average_anchor(ctx: Context, step):
+    """(statement to insert after, statement to insert before): after the last statement of the
+    step's block that runs backward(), else right before the step."""
+    a = ctx.anatomy
+    level = a.stmt_parent.get(step.stmt, ())
+    scope = a.stmt_scope.get(step.stmt)
+    last = None
+    for b in _backward_sites(ctx):
+        if b.scope is not step.scope:
+            continue
+        chain = (*b.parents, b.stmt)
+        sibling = next((s for s in chain if a.stmt_parent.get(s, ()) == level and a.stmt_scope.get(s) is scope), None)
+        if sibling is None or sibling is step.stmt or not a.is_before(sibling, step.stmt):
+            continue
+        if last is None or a.is_before(last, sibling):
+            last = sibling
+    return (last, None) if last is not None else (None, step.stmt)
 
 
 def _accumulation_steps(ctx: Context, opt):

@@ -41,7 +41,9 @@ class BroadcastState(Rule):
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
         hvd = ctx.hvd
-        for opt in ctx.state.get("hvd_optimizers", []):
+        # wrapped in hvd.DistributedOptimizer, or averaged by an explicit all-reduce (DST111, a GAN): both
+        # start from rank 0
+        for opt in [*ctx.state.get("hvd_optimizers", []), *ctx.state.get("hvd_averaged", [])]:
             anchor = ctx.state.get("hvd_anchor", {}).get(opt, opt.call.stmt)
             loads_optimizer = False
             siblings = a.stmt_parent.get(anchor, ())

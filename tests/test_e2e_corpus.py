@@ -82,8 +82,11 @@ HOROVOD_DEFAULT = {
     "amp_cuda_scaler",
     "amp_torch_amp",
     "cosine_val_loop",
+    "dataparallel_inline_module",
+    "dataparallel_unwrap_for_save",
     "dcgan_toy",
     "encoder_decoder_two_optims",
+    "gan_fixed_noise",
     "grad_accumulation",
     "local_rank_hyphen_resume",
     "param_groups_backbone",
@@ -269,5 +272,24 @@ def test_rank_check_detects_divergence(tmp_path):
     assert wrap in text, text
     script.write_text(text.replace(wrap, "student = MLP(20, 16, 5).to(device)").replace("student.module.", "student."))
     _, ranks, _ = _launch("torchrun", script, tmp_path)
+    with pytest.raises(AssertionError, match="differs between rank 0 and rank 1"):
+        assert_ranks_identical(ranks, "control")
+
+
+@pytest.mark.horovod
+@pytest.mark.skipif(not HAVE_HOROVOD, reason="horovod is not installed (run .ci/install-horovod.sh)")
+def test_horovod_gan_ranks_need_the_averaging(tmp_path):
+    """Control for the GAN form of DST111: dcgan_toy's optimizers are not hvd.DistributedOptimizers,
+    their gradients are averaged by one hvd.grouped_allreduce_ before each step. With those lines
+    deleted the ranks (each on its own shard) end on different weights: the agreement that
+    test_horovod_ranks_agree[dcgan_toy] sees is the averaging's doing, not the broadcast's."""
+    script = tmp_path / "script" / "dcgan_no_average.py"
+    migrate(CORPUS / "dcgan_toy.in.py", script, backend="horovod")
+    lines = script.read_text().splitlines(keepends=True)
+    averaging = [ln for ln in lines if "hvd.grouped_allreduce_(" in ln]
+    assert len(averaging) == 2, "".join(lines)
+    assert "DistributedOptimizer" not in "".join(lines)
+    script.write_text("".join(ln for ln in lines if ln not in averaging))
+    _, ranks, _ = _launch("horovodrun", script, tmp_path)
     with pytest.raises(AssertionError, match="differs between rank 0 and rank 1"):
         assert_ranks_identical(ranks, "control")
