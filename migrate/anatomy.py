@@ -743,6 +743,34 @@ def moves_to_device(expr: cst.BaseExpression) -> bool:
     )
 
 
+def data_parallel_module(qualname, expr: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
+    """The module `nn.DataParallel(module, ...)` wraps (None when `expr` is no such call).
+
+    `qualname` resolves a callee through the module's imports (`Anatomy.qualname`)."""
+    if isinstance(expr, cst.Call) and qualname(expr.func) in DATA_PARALLEL:
+        a = arg(expr, 0, "module")
+        if a is not None and not a.star:
+            return a.value
+    return None
+
+
+def through_data_parallel(qualname, expr: cst.BaseExpression) -> cst.BaseExpression:
+    """`expr` with any `nn.DataParallel(...)` around it looked through: DST902 removes the wrapper,
+    so the model is what it wraps."""
+    inner = data_parallel_module(qualname, expr)
+    while inner is not None:
+        expr = inner
+        inner = data_parallel_module(qualname, expr)
+    return expr
+
+
+def moves_model(qualname, expr: cst.BaseExpression, root: str) -> bool:
+    """`root.to(...)` / `root.cuda(...)`, also through DataParallel: `nn.DataParallel(root).cuda()`,
+    `nn.DataParallel(root.to(device))`."""
+    expr = through_data_parallel(qualname, expr)
+    return moves_to_device(expr) and dotted(through_data_parallel(qualname, expr.func.value)) == root
+
+
 def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
     """The statement constructing `root` and the last one moving it, before the optimizer."""
     if root.startswith("self."):
@@ -763,13 +791,17 @@ def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
         if sc is opt.call.scope and not _before(col, s, opt_stmt):
             continue
         v = a.value
-        if isinstance(v, cst.Call) and dotted(v.func) in (f"{root}.to", f"{root}.cuda"):
-            place = s  # model = model.to(device)
+        if moves_model(col.qualname, v, root):
+            place = s  # model = model.to(device), also `model = nn.DataParallel(model).to(device)`
             if assign_stmt is None:
                 rebinding = (s, v, a)
             continue
-        if isinstance(v, cst.Call) and col.qualname(v.func) in DATA_PARALLEL and v.args and dotted(v.args[0].value) == root:
-            continue  # model = nn.DataParallel(model): removed by DST902
+        if dotted(data_parallel_module(col.qualname, v)) == root:
+            # model = nn.DataParallel(model): DST902 removes it. A model that comes from a parameter
+            # is wrapped in its place, when that is at the optimizer's level (not under an `if`)
+            if assign_stmt is None and rebinding is None and col.stmt_parent.get(s) == col.stmt_parent.get(opt_stmt):
+                rebinding = (s, v, a)
+            continue
         assign_stmt, value, place, assign_node = s, v, s, a
     if assign_stmt is None and rebinding is not None:
         # the model comes from a parameter or a global and is rebound by `model = model.to(...)`
@@ -781,7 +813,7 @@ def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
     for c in col.calls:
         if c.scope is not opt.call.scope and not root.startswith("self."):
             continue
-        if dotted(c.call.func) in (f"{root}.to", f"{root}.cuda") and isinstance(c.stmt, cst.SimpleStatementLine):
+        if moves_model(col.qualname, c.call, root) and isinstance(c.stmt, cst.SimpleStatementLine):
             small = c.stmt.body[0]
             if isinstance(small, cst.Expr) and small.value is c.call:
                 if _before(col, place, c.stmt) and _before(col, c.stmt, opt_stmt):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import DATA_PARALLEL, DDP, dotted, moves_to_device
+from distify.anatomy import DDP, moves_to_device, through_data_parallel
 from distify.rules.base import DDP_BACKEND, Context, Rule
 
 
@@ -44,13 +44,10 @@ class WrapDDP(Rule):
             if model.value is not None and _wraps_in(ctx, model.value, DDP):
                 wrapped.append((model, model.assign))  # wrapped already (incremental run)
                 continue
-            if model.value is not None and _wraps_in(ctx, model.value, DATA_PARALLEL):
-                continue  # DST902 explains
-            if _data_parallel_later(ctx, model):
-                continue
             ddp = ctx.imported("torch.nn.parallel", "DistributedDataParallel", "DDP")
             # a model that is never moved to a device stays on the CPU: no device_ids then
-            placed = model.place is not model.assign or moves_to_device(model.value)
+            value = through_data_parallel(ctx.anatomy.qualname, model.value)  # DST902 drops DataParallel
+            placed = model.place is not model.assign or moves_to_device(value)
             ids = f", device_ids={ctx.runtime}.device_ids()" if placed else ""
             if model.place is model.assign and model.value is not None and model.assign_node is not None:
                 def wrap(node: cst.Assign, ddp=ddp, ids=ids) -> cst.Assign:
@@ -70,16 +67,6 @@ class WrapDDP(Rule):
 
 def _wraps_in(ctx: Context, expr: cst.BaseExpression, names) -> bool:
     return isinstance(expr, cst.Call) and ctx.anatomy.qualname(expr.func) in names
-
-
-def _data_parallel_later(ctx: Context, model) -> bool:
-    """`model = nn.DataParallel(model)` somewhere in the model's scope."""
-    for site in ctx.anatomy.calls:
-        if site.qualname in DATA_PARALLEL and site.scope is model.scope:
-            a = site.call.args[0].value if site.call.args else None
-            if a is not None and dotted(a) == model.name:
-                return True
-    return False
 
 
 RULE = WrapDDP()

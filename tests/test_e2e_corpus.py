@@ -77,7 +77,8 @@ RUNNABLE = dict(_runnable())
 
 # Horovod launches are slow (~2x torchrun); by default only the scripts that exercise Horovod-specific
 # rewrites run under horovodrun (AMP synchronize, accumulation, two optimizers, resume broadcast,
-# param groups, stateful optimizers). DISTIFY_E2E_CORPUS_FULL=1 runs every runnable script.
+# param groups, stateful optimizers, DataParallel removed with its .module uses, GANs averaged before
+# each step). DISTIFY_E2E_CORPUS_FULL=1 runs every runnable script.
 HOROVOD_DEFAULT = {
     "amp_cuda_scaler",
     "amp_torch_amp",
