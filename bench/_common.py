@@ -29,6 +29,10 @@ def clean_env(**extra: str) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in _LAUNCHER_NAMES and not k.startswith(_LAUNCHER_PREFIXES)}
     env["PYTHONUNBUFFERED"] = "1"
+    # measure what an installed distify runs: pip compiles its .py files to .pyc at install time,
+    # an editable install writes them on the first run. A shell that sets PYTHONDONTWRITEBYTECODE
+    # would make every measured run compile distify's modules from source again (tens of ms).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.update(extra)
     return env
 

@@ -273,14 +273,37 @@ def _rules_info(code: Optional[str]) -> int:
 def main() -> None:
     try:
         app(prog_name="distify")
-    except SystemExit:
-        raise
+    except SystemExit as e:
+        _fast_exit(e.code)
     except KeyboardInterrupt:
         sys.stderr.write("distify: interrupted\n")
         sys.exit(130)
     except Exception as e:  # noqa: BLE001 - last resort: never a bare traceback
         sys.stderr.write(f"distify: internal error: {type(e).__name__}: {e}\n")
         sys.exit(EXIT_INTERNAL)
+
+
+def _fast_exit(code) -> None:
+    """End the process without tearing the interpreter down.
+
+    Freeing libcst's trees and then every imported module (libcst, typer, pydantic) one object at a
+    time takes 60-100 ms, as long as migrating a 300-line script. Nothing needs that teardown here:
+    files are written and closed, the worker pool is shut down, and the output is flushed below.
+    The exit status follows ``SystemExit``'s rules. Used by the console entry point only (tests
+    call ``app`` in-process and are not affected)."""
+    if code is None:
+        status = EXIT_OK
+    elif isinstance(code, int):
+        status = code
+    else:  # sys.exit("message"): printed, status 1
+        sys.stderr.write(f"{code}\n")
+        status = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (distify --diff | head): nothing left to say
+            pass
+    os._exit(status)
 
 
 if __name__ == "__main__":

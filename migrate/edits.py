@@ -20,6 +20,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import libcst as cst
 
+from distify.walk import walk
+
 Stmt = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
 NodeFn = Callable[[cst.CSTNode], cst.CSTNode]
 
@@ -195,11 +197,26 @@ def _strip_leading(node: cst.CSTNode) -> cst.CSTNode:
 
 
 class ApplyEdits(cst.CSTTransformer):
+    """Applies an EditSet in one pass. Only the nodes that hold an edit or contain one are entered
+    (found by a cheap read-only walk from the root first): the rest of the tree is kept as it is,
+    which is what visiting it would rebuild anyway, at a fraction of the cost."""
+
     def __init__(self, edits: EditSet) -> None:
         super().__init__()
         self.edits = edits
+        self._enter: Optional[set] = None  # nodes to descend into; None: all of them
+        self._depth = 0
+
+    def on_visit(self, node) -> bool:  # type: ignore[override]
+        if self._depth == 0:  # the root of a visit
+            self._enter = _holding_edits(node, self.edits)
+        self._depth += 1
+        if self._enter is not None and node not in self._enter:
+            return False
+        return super().on_visit(node)
 
     def on_leave(self, original_node, updated_node):  # type: ignore[override]
+        self._depth -= 1  # libcst calls on_leave for every node, entered or not
         updated_node = super().on_leave(original_node, updated_node)  # leave_IndentedBlock etc.
         fns = self.edits.replacements.get(original_node)
         if fns:
@@ -216,6 +233,40 @@ class ApplyEdits(cst.CSTTransformer):
         if self.edits.imports:
             body = _insert_imports(body, self.edits.imports)
         return updated_node.with_changes(body=body)
+
+
+class _Ancestors(cst.CSTVisitor):
+    def __init__(self, targets) -> None:
+        super().__init__()
+        self.targets = targets
+        self.stack: List[cst.CSTNode] = []
+        self.enter: set = set()
+        self.found = 0
+
+    def on_visit(self, node) -> bool:  # type: ignore[override]
+        self.stack.append(node)
+        if node in self.targets:
+            self.found += 1
+            self.enter.update(self.stack)
+        return True
+
+    def on_leave(self, original_node) -> None:  # type: ignore[override]
+        self.stack.pop()
+
+
+def _holding_edits(root: cst.CSTNode, edits: EditSet) -> Optional[set]:
+    """The nodes under `root` (itself included) that are an edited node or an ancestor of one;
+    None (enter everything) when an edited node is not found by the walk (e.g. a token)."""
+    targets = set()
+    for table in (edits.replacements, edits.before, edits.after, edits.guards, edits.removed, edits.wraps):
+        targets.update(table)
+    targets.update(last for last, _ in edits.wraps.values())
+    finder = _Ancestors(targets)
+    walk(root, finder)
+    if finder.found != len(targets):
+        return None
+    finder.enter.add(root)
+    return finder.enter
 
 
 def _is_import(stmt: cst.CSTNode) -> bool:

@@ -8,6 +8,7 @@ import libcst as cst
 
 from distify.anatomy import MODULE_API, STATE_API, dotted
 from distify.rules.base import DDP_BACKEND, Context, Rule, reaching_scopes
+from distify.walk import walk
 
 
 class UnwrapModule(Rule):
@@ -160,7 +161,7 @@ def _only_reads(a, fn, param: str) -> bool:
         def on_leave(self, original_node):
             self.stack.pop()
 
-    fn.body.visit(V())
+    walk(fn.body, V())
     return ok and seen
 
 

@@ -8,6 +8,7 @@ import libcst as cst
 
 from distify.anatomy import dotted
 from distify.rules.base import DDP_BACKEND, Context, Rule, names_in, reaching_scopes
+from distify.walk import walk
 
 
 class AccumulationNoSync(Rule):
@@ -104,7 +105,7 @@ class AccumulationNoSync(Rule):
                 if d:
                     called.add(d)
 
-        bl.loop.body.visit(V())
+        walk(bl.loop.body, V())
         out = []
         for model, anchor in wrapped:
             for (scope_id, name), _ in reaching_scopes(ctx, model, anchor).items():
@@ -128,7 +129,7 @@ def _accumulation_if(body) -> Optional[cst.If]:
                 if isinstance(node.func, cst.Attribute) and node.func.attr.value == "step":
                     found.append(node)
 
-        stmt.body.visit(V())
+        walk(stmt.body, V())
         if found:
             return stmt
     return None
@@ -144,7 +145,7 @@ def _backward_index(body) -> Optional[int]:
                 if isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
                     found.append(node)
 
-        stmt.visit(V())
+        walk(stmt, V())
         if found:
             index = i
     return index
@@ -161,7 +162,7 @@ def _assigned_names(stmts) -> set:
             names.update(names_in(node.target))
 
     for s in stmts:
-        s.visit(V())
+        walk(s, V())
     return names
 
 

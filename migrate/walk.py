@@ -1,0 +1,267 @@
+"""A read-only walk over a libcst tree, several times cheaper than ``node.visit(visitor)``.
+
+libcst's ``visit`` rebuilds every node it passes through (even for a read-only ``CSTVisitor``: each
+``_visit_and_replace_children`` constructs and validates a new node) and descends into every
+whitespace, comment, parenthesis, comma and operator token. A full visit therefore costs about as
+much as parsing the file again.
+
+``walk(node, visitor)`` calls the hooks of a ``cst.CSTVisitor`` (``on_visit`` / ``visit_<Type>``,
+``on_visit_attribute`` / ``visit_<Type>_<attribute>``, their ``leave`` counterparts) on the same,
+original nodes and in the same order as ``node.visit(visitor)``, but
+
+* rebuilds nothing (it reads the nodes' fields in the order libcst's own visit uses, recorded
+  once per node type from ``_visit_and_replace_children``), and
+* skips syntactic trivia (whitespace, comments, newlines, parentheses, brackets, commas, colons,
+  operators: nodes that can only contain more trivia), unless the visitor class defines a
+  ``visit_``/``leave_`` hook for one of those types, in which case everything is walked. Fields
+  whose libcst annotation admits nothing but trivia or plain data are not even read (a ``Name``
+  has none left to read).
+
+The test suite (tests/test_walk.py) checks the hook sequence against ``node.visit`` on every fixture.
+
+So it is a drop-in for visitors that look at statements and expressions; a visitor whose own
+``on_visit`` override inspects trivia nodes must keep using ``node.visit``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
+
+import libcst as cst
+
+_TRIVIA_NAMES = (
+    # whitespace and comments
+    "SimpleWhitespace", "ParenthesizedWhitespace", "TrailingWhitespace", "EmptyLine", "Comment", "Newline",
+    # punctuation
+    "Comma", "Dot", "Colon", "Semicolon", "AssignEqual", "ImportStar", "Asynchronous",
+    "LeftParen", "RightParen", "LeftSquareBracket", "RightSquareBracket", "LeftCurlyBrace", "RightCurlyBrace",
+    # operators
+    "Plus", "Minus", "BitInvert", "Not", "And", "Or",
+    "Add", "Subtract", "Multiply", "Divide", "FloorDivide", "Modulo", "Power", "LeftShift", "RightShift",
+    "BitOr", "BitAnd", "BitXor", "MatrixMultiply",
+    "LessThan", "GreaterThan", "Equal", "LessThanEqual", "GreaterThanEqual", "NotEqual", "In", "NotIn",
+    "Is", "IsNot",
+    "AddAssign", "SubtractAssign", "MultiplyAssign", "MatrixMultiplyAssign", "DivideAssign", "ModuloAssign",
+    "BitAndAssign", "BitOrAssign", "BitXorAssign", "LeftShiftAssign", "RightShiftAssign", "PowerAssign",
+    "FloorDivideAssign",
+)
+TRIVIA: FrozenSet[type] = frozenset(t for t in (getattr(cst, n, None) for n in _TRIVIA_NAMES) if t is not None)
+
+_TRIVIA_BASES = tuple(
+    t for t in (getattr(cst, n, None) for n in (
+        "BaseParenthesizableWhitespace", "BaseUnaryOp", "BaseBooleanOp", "BaseBinaryOp", "BaseCompOp", "BaseAugOp",
+    )) if t is not None
+)
+
+
+class _Recorder(cst.CSTVisitor):
+    """Notes the attribute names a node's ``_visit_and_replace_children`` visits, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: List[str] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        return False
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        pass
+
+    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
+        if attribute not in self.names:
+            self.names.append(attribute)
+
+    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
+        pass
+
+
+def _may_hold_code(annotation) -> bool:
+    """False when a field's annotation admits only trivia or plain data (str, bool, sentinels)."""
+    if annotation is None or annotation is type(None):
+        return False
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal or origin is typing.ClassVar:
+        return False
+    if origin is not None:  # Union / Optional / Sequence[...]
+        return any(_may_hold_code(a) for a in typing.get_args(annotation))
+    if not isinstance(annotation, type):
+        return True  # a forward reference or something unforeseen: walk it
+    if not issubclass(annotation, cst.CSTNode):
+        return False
+    return not (annotation in TRIVIA or issubclass(annotation, _TRIVIA_BASES))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fields:
+    every: Tuple[Tuple[str, bool], ...]  # (name, visited by libcst even when unset) in libcst's order
+    names: Tuple[str, ...]  # the names of `every`
+    code: Tuple[str, ...]  # those that can hold anything but trivia
+
+
+_FIELDS: Dict[type, _Fields] = {}
+
+
+def _fields(node: cst.CSTNode) -> _Fields:
+    t = type(node)
+    rec = _Recorder()
+    node._visit_and_replace_children(rec)  # children are not entered: only this node is rebuilt
+    # fields a conditional visit skipped on this instance (FormattedStringExpression.format_spec
+    # when it is None) come last, where libcst visits them, and get hooks only when set
+    every = tuple((n, True) for n in rec.names) + tuple(
+        (f.name, False) for f in dataclasses.fields(t) if f.name not in rec.names
+    )
+    try:
+        hints = typing.get_type_hints(t)
+    except Exception:  # noqa: BLE001 - unresolvable annotations: walk every field
+        hints = None
+    code = tuple(n for n, _ in every if hints is None or n not in hints or _may_hold_code(hints[n]))
+    info = _Fields(every, tuple(n for n, _ in every), code)
+    _FIELDS[t] = info
+    return info
+
+
+_NODE, _SEQUENCE, _DATA = 1, 2, 0
+_KIND: Dict[type, int] = {tuple: _SEQUENCE, list: _SEQUENCE, type(None): _DATA, str: _DATA}
+
+
+def _kind(t: type) -> int:
+    k = _SEQUENCE if issubclass(t, (tuple, list)) else _NODE if issubclass(t, cst.CSTNode) else _DATA
+    _KIND[t] = k
+    return k
+
+
+@dataclasses.dataclass
+class _Plan:
+    """Per visitor class: which hooks it has, looked up once per node type."""
+
+    generic_visit: bool  # on_visit / on_leave are CSTVisitor's: dispatch by name, cached here
+    generic_attr: bool  # on_visit_attribute / on_leave_attribute are CSTVisitor's
+    skip: FrozenSet[type]  # node types not walked
+    attr_types: FrozenSet[str]  # node type names with a visit_<Type>_<attribute> / leave_ hook
+    visit: Dict[type, Optional[Callable]] = dataclasses.field(default_factory=dict)
+    leave: Dict[type, Optional[Callable]] = dataclasses.field(default_factory=dict)
+
+
+_PLANS: Dict[type, _Plan] = {}
+_LIBCST_BASES = frozenset(cst.CSTVisitor.__mro__)
+
+
+def _own_hooks(cls: type) -> List[str]:
+    """visit_/leave_ names defined by the visitor's own classes (libcst's bases define a no-op stub
+    for every node type and attribute)."""
+    out: List[str] = []
+    for k in cls.__mro__:
+        if k not in _LIBCST_BASES:
+            out += [n for n in vars(k) if n.startswith(("visit_", "leave_")) and n not in out]
+    return out
+
+
+def _hook(cls: type, name: str) -> Optional[Callable]:
+    """The visitor's own hook `name`, or None where only libcst's no-op stub exists."""
+    for k in cls.__mro__:
+        if name in vars(k):
+            if k in _LIBCST_BASES:
+                return None
+            fn = vars(k)[name]
+            return fn if inspect.isfunction(fn) else (lambda visitor, node: getattr(visitor, name)(node))
+    return None
+
+
+def _plan(cls: type) -> _Plan:
+    plan = _PLANS.get(cls)
+    if plan is not None:
+        return plan
+    hooks = [n.split("_", 1)[1] for n in _own_hooks(cls)]
+    hooked_types = {h.split("_", 1)[0] for h in hooks}
+    plan = _Plan(
+        generic_visit=cls.on_visit is cst.CSTVisitor.on_visit and cls.on_leave is cst.CSTVisitor.on_leave,
+        generic_attr=cls.on_visit_attribute is cst.CSTVisitor.on_visit_attribute
+        and cls.on_leave_attribute is cst.CSTVisitor.on_leave_attribute,
+        skip=frozenset() if any(t.__name__ in hooked_types for t in TRIVIA) else TRIVIA,
+        attr_types=frozenset(h.split("_", 1)[0] for h in hooks if "_" in h),
+    )
+    if "<locals>" not in cls.__qualname__:  # a class made per call would pile up here
+        _PLANS[cls] = plan
+    return plan
+
+
+def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
+    """``node.visit(visitor)`` for a read-only visitor, without rebuilding the tree (see above)."""
+    cls = type(visitor)
+    plan = _plan(cls)
+    skip = plan.skip
+    fields_of = _FIELDS
+    kind_of = _KIND
+    visit_fns = plan.visit
+    leave_fns = plan.leave
+    generic_visit = plan.generic_visit
+    generic_attr = plan.generic_attr
+    attr_types = plan.attr_types
+    walk_trivia = not skip
+
+    def lookup(table: dict, prefix: str, t: type):
+        fn = _hook(cls, f"{prefix}_{t.__name__}")
+        table[t] = fn
+        return fn
+
+    def child(value) -> None:
+        tv = type(value)
+        if tv is tuple:
+            for c in value:
+                if type(c) not in skip:
+                    go(c)
+            return
+        k = kind_of.get(tv)
+        if k is None:
+            k = _kind(tv)
+        if k == _NODE:
+            if tv not in skip:
+                go(value)
+        elif k == _SEQUENCE:
+            for c in value:
+                if type(c) not in skip:
+                    go(c)
+
+    def go(node: cst.CSTNode) -> None:
+        t = type(node)
+        if generic_visit:
+            fn = visit_fns[t] if t in visit_fns else lookup(visit_fns, "visit", t)
+            descend = fn is None or fn(visitor, node) is not False
+        else:
+            descend = visitor.on_visit(node)
+        if descend:
+            info = fields_of.get(t) or _fields(node)
+            tname = t.__name__
+            if generic_attr and tname not in attr_types:
+                for name in (info.names if walk_trivia else info.code):
+                    child(getattr(node, name))
+            else:  # attribute hooks to call, exactly where libcst calls them
+                for name, always in info.every:
+                    value = getattr(node, name)
+                    k = kind_of.get(type(value))
+                    if not always and not (_kind(type(value)) if k is None else k):
+                        continue
+                    if generic_attr:
+                        fn = getattr(visitor, f"visit_{tname}_{name}", None)
+                        if fn is not None:
+                            fn(node)
+                    else:
+                        visitor.on_visit_attribute(node, name)
+                    child(value)
+                    if generic_attr:
+                        fn = getattr(visitor, f"leave_{tname}_{name}", None)
+                        if fn is not None:
+                            fn(node)
+                    else:
+                        visitor.on_leave_attribute(node, name)
+        if generic_visit:
+            fn = leave_fns[t] if t in leave_fns else lookup(leave_fns, "leave", t)
+            if fn is not None:
+                fn(visitor, node)
+        else:
+            visitor.on_leave(node)
+
+    go(node)

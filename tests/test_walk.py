@@ -1,0 +1,154 @@
+"""The fast paths of the engine give exactly what libcst's own machinery gives.
+
+* ``distify.walk.walk`` calls a visitor's hooks on the same nodes, in the same order, as
+  ``node.visit(visitor)`` (trivia excepted, unless the visitor hooks a trivia type);
+* ``anatomy.positions`` equals ``MetadataWrapper.resolve(PositionProvider)``;
+* ``ApplyEdits`` entering only the nodes that hold or contain an edit renders the same output as
+  entering every node.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import libcst as cst
+import pytest
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from distify import edits as edits_module
+from distify.anatomy import _Collector, positions
+from distify.engine import migrate_source
+from distify.rules.base import Options
+from distify.walk import TRIVIA, walk
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+INPUTS = sorted(FIXTURES.rglob("*.in.py"))
+
+
+def _modules():
+    for path in INPUTS:
+        yield path, cst.parse_module(path.read_bytes())
+
+
+class _Everything(cst.CSTVisitor):
+    """Logs every callback libcst makes, except on trivia (which `walk` skips)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log = []
+
+    def on_visit(self, node):
+        if type(node) not in TRIVIA:
+            self.log.append(("visit", id(node)))
+        return not isinstance(node, cst.Lambda)  # and a pruned subtree
+
+    def on_leave(self, original_node):
+        if type(original_node) not in TRIVIA:
+            self.log.append(("leave", id(original_node)))
+
+    def on_visit_attribute(self, node, attribute):
+        if type(node) not in TRIVIA:
+            self.log.append(("attr", id(node), attribute))
+
+    def on_leave_attribute(self, original_node, attribute):
+        if type(original_node) not in TRIVIA:
+            self.log.append(("/attr", id(original_node), attribute))
+
+
+class _Hooks(cst.CSTVisitor):
+    """Typed hooks only: the cached dispatch path of `walk`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log = []
+
+    def visit_Call(self, node):
+        self.log.append(("call", id(node)))
+
+    def leave_Call(self, node):
+        self.log.append(("/call", id(node)))
+
+    def visit_For_body(self, node):
+        self.log.append(("for.body", id(node)))
+
+    def leave_For_body(self, node):
+        self.log.append(("/for.body", id(node)))
+
+    def visit_Arg_value(self, node):
+        self.log.append(("arg.value", id(node)))
+
+    def visit_Name(self, node):
+        self.log.append(("name", id(node), node.value))
+
+    def visit_FunctionDef(self, node):
+        self.log.append(("def", id(node)))
+        return node.name.value != "main"  # a pruned subtree
+
+
+class _WithTrivia(_Hooks):
+    """A hook on a trivia type: then `walk` must walk everything."""
+
+    def visit_Comment(self, node):
+        self.log.append(("comment", id(node), node.value))
+
+    def visit_Comma(self, node):
+        self.log.append(("comma", id(node)))
+
+
+@pytest.mark.parametrize("visitor", [_Everything, _Hooks, _WithTrivia])
+def test_walk_calls_the_hooks_libcst_calls(visitor):
+    checked = 0
+    for path, module in _modules():
+        expected, got = visitor(), visitor()
+        module.visit(expected)
+        walk(module, got)
+        assert got.log == expected.log, path
+        checked += bool(expected.log)
+    assert checked > 50
+
+
+def test_walk_sees_comments_when_a_visitor_asks_for_them():
+    module = cst.parse_module("x = f(a, b)  # note\n")
+    v = _WithTrivia()
+    walk(module, v)
+    assert ("comment", id(module.body[0].trailing_whitespace.comment), "# note") in v.log
+    assert sum(1 for e in v.log if e[0] == "comma") == 1
+
+
+def test_collector_records_the_same_facts():
+    def facts(c):
+        return (
+            [(id(x.call), x.qualname, id(x.scope), id(x.stmt), [id(l) for l in x.loops], [id(p) for p in x.parents])
+             for x in c.calls],
+            [(id(k), [id(p) for p in v]) for k, v in c.stmt_parent.items()],
+            [(id(a), id(s)) for a, s, *_ in c.assigns],
+            [id(f[0]) for f in c.fors],
+            [id(a[0]) for a in c.attr_uses],
+            dict(c.aliases), sorted(c.name_bindings), c.has_backward,
+        )
+
+    for path, module in _modules():
+        expected, got = _Collector(), _Collector()
+        module.visit(expected)
+        walk(module, got)
+        assert facts(got) == facts(expected), path
+
+
+def test_positions_equal_the_metadata_wrapper():
+    for path, module in list(_modules())[::3]:
+        fast = positions(MetadataWrapper(module, unsafe_skip_copy=True))
+        slow = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+        assert dict(fast) == dict(slow), path
+
+
+@pytest.mark.parametrize("backend", ["ddp", "horovod"])
+def test_applying_edits_to_the_edited_paths_only_changes_nothing(backend, monkeypatch):
+    options = Options(backend=backend)
+    sources = [p.read_bytes() for p in INPUTS]
+    pruned = [migrate_source(s, options) for s in sources]
+    monkeypatch.setattr(edits_module, "_holding_edits", lambda root, edits: None)  # enter every node
+    for path, source, fast in zip(INPUTS, sources, pruned):
+        full = migrate_source(source, options)
+        assert fast.output == full.output, path
+        assert fast.findings == full.findings, path
+    assert sum(r.changed for r in pruned) > 30
