@@ -52,6 +52,7 @@ def run(
     fp16_allreduce: Optional[bool] = typer.Option(None, "--fp16-allreduce", help="All-reduce gradients in float16."),
     adasum: Optional[bool] = typer.Option(None, "--adasum", help="Horovod: combine gradients with Adasum."),
     seed_per_rank: Optional[bool] = typer.Option(None, "--seed-per-rank", help="Re-seed each rank (seed + rank) once the models are built."),
+    standalone: Optional[bool] = typer.Option(None, "--standalone", help="Write the few runtime helpers into the script (plain PyTorch) instead of importing distify."),
     max_size: float = typer.Option(2.0, "--max-size", help="Skip files larger than this many MiB (exit 2).", min=0.001),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Report errors only."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also report unchanged files and why."),
@@ -96,6 +97,7 @@ def run(
         fp16_allreduce=bool(fp16_allreduce if fp16_allreduce is not None else cfg.get("fp16_allreduce", False)),
         adasum=bool(adasum if adasum is not None else cfg.get("adasum", False)),
         seed_per_rank=bool(seed_per_rank if seed_per_rank is not None else cfg.get("seed_per_rank", False)),
+        standalone=bool(standalone if standalone is not None else cfg.get("standalone", False)),
         max_bytes=int(max_size * 2**20),
         positions=not quiet or strict,
     )

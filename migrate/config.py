@@ -8,6 +8,7 @@ from typing import Any, Dict, Optional, Sequence
 KEYS = {
     "backend", "select", "ignore", "exclude",
     "scale-lr", "scale_lr", "fp16-allreduce", "fp16_allreduce", "adasum", "seed-per-rank", "seed_per_rank",
+    "standalone",
     "nproc", "nodes", "port",  # distify --launch
 }
 

@@ -109,6 +109,9 @@ def _migrate(source: bytes, options: Options) -> MigrationResult:
 
     anatomy = analyse(module)
     anatomy.want_positions = options.positions
+    standalone_name = anatomy.standalone_runtime
+    if standalone_name is not None and not options.standalone:
+        options = replace(options, standalone=True)  # an earlier --standalone output stays standalone
     incremental = False
     if anatomy.flavour == options.backend:
         if not anatomy.migrated_by_distify:
@@ -141,6 +144,8 @@ def _migrate(source: bytes, options: Options) -> MigrationResult:
 
     ctx = Context(anatomy, options)
     ctx.state["incremental"] = incremental
+    if standalone_name is not None:
+        ctx.state["standalone_runtime"] = standalone_name  # the class may have gone with a conversion
     for rule in rules:
         rule.apply(ctx)
     ctx.finish()
@@ -155,6 +160,8 @@ def _migrate(source: bytes, options: Options) -> MigrationResult:
             encoding=encoding,
         )
     new_module = module.visit(ApplyEdits(ctx.edits)) if ctx.edits else module
+    if options.standalone:
+        new_module = _standalone(new_module, ctx, findings)
     output = new_module.bytes
     if output == source:
         return MigrationResult(source, source, tuple(findings), encoding=encoding)
@@ -167,8 +174,32 @@ def _migrate(source: bytes, options: Options) -> MigrationResult:
     return MigrationResult(source, output, tuple(findings), encoding=encoding)
 
 
+def _standalone(module: cst.Module, ctx: Context, findings: List[Finding]) -> cst.Module:
+    """--standalone: the runtime helpers the script now uses, written into it as a class."""
+    from distify import standalone
+
+    name = ctx.state.get("standalone_runtime") or ctx.anatomy.local_name_for("distify.runtime")
+    outcome = standalone.finish(module, ctx.backend, name, ctx.fresh)
+    if outcome.warning:
+        findings.append(Finding("DST001", 1, 1, f"--standalone: {outcome.warning}", kind="warning"))
+    return outcome.module
+
+
+def _advice(anatomy, options: Options) -> Tuple[Finding, ...]:
+    """Warnings of the rules that also check a script already distributed (``checks_distributed``,
+    e.g. DST911: a collective only some ranks reach); nothing is edited."""
+    rules = [r for r in selected(options.backend, options.select, options.ignore) if getattr(r, "checks_distributed", False)]
+    if not rules:
+        return ()
+    ctx = Context(anatomy, options)
+    for rule in rules:
+        rule.apply(ctx)
+    return tuple(sorted((f for f in ctx.findings if f.kind == "warning"), key=lambda f: (f.line, f.col, f.code)))
+
+
 def _line_map(old: bytes, new: bytes):
-    """Map line numbers of `new` back to `old` (equal lines exactly, changed ones to their block)."""
+    """Map line numbers of `new` back to `old`: equal lines exactly; a changed line to the most
+    similar line of the block it replaces (in order), else to the block's first line."""
     import difflib
 
     a, b = old.splitlines(), new.splitlines()

@@ -104,7 +104,20 @@ class Context:
 
     @property
     def runtime(self) -> str:
-        return self.imported("distify", "runtime", "runtime")
+        """Local name of the runtime helpers: ``from distify import runtime``, or with --standalone
+        the inline class that ``distify.standalone.finish`` writes once the rules are done."""
+        if not self.options.standalone:
+            return self.imported("distify", "runtime", "runtime")
+        name = (
+            self.state.get("standalone_runtime")
+            or self.anatomy.standalone_runtime
+            or self.anatomy.local_name_for("distify.runtime")  # turned standalone by finish()
+        )
+        if name is None:
+            name = self.fresh("runtime")
+        self._taken.add(name)
+        self.state["standalone_runtime"] = name
+        return name
 
     @property
     def dist(self) -> str:

@@ -1,0 +1,597 @@
+"""``distify --standalone``: the launcher plumbing written into the script instead of imported.
+
+By default a migrated script imports ``from distify import runtime``. With ``--standalone`` the
+script gets a small class named ``runtime`` instead, placed right after its imports, holding only
+the helpers the script calls (``runtime.init_kwargs()``, ``runtime.device()``, ...) written in plain
+torch and ``os.environ``. The rules do not know the difference: they emit ``runtime.<helper>()``
+either way, and :func:`finish` writes the class once all edits are applied, when it is known which
+helpers the script uses.
+
+The class opens with a marker comment (``# distify: standalone runtime (v1, ddp) ...``). It makes a
+standalone script recognisable as distify's output, so that a later run works incrementally: it adds
+only helpers that new code needs (appended to the class, the user's edits to it kept) and keeps the
+script standalone with or without the flag.
+
+This module holds the source of every helper; it imports libcst only (the CLI never imports torch).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
+
+import libcst as cst
+
+VERSION = 1
+MARKER = "# distify: standalone runtime (v{version}, {backend})"  # opens the class; found by find_block
+_MARKER_RE = re.compile(r"#\s*distify: standalone runtime \(v(\d+), (\w+)\)")
+
+_HEADER = MARKER + ''' -- written by `distify --standalone`.
+# Plain torch and os.environ: torchrun, Kubeflow, srun, mpirun and horovodrun tell each process
+# its rank; run with plain `python` the script is rank 0 of a world of one.
+class runtime:
+    """Where this process sits in the job, and the device it trains on."""
+'''
+
+
+@dataclass(frozen=True)
+class Helper:
+    source: str  # class-level code, indented by 4 spaces, starting with a blank line
+    needs: Tuple[str, ...] = ()  # other helpers it calls
+    modules: Tuple[str, ...] = ()  # template names it uses: os, torch, dist, hvd
+
+
+# Template names and the modules they stand for; finish() renames them to the script's spellings.
+MODULES = {"os": "os", "torch": "torch", "dist": "torch.distributed", "hvd": "horovod.torch"}
+
+_ENVIRONMENT = Helper(
+    '''
+    @staticmethod
+    def _environment():
+        """(rank, world size, local rank) from the launcher's variables; (0, 1, 0) without one."""
+        env = os.environ
+        launchers = [
+            ("RANK", "WORLD_SIZE", "LOCAL_RANK"),  # torchrun, Kubeflow
+            ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK"),  # horovodrun --gloo
+            ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),  # Open MPI
+            ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),  # MPICH, Intel MPI
+        ]
+        if int(env.get("SLURM_STEP_ID") or 2**32) < 0xFFFFFFF0:  # an srun task, not the batch script
+            launchers.append(("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"))
+        for rank, size, local_rank in launchers:
+            if env.get(rank) and env.get(size):
+                local = env.get("LOCAL_RANK") or env.get(local_rank) or 0
+                return int(env[rank]), int(env[size]), int(local)
+        return 0, 1, int(env.get("LOCAL_RANK") or 0)
+''',
+    modules=("os",),
+)
+
+_RENDEZVOUS = Helper(
+    '''
+    @staticmethod
+    def _rendezvous():
+        """Rank 0's address and port: MASTER_ADDR/MASTER_PORT, else Slurm's first node and a port
+        per job, else this host (a multi-node mpirun or horovodrun needs MASTER_ADDR exported)."""
+        import re
+
+        env = os.environ
+        addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+        nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+        if not addr and nodes:  # "gpu[07-10,12],cpu1" -> "gpu07"
+            first = re.match(r"(?:[^,\\[]|\\[[^\\]]*\\])+", nodes).group(0)
+            addr = re.sub(r"\\[(\\d+)[^\\]]*\\]", r"\\1", first)
+        if not port and env.get("SLURM_JOB_ID", "").isdigit():  # every task of the job agrees
+            port = str(10000 + int(env["SLURM_JOB_ID"]) % 20000)
+        return addr or "127.0.0.1", port or "29500"
+''',
+    modules=("os",),
+)
+
+_INIT_KWARGS = Helper(
+    '''
+    @staticmethod
+    def init_kwargs():
+        """Arguments for dist.init_process_group: env:// under a launcher, else a group of one."""
+        import atexit
+        import datetime
+        import socket
+
+        rank, world_size, local_rank = runtime._environment()
+        nccl = torch.cuda.is_available() and dist.is_nccl_available()
+        kwargs = dict(
+            backend="cpu:gloo,cuda:nccl" if nccl else "gloo",  # CUDA tensors on NCCL, CPU ones on gloo
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(minutes=30),
+        )
+        atexit.register(runtime.cleanup)
+        if world_size > 1 or "TORCHELASTIC_RUN_ID" in os.environ:  # started by a launcher
+            addr, port = runtime._rendezvous()
+            for name, value in (("MASTER_ADDR", addr), ("MASTER_PORT", port), ("RANK", rank),
+                                ("WORLD_SIZE", world_size), ("LOCAL_RANK", local_rank)):
+                os.environ.setdefault(name, str(value))
+            return dict(kwargs, init_method="env://")
+        # plain `python train.py`: an in-memory store, and gloo/NCCL sockets on the loopback only
+        loopback = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
+        if loopback:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
+        return dict(kwargs, store=dist.HashStore())
+''',
+    needs=("_environment", "_rendezvous", "cleanup"),
+    modules=("os", "torch", "dist"),
+)
+
+_CLEANUP = Helper(
+    '''
+    @staticmethod
+    def cleanup():
+        """Destroy the process group at exit, while the interpreter is whole: gloo aborts the process
+        if its threads are torn down during shutdown. DDP models still alive let go of it first."""
+        import gc
+
+        if not dist.is_initialized():
+            return
+        for obj in gc.get_objects():
+            if issubclass(type(obj), torch.nn.parallel.DistributedDataParallel):
+                for name in ("reducer", "logger", "process_group", "_comm_hooks"):
+                    obj.__dict__.pop(name, None)
+        dist.destroy_process_group()
+        gc.collect()
+''',
+    modules=("torch", "dist"),
+)
+
+
+def _rank_helper(name: str, doc: str, index: int, ddp_call: str, hvd_call: str) -> Dict[str, Helper]:
+    body = '''
+    @staticmethod
+    def {name}():
+        """{doc}"""
+        return {call} if {group}.is_initialized() else runtime._environment()[{index}]
+'''
+    return {
+        "ddp": Helper(
+            body.format(name=name, doc=doc, call=f"dist.{ddp_call}()", group="dist", index=index),
+            ("_environment",), ("os", "dist"),
+        ) if ddp_call else Helper(
+            f'''
+    @staticmethod
+    def {name}():
+        """{doc}"""
+        return runtime._environment()[{index}]
+''',
+            ("_environment",), ("os",),
+        ),
+        "horovod": Helper(
+            body.format(name=name, doc=doc, call=f"hvd.{hvd_call}()", group="hvd", index=index),
+            ("_environment",), ("os", "hvd"),
+        ),
+    }
+
+
+_RANK = _rank_helper("rank", "Global rank of this process (0 without a launcher).", 0, "get_rank", "rank")
+_WORLD_SIZE = _rank_helper("world_size", "Number of processes in the job.", 1, "get_world_size", "size")
+_LOCAL_RANK = _rank_helper("local_rank", "Index of this process on its host (its GPU).", 2, "", "local_rank")
+
+_IS_MAIN_PROCESS = Helper(
+    '''
+    @staticmethod
+    def is_main_process():
+        """True on rank 0, the process that prints and saves."""
+        return runtime.rank() == 0
+''',
+    needs=("rank",),
+)
+
+_DEVICE = Helper(
+    '''
+    _last_device = None  # the device device() picked last
+
+    @staticmethod
+    def device(use_cuda=True):
+        """cuda:<local rank>, made the current device, when CUDA is usable; else the CPU."""
+        if use_cuda and torch.cuda.is_available():
+            torch.cuda.set_device(runtime.local_rank())
+            runtime._last_device = torch.device("cuda", runtime.local_rank())
+        else:
+            runtime._last_device = torch.device("cpu")
+        return runtime._last_device
+''',
+    needs=("local_rank",),
+    modules=("torch",),
+)
+
+_DEVICE_IDS = Helper(
+    '''
+    @staticmethod
+    def device_ids():
+        """DDP's device_ids: [the GPU] for a model on the GPU device() picked, None on the CPU."""
+        device = runtime._last_device or runtime.device()
+        return [device.index] if device.type == "cuda" else None
+''',
+    needs=("device",),
+)
+
+_BARRIER = {
+    "ddp": Helper(
+        '''
+    @staticmethod
+    def barrier():
+        """Wait for every rank (nothing to wait for without a process group)."""
+        if dist.is_initialized():
+            dist.barrier()
+''',
+        modules=("dist",),
+    ),
+    "horovod": Helper(
+        '''
+    @staticmethod
+    def barrier():
+        """Wait for every rank (nothing to wait for before hvd.init())."""
+        if hvd.is_initialized():
+            hvd.barrier()
+''',
+        modules=("hvd",),
+    ),
+}
+
+_ALL_REDUCE_HEAD = '''
+    @staticmethod
+    def all_reduce(value, op="sum"):
+        """value reduced over all ranks with op "sum", "mean", "max" or "min"; a tensor gives a new
+        tensor, a number a number."""
+        if torch.is_tensor(value):
+            tensor = value.detach().clone()
+        else:
+            floating = isinstance(value, float) or op == "mean"
+            tensor = torch.tensor(value, dtype=torch.float64 if floating else torch.int64)
+        if op == "mean" and not tensor.is_floating_point():
+            tensor = tensor.double()
+'''
+_ALL_REDUCE = {
+    "ddp": Helper(
+        _ALL_REDUCE_HEAD
+        + '''\
+        if dist.is_initialized():
+            ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+                   "min": dist.ReduceOp.MIN}
+            dist.all_reduce(tensor, op=ops[op])
+            if op == "mean":
+                tensor = tensor / dist.get_world_size()
+        return tensor if torch.is_tensor(value) else tensor.item()
+''',
+        modules=("torch", "dist"),
+    ),
+    "horovod": Helper(
+        _ALL_REDUCE_HEAD
+        + '''\
+        if hvd.is_initialized():
+            ops = {"sum": hvd.Sum, "mean": hvd.Average, "max": hvd.Max, "min": hvd.Min}
+            tensor = hvd.allreduce(tensor, op=ops[op])
+        return tensor if torch.is_tensor(value) else tensor.item()
+''',
+        modules=("torch", "hvd"),
+    ),
+}
+
+_REDUCE_MEAN = Helper(
+    '''
+    @staticmethod
+    def reduce_mean(value):
+        """The average of value over all ranks (a loss, an accuracy)."""
+        return runtime.all_reduce(value, "mean")
+''',
+    needs=("all_reduce",),
+)
+
+_ALL_REDUCE_SUM = Helper(
+    '''
+    @staticmethod
+    def all_reduce_sum(*values):
+        """Each value summed over all ranks (evaluation counts): one result, or a tuple for several.
+        Numbers travel together as float64, so the ranks agree even where one holds 0 and another 0.0."""
+        numbers = [float(value) for value in values if not torch.is_tensor(value)]
+        if numbers:
+            numbers = runtime.all_reduce(torch.tensor(numbers, dtype=torch.float64)).tolist()
+        totals = iter(numbers)
+        sums = []
+        for value in values:
+            if torch.is_tensor(value):
+                sums.append(runtime.all_reduce(value))
+            else:
+                total = next(totals)
+                sums.append(int(total) if isinstance(value, int) else total)
+        return sums[0] if len(sums) == 1 else tuple(sums)
+''',
+    needs=("all_reduce",),
+    modules=("torch",),
+)
+
+_SHARD_SAMPLER = Helper(
+    '''
+    class ShardSampler(torch.utils.data.Sampler):
+        """This rank's share of an evaluation set: samples rank, rank + N, ... Never padded nor
+        shuffled, so sums over the shards of all ranks equal the single-process sums."""
+
+        def __init__(self, dataset):
+            self.dataset = dataset
+
+        def __iter__(self):
+            return iter(range(runtime.rank(), len(self.dataset), runtime.world_size()))
+
+        def __len__(self):
+            return len(range(runtime.rank(), len(self.dataset), runtime.world_size()))
+''',
+    needs=("rank", "world_size"),
+    modules=("torch",),
+)
+
+_UNWRAP = Helper(
+    '''
+    @staticmethod
+    def unwrap(model):
+        """The plain module inside DDP and torch.compile wrappers."""
+        while True:
+            if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+                model = model.module
+            elif hasattr(model, "_orig_mod"):  # torch.compile
+                model = model._orig_mod
+            else:
+                return model
+''',
+    modules=("torch",),
+)
+
+
+def _both(helper: Helper) -> Dict[str, Helper]:
+    return {"ddp": helper, "horovod": helper}
+
+
+# name -> backend -> helper, in the order they appear in the class (a helper before its users)
+HELPERS: Dict[str, Dict[str, Helper]] = {
+    "_environment": _both(_ENVIRONMENT),
+    "_rendezvous": {"ddp": _RENDEZVOUS},
+    "init_kwargs": {"ddp": _INIT_KWARGS},
+    "cleanup": {"ddp": _CLEANUP},
+    "rank": _RANK,
+    "world_size": _WORLD_SIZE,
+    "local_rank": _LOCAL_RANK,
+    "is_main_process": _both(_IS_MAIN_PROCESS),
+    "device": _both(_DEVICE),
+    "device_ids": _both(_DEVICE_IDS),
+    "barrier": _BARRIER,
+    "all_reduce": _ALL_REDUCE,
+    "reduce_mean": _both(_REDUCE_MEAN),
+    "all_reduce_sum": _both(_ALL_REDUCE_SUM),
+    "ShardSampler": _both(_SHARD_SAMPLER),
+    "unwrap": _both(_UNWRAP),
+}
+
+
+def closure(names, backend: str) -> List[str]:
+    """The helpers `names` need, dependencies included, in class order. Unknown names are skipped."""
+    todo, found = [n for n in names if backend in HELPERS.get(n, {})], set()
+    while todo:
+        name = todo.pop()
+        if name not in found:
+            found.add(name)
+            todo += HELPERS[name][backend].needs
+    return [n for n in HELPERS if n in found]
+
+
+def source(names: Sequence[str], backend: str, header: bool = True) -> str:
+    """The code of the class holding `names` and the helpers they need; without header, the code
+    of exactly those helpers (to append to a class that has the others)."""
+    parts = [_HEADER.format(version=VERSION, backend=backend)] if header else []
+    chosen = closure(names, backend) if header else [n for n in HELPERS if n in names]
+    parts += [HELPERS[n][backend].source for n in chosen]
+    return "".join(parts)
+
+
+def modules_for(names: Sequence[str], backend: str) -> List[str]:
+    """Template module names (os, torch, dist, hvd) the helpers use, in a stable order."""
+    used = {m for n in closure(names, backend) for m in HELPERS[n][backend].modules}
+    return [m for m in MODULES if m in used]
+
+
+# reading a script -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Block:
+    """The inline runtime class of an earlier ``--standalone`` run."""
+
+    node: cst.ClassDef
+    name: str
+    backend: str
+    members: FrozenSet[str]
+
+
+def _marker(cls: cst.ClassDef) -> Optional["re.Match"]:
+    for line in cls.leading_lines:
+        match = _MARKER_RE.match(line.comment.value) if line.comment is not None else None
+        if match:
+            return match
+    return None
+
+
+def is_standalone_block(cls: cst.ClassDef) -> bool:
+    """True for a class that opens with the marker comment (the caller checks it is top-level)."""
+    return _marker(cls) is not None
+
+
+def find_block(module: cst.Module) -> Optional[Block]:
+    for stmt in module.body:
+        match = _marker(stmt) if isinstance(stmt, cst.ClassDef) else None
+        if match:
+            return Block(stmt, stmt.name.value, match.group(2), frozenset(_members(stmt)))
+    return None
+
+
+def _members(cls: cst.ClassDef) -> List[str]:
+    names = []
+    for stmt in cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ():
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            names.append(stmt.name.value)
+        elif isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                targets = small.targets if isinstance(small, cst.Assign) else ()
+                names += [t.target.value for t in targets if isinstance(t.target, cst.Name)]
+    return names
+
+
+def attributes_used(module: cst.Module, name: str) -> List[str]:
+    """`x` for every `<name>.x` in the module, in order of appearance, once each."""
+    found: Dict[str, None] = {}
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            if isinstance(node.value, cst.Name) and node.value.value == name:
+                found.setdefault(node.attr.value)
+
+    module.visit(Visitor())
+    return list(found)
+
+
+def top_level_imports(module: cst.Module) -> Dict[str, Tuple[str, cst.CSTNode]]:
+    """qualified name -> (local name, statement) for the module's top-level imports."""
+    out: Dict[str, Tuple[str, cst.CSTNode]] = {}
+    for stmt in module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.Import):
+                for alias in small.names:
+                    qualified = _dotted(alias.name)
+                    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                        out.setdefault(qualified, (alias.asname.name.value, stmt))
+                    elif "." not in qualified:
+                        out.setdefault(qualified, (qualified, stmt))
+            elif isinstance(small, cst.ImportFrom) and not small.relative and small.module is not None:
+                if isinstance(small.names, cst.ImportStar):
+                    continue
+                for alias in small.names:
+                    local = alias.asname.name if alias.asname is not None else alias.name
+                    if isinstance(local, cst.Name):
+                        out.setdefault(f"{_dotted(small.module)}.{_dotted(alias.name)}", (local.value, stmt))
+    return out
+
+
+def _dotted(node: cst.BaseExpression) -> str:
+    if isinstance(node, cst.Attribute):
+        return f"{_dotted(node.value)}.{node.attr.value}"
+    return node.value if isinstance(node, cst.Name) else ""
+
+
+# writing it -------------------------------------------------------------------------------------
+
+
+class _Rename(cst.CSTTransformer):
+    """Template names (os, torch, dist, hvd, runtime) -> the script's spellings."""
+
+    def __init__(self, names: Dict[str, str]) -> None:
+        super().__init__()
+        self.names = names
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+        new = self.names.get(updated_node.value)
+        return updated_node.with_changes(value=new) if new else updated_node
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
+        return updated_node.with_changes(attr=original_node.attr)  # `x.torch` is no variable
+
+
+def _parse(code: str, names: Dict[str, str]) -> List[cst.BaseStatement]:
+    from distify.edits import parse_stmts
+
+    stmts = parse_stmts(code)
+    renames = {k: v for k, v in names.items() if k != v}
+    if renames:
+        stmts = [s.visit(_Rename(renames)) for s in stmts]
+    return stmts
+
+
+@dataclass
+class Outcome:
+    module: cst.Module
+    warning: str = ""  # why the script is not (entirely) standalone
+
+
+def finish(module: cst.Module, backend: str, name: Optional[str], fresh) -> Outcome:
+    """Write (or complete) the inline runtime class of ``module`` after all rules' edits.
+
+    ``name`` is the name the rules used for the runtime (None when none did); ``fresh(preferred)``
+    hands out unused names for imports the class needs. A script that imports
+    ``from distify import runtime`` loses that import for the class. Helpers with no inline
+    version are returned as ``unsupported``: such a script keeps (or gets) the distify import.
+    """
+    from distify.edits import _insert_imports, import_anchor
+
+    block = find_block(module)
+    if block is not None:
+        name = block.name
+    if name is None:
+        return Outcome(module)
+    imports = top_level_imports(module)
+    converting = block is None and imports.get("distify.runtime", ("",))[0] == name
+    used = [u for u in attributes_used(module, name) if block is None or u not in block.members]
+    unsupported = tuple(u for u in used if backend not in HELPERS.get(u, {}))
+    if unsupported:
+        helpers = ", ".join(f"{name}.{u}" for u in unsupported)
+        if block is not None:
+            return Outcome(module, f"{helpers}: not in the inline runtime class, and no inline version exists")
+        if not converting:  # the rules' calls need distify after all
+            line = "from distify import runtime" + ("" if name == "runtime" else f" as {name}")
+            module = module.with_changes(body=_insert_imports(list(module.body), [line]))
+        return Outcome(module, f"{helpers}: no inline version; the script imports distify for it")
+    wanted = closure(used, backend)
+    if block is not None:
+        wanted = [n for n in wanted if n not in block.members]
+    if not wanted:
+        return Outcome(module)
+
+    body = list(module.body)
+    if converting:
+        stmt = imports["distify.runtime"][1]
+        if len(stmt.body) != 1 or len(stmt.body[0].names) != 1:
+            return Outcome(module, "`from distify import runtime` shares its line: the script still imports distify")
+        body.remove(stmt)
+
+    # the script's spellings of the modules the helpers use; missing ones are imported
+    names, lines = {"runtime": name}, []
+    for template in modules_for(wanted, backend):
+        qualified = MODULES[template]
+        local = imports.get(qualified, (None,))[0]
+        if local is None:
+            local = fresh(template)
+            head, _, last = qualified.rpartition(".")
+            if head and local == last:
+                lines.append(f"from {head} import {last}")
+            elif local == qualified:
+                lines.append(f"import {qualified}")
+            else:
+                lines.append(f"import {qualified} as {local}")
+        names[template] = local
+    if lines:
+        body = _insert_imports(body, lines)
+
+    if block is not None:
+        methods = _parse("class _:\n" + source(wanted, backend, header=False), names)[0].body.body
+        cls = block.node.with_changes(body=block.node.body.with_changes(body=[*block.node.body.body, *methods]))
+        body = [cls if stmt is block.node else stmt for stmt in body]
+        return Outcome(module.with_changes(body=body))
+
+    cls = _parse("\n\n" + source(wanted, backend), names)[0]
+    at = import_anchor(body) + 1
+    if at < len(body):  # two blank lines after the class, as after any top-level class
+        nxt = body[at]
+        blanks = 0
+        while blanks < len(nxt.leading_lines) and nxt.leading_lines[blanks].comment is None:
+            blanks += 1
+        if blanks < 2:
+            body[at] = nxt.with_changes(leading_lines=[*[cst.EmptyLine()] * (2 - blanks), *nxt.leading_lines])
+    body.insert(at, cls)
+    return Outcome(module.with_changes(body=body))

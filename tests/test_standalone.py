@@ -1,0 +1,232 @@
+"""``distify --standalone``: the runtime helpers written into the script instead of imported.
+
+The golden outputs live in fixtures/standalone/ (checked by test_fixtures.py); here: no import of
+distify anywhere in them, a second run with or without the flag changes nothing, the inline helpers
+read the launcher environment exactly as ``distify.runtime`` does, later runs only add what is
+missing, and the CLI flag / ``[tool.distify]`` key. Executed equivalence: test_e2e_standalone.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import types
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from distify import standalone
+from distify.engine import migrate_source
+from distify.options import Options
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+GOLDENS = sorted((FIXTURES / "standalone").glob("*.*.py"))
+GOLDENS = [p for p in GOLDENS if not p.name.endswith(".in.py")]
+
+
+def distify_imports(source: str) -> list:
+    """Every import statement of `source` (at any depth) that names distify."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""]
+        else:
+            continue
+        if any(n == "distify" or n.startswith("distify.") for n in names):
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_there_are_goldens_for_both_backends():
+    backends = {p.name.split(".")[-2] for p in GOLDENS}
+    assert backends == {"ddp", "horovod"} and len(GOLDENS) >= 8
+
+
+@pytest.mark.parametrize("path", GOLDENS, ids=lambda p: p.name)
+def test_golden_imports_no_distify_and_defines_what_it_uses(path):
+    text = path.read_text()
+    assert distify_imports(text) == []
+    block = standalone.find_block(cst.parse_module(text))
+    assert block is not None, "no inline runtime class"
+    assert block.backend == path.name.split(".")[-2]
+    used = {
+        n.attr for n in ast.walk(ast.parse(text))
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == block.name
+    }
+    assert used and used <= block.members, f"used but not defined: {sorted(used - block.members)}"
+
+
+@pytest.mark.parametrize("path", GOLDENS, ids=lambda p: p.name)
+@pytest.mark.parametrize("flag", [True, False], ids=["standalone", "no-flag"])
+def test_second_run_changes_nothing_with_or_without_the_flag(path, flag):
+    backend = path.name.split(".")[-2]
+    source = path.read_bytes()
+    assert migrate_source(source, Options(backend=backend, standalone=flag)).output == source
+
+
+def test_default_output_turned_standalone_equals_a_direct_standalone_run():
+    original = (FIXTURES / "scenarios" / "trainer_class.in.py").read_bytes()
+    default = migrate_source(original, Options(backend="ddp")).output
+    assert b"from distify import runtime" in default
+    later = migrate_source(default, Options(backend="ddp", standalone=True)).output
+    direct = migrate_source(original, Options(backend="ddp", standalone=True)).output
+    assert later == direct
+    assert distify_imports(later.decode()) == []
+
+
+@pytest.mark.parametrize("first,second", [("ddp", "horovod"), ("horovod", "ddp")])
+def test_backend_conversion_keeps_the_script_standalone(first, second):
+    original = (FIXTURES / "scenarios" / "two_loaders.in.py").read_bytes()
+    once = migrate_source(original, Options(backend=first, standalone=True)).output
+    converted = migrate_source(once, Options(backend=second)).output.decode()
+    assert distify_imports(converted) == []
+    block = standalone.find_block(cst.parse_module(converted))
+    assert block is not None and block.backend == second
+    assert converted.count("standalone runtime (v") == 1, "the old backend's class was left behind"
+    old = {"ddp": "import torch.distributed", "horovod": "import horovod"}[first]
+    assert old not in converted, f"{old} is left although nothing uses it"
+    compile(converted, "converted", "exec")
+
+
+# --- later runs add only what is missing ----------------------------------------------------
+
+
+def _runtime_class(text: str) -> str:
+    start = text.index("# distify: standalone runtime")
+    return text[start : text.index("\n\n\n", start)]
+
+
+def test_a_later_run_appends_only_the_missing_helper_and_keeps_edits_to_the_class():
+    out = (FIXTURES / "standalone" / "module_level.ddp.py").read_text()
+    assert "def world_size" not in out
+    edited = out.replace(
+        '"""Global rank of this process (0 without a launcher)."""',
+        '"""Global rank of this process (0 without a launcher). Edited by hand."""',
+    ) + 'print("ranks:", runtime.world_size())\n'
+    again = migrate_source(edited.encode(), Options(backend="ddp")).output.decode()
+    before, after = _runtime_class(edited), _runtime_class(again)
+    assert after.startswith(before), "the class as it was (hand edit included) changed"
+    added = after[len(before):]
+    assert added.startswith("\n\n    @staticmethod\n    def world_size():") and added.count("def ") == 1, added
+    assert again.count("class runtime") == 1
+    assert 'if runtime.is_main_process():\n    print("ranks:", runtime.world_size())' in again
+    assert migrate_source(again.encode(), Options(backend="ddp")).output.decode() == again
+
+
+def test_helpers_unknown_to_the_inline_class_keep_the_distify_import(tmp_path):
+    default = (FIXTURES / "scenarios" / "module_level.ddp.py").read_text()
+    edited = default + "print(runtime.choose_backend())\n"
+    result = migrate_source(edited.encode(), Options(backend="ddp", standalone=True))
+    out = result.output.decode()
+    assert "from distify import runtime" in out and "standalone runtime (v" not in out
+    warnings = [f.message for f in result.findings if f.kind == "warning"]
+    assert any("runtime.choose_backend" in w for w in warnings), warnings
+
+
+# --- the inline helpers read the environment like distify.runtime -------------------------------
+
+ENVIRONMENTS = {
+    "plain python": {},
+    "torchrun": {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                 "TORCHELASTIC_RUN_ID": "x", "MASTER_ADDR": "h0", "MASTER_PORT": "29400"},
+    "kubeflow": {"RANK": "2", "WORLD_SIZE": "3", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456"},
+    "horovodrun": {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2"},
+    "open mpi": {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                 "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "MASTER_ADDR": "n1"},
+    "mpich": {"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2", "MASTER_ADDR": "n1"},
+    "srun": {"SLURM_PROCID": "6", "SLURM_NTASKS": "8", "SLURM_LOCALID": "2", "SLURM_STEP_ID": "0",
+             "SLURM_JOB_ID": "123456", "SLURM_JOB_NODELIST": "gpu[07-10,12],cpu1"},
+    "srun, nested node list": {"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
+                               "SLURM_STEP_ID": "3", "SLURM_STEP_NODELIST": "rack[1-2]-n[01-03]"},
+    "srun, one host": {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0",
+                       "SLURM_JOB_NODELIST": "node5"},
+    "python in an sbatch script": {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0",
+                                   "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n[1-4]"},
+    "sbatch batch step": {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_ID": str(0xFFFFFFFB)},
+    "mpirun inside an allocation": {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0",
+                                    "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
+                                    "OMPI_COMM_WORLD_LOCAL_RANK": "1", "MASTER_ADDR": "n1"},
+    "empty strings are unset": {"RANK": "", "WORLD_SIZE": "", "HOROVOD_RANK": "1", "HOROVOD_SIZE": "2"},
+    "explicit LOCAL_RANK wins": {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
+                                 "SLURM_STEP_ID": "0", "LOCAL_RANK": "1", "MASTER_ADDR": "h"},
+}
+
+
+def inline_runtime(backend: str, environ: dict, names=None):
+    """The inline class of `backend` with every helper, executed over a fake `os.environ`."""
+    import torch
+    import torch.distributed as dist
+
+    code = standalone.source(list(standalone.HELPERS), backend)
+    namespace = {"os": types.SimpleNamespace(environ=dict(environ)), "torch": torch, "dist": dist}
+    if backend == "horovod":
+        namespace["hvd"] = types.SimpleNamespace(is_initialized=lambda: False)
+    exec(compile(code, f"<inline runtime {backend}>", "exec"), namespace)
+    return namespace["runtime"]
+
+
+@pytest.mark.parametrize("backend", ["ddp", "horovod"])
+@pytest.mark.parametrize("case", sorted(ENVIRONMENTS))
+def test_inline_environment_matches_distify_runtime(case, backend):
+    from distify.runtime import discover
+
+    env = ENVIRONMENTS[case]
+    expected = discover(env)
+    runtime = inline_runtime(backend, env)
+    assert runtime._environment() == (expected.rank, expected.world_size, expected.local_rank)
+    assert (runtime.rank(), runtime.world_size(), runtime.local_rank()) == (
+        expected.rank, expected.world_size, expected.local_rank,
+    )
+    assert runtime.is_main_process() == (expected.rank == 0)
+    if backend == "ddp" and expected.world_size > 1:
+        addr, port = runtime._rendezvous()
+        if expected.master_addr is not None:
+            assert addr == expected.master_addr
+        assert int(port) == expected.master_port
+
+
+def test_inline_helpers_without_a_process_group():
+    import torch
+
+    runtime = inline_runtime("ddp", {"RANK": "1", "WORLD_SIZE": "3"})
+    assert runtime.device(False) == torch.device("cpu") and runtime.device_ids() is None
+    assert list(runtime.ShardSampler(list(range(8)))) == [1, 4, 7] and len(runtime.ShardSampler(range(8))) == 3
+    assert runtime.all_reduce(3) == 3 and isinstance(runtime.all_reduce(3), int)
+    assert runtime.all_reduce_sum(2, 0.5) == (2, 0.5)
+    assert isinstance(runtime.all_reduce_sum(2, 0.5)[0], int)
+    t = torch.tensor([1.0, 2.0])
+    assert torch.equal(runtime.all_reduce(t, "mean"), t) and runtime.all_reduce(t) is not t
+    model = torch.nn.Linear(2, 2)
+    assert runtime.unwrap(model) is model
+
+
+def test_every_runtime_helper_has_an_inline_version():
+    """A helper added to distify.runtime that rules may emit needs its inline twin here."""
+    import distify.runtime as rt
+
+    environment_api = {"DistifyEnvError", "Environment", "choose_backend", "discover", "expand_nodelist", "first_host"}
+    helpers = set(rt.__all__) - environment_api
+    missing = sorted(h for h in helpers if "ddp" not in standalone.HELPERS.get(h, {}))
+    assert missing == []
+    ddp_only = {"init_kwargs", "cleanup"}
+    missing = sorted(h for h in helpers - ddp_only if "horovod" not in standalone.HELPERS.get(h, {}))
+    assert missing == []
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+
+
+def test_cli_flag_and_pyproject_key(cli, tmp_path, train_py):
+    result = cli(train_py, "--standalone", "-q")
+    assert result.exit_code == 1, result.stderr
+    text = Path(train_py).read_text()
+    assert distify_imports(text) == [] and "standalone runtime (v1, ddp)" in text
+
+    other = tmp_path / "other.py"
+    other.write_bytes((FIXTURES / "scenarios" / "module_level.in.py").read_bytes())
+    (tmp_path / "pyproject.toml").write_text("[tool.distify]\nstandalone = true\n")
+    assert cli(other, "-q").exit_code == 1
+    assert other.read_text() == text
+    assert cli(other, "-q").exit_code == 0  # nothing left to do
