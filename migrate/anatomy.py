@@ -13,10 +13,13 @@ import statements directly, which is an order of magnitude cheaper).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+
+from distify.walk import walk
+from distify.standalone import find_block, is_standalone_block
 
 Scope = Union[cst.Module, cst.FunctionDef]
 Stmt = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
@@ -52,6 +55,31 @@ SUMMARY_WRITER = {
     "tensorboardX.SummaryWriter",
 }
 LOGGING_BASIC_CONFIG = {"logging.basicConfig"}
+# Calls every rank must make together (a rank that skips one leaves the others waiting forever).
+COLLECTIVES = {
+    *(
+        f"torch.distributed.{n}"
+        for n in (
+            "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "broadcast",
+            "broadcast_object_list", "barrier", "monitored_barrier", "reduce", "reduce_scatter",
+            "reduce_scatter_tensor", "gather", "gather_object", "scatter", "scatter_object_list",
+            "all_to_all", "all_to_all_single",
+        )
+    ),
+    *(
+        f"horovod.torch.{n}"
+        for n in (
+            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
+            "allgather", "allgather_object", "broadcast", "broadcast_", "broadcast_object",
+            "broadcast_parameters", "broadcast_optimizer_state", "alltoall", "reducescatter", "join",
+            "barrier",
+        )
+    ),
+    "distify.runtime.barrier",
+    "distify.runtime.all_reduce",
+    "distify.runtime.reduce_mean",
+    "distify.runtime.all_reduce_sum",
+}
 NOT_OPTIMIZERS = ("torch.optim.lr_scheduler", "torch.optim.swa_utils", "torch.optim.Optimizer")
 
 # nn.Module API that works unchanged on a DistributedDataParallel wrapper.
@@ -83,8 +111,9 @@ class Loader:
     call: CallSite
     target: Optional[str]  # dotted: "train_loader", "self.train_loader"
     dataset: Optional[cst.BaseExpression]
-    role: str = "unknown"  # train | eval | unknown
+    role: str = "unknown"  # train | eval | unknown | shared (one helper builds both: not sharded)
     batch_loops: List["BatchLoop"] = field(default_factory=list)
+    bound: List[str] = field(default_factory=list)  # names callers bind a helper's returned loader to
 
 
 @dataclass(eq=False)
@@ -168,6 +197,29 @@ def arg(call: cst.Call, pos: Optional[int], kw: Optional[str]) -> Optional[cst.A
     return None
 
 
+# node type -> is it a statement (a dict lookup instead of an ABC isinstance check per node)
+_STMT_TYPES: Dict[type, bool] = {}
+
+
+def _is_stmt_type(t: type) -> bool:
+    s = _STMT_TYPES[t] = issubclass(t, (cst.SimpleStatementLine, cst.BaseCompoundStatement))
+    return s
+
+
+def positions(wrapper: MetadataWrapper) -> Mapping[cst.CSTNode, CodeRange]:
+    """``wrapper.resolve(PositionProvider)``, at half the cost. The provider's own work is one
+    code-generation pass; ``resolve`` also runs the batch of batchable providers, which is empty
+    here but still visits (and rebuilds) the whole tree. libcst's resolver calls ``_gen`` just
+    like this; where that internal differs (another libcst version), the public call is used."""
+    try:
+        out = PositionProvider()._gen(wrapper)
+    except Exception:  # noqa: BLE001 - any libcst-internal mismatch: take the public path
+        return wrapper.resolve(PositionProvider)
+    if not isinstance(out, Mapping):  # pragma: no cover - an unforeseen libcst version
+        return wrapper.resolve(PositionProvider)
+    return out
+
+
 class _Collector(cst.CSTVisitor):
     def __init__(self) -> None:
         super().__init__()
@@ -221,11 +273,17 @@ class _Collector(cst.CSTVisitor):
         self._cls.pop()
         self._loops.pop()
 
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         if len(self._stmts) == 1:
             self.classes[node.name.value] = node
         self.name_bindings.add(node.name.value)
         self._cls.append(node)
+        if len(self._stmts) == 1 and is_standalone_block(node):
+            # the inline runtime of a --standalone run: `runtime.x` means what distify.runtime.x does,
+            # and the class is distify's own code, with nothing in it to migrate
+            self.aliases[node.name.value] = "distify.runtime"
+            return False
+        return True
 
     def leave_ClassDef(self, node: cst.ClassDef) -> None:
         self._cls.pop()
@@ -239,13 +297,16 @@ class _Collector(cst.CSTVisitor):
         self._stmts.append(node)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+        is_stmt = _STMT_TYPES.get(type(node))
+        if is_stmt is None:
+            is_stmt = _is_stmt_type(type(node))
+        if is_stmt:
             self._enter_stmt(node)
         return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         super().on_leave(original_node)
-        if isinstance(original_node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+        if _STMT_TYPES.get(type(original_node)):
             self._stmts.pop()
 
     def visit_For(self, node: cst.For) -> None:
@@ -351,7 +412,7 @@ def _contains(node: cst.CSTNode, pred) -> bool:
                 return False
             return True
 
-    node.visit(V())
+    walk(node, V())
     return found
 
 
@@ -372,9 +433,103 @@ def _is_training_body(node: cst.CSTNode) -> bool:
     return _contains(node, pred)
 
 
-def iterated_ref(expr: cst.BaseExpression, aliases_q) -> Optional[str]:
-    """The dotted name a for-loop iterates over, looking through enumerate()/tqdm()/iter()/zip()."""
+def ref_text(expr: Optional[cst.CSTNode]) -> Optional[str]:
+    """A canonical spelling of a reference: dotted ('a.b'), or one constant subscript of a dotted
+    name ('loaders["train"]', 'loaders[0]'), which is how a helper's returned dict or tuple is
+    reached. None for anything else."""
     d = dotted(expr)
+    if d is not None:
+        return d
+    if isinstance(expr, cst.Subscript) and len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
+        base = dotted(expr.value)
+        key = expr.slice[0].slice.value
+        if base is None:
+            return None
+        if isinstance(key, cst.SimpleString):
+            k = key.evaluated_value
+            if isinstance(k, str) and k.isprintable() and '"' not in k and "\\" not in k:
+                return f'{base}["{k}"]'
+        elif isinstance(key, cst.Integer) and key.value.isdigit():
+            return f"{base}[{int(key.value)}]"
+    return None
+
+
+def _returns(fn: cst.FunctionDef) -> List[cst.Return]:
+    """The return statements of `fn` itself (not of functions or classes nested in it)."""
+    found: List[cst.Return] = []
+
+    class V(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is fn
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            return False
+
+        def visit_Return(self, node: cst.Return) -> None:
+            found.append(node)
+
+    walk(fn, V())
+    return found
+
+
+def return_slot(fn: cst.FunctionDef, matches, returns: Optional[List[cst.Return]] = None) -> Optional[tuple]:
+    """Where `fn` returns the value `matches` picks out: ("whole",), ("item", i, n) of an n-tuple,
+    or ("key", k) of a dict literal; None when it is not returned or returned in different places.
+    `returns`: fn's return statements, when the caller has them already."""
+    slots = set()
+    for ret in _returns(fn) if returns is None else returns:
+        v = ret.value
+        if v is None:
+            continue
+        if matches(v):
+            slots.add(("whole",))
+        elif isinstance(v, cst.Tuple) and not any(isinstance(e, cst.StarredElement) for e in v.elements):
+            for i, e in enumerate(v.elements):
+                if matches(e.value):
+                    slots.add(("item", i, len(v.elements)))
+        elif isinstance(v, cst.Dict):
+            for e in v.elements:
+                if isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString) and matches(e.value):
+                    k = e.key.evaluated_value
+                    if isinstance(k, str):
+                        slots.add(("key", k))
+    return slots.pop() if len(slots) == 1 else None
+
+
+def bound_from_return(stmt: cst.CSTNode, call: cst.Call, slot: tuple) -> Optional[str]:
+    """The caller's reference to the returned slot when `stmt` is `target = call` (target a name or,
+    for a tuple, a tuple of names of the same length)."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+        return None
+    small = stmt.body[0]
+    if not (isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1):
+        return None
+    target = small.targets[0].target
+    if slot[0] == "whole":
+        return dotted(target)
+    if slot[0] == "item":
+        if isinstance(target, (cst.Tuple, cst.List)):
+            els = target.elements
+            if len(els) == slot[2] and not any(isinstance(e, cst.StarredElement) for e in els):
+                return dotted(els[slot[1]].value)
+            return None
+        base = dotted(target)
+        return f"{base}[{slot[1]}]" if base else None
+    if slot[0] == "key":
+        base = dotted(target)
+        k = slot[1]
+        if base and k.isprintable() and '"' not in k and "\\" not in k:
+            return f'{base}["{k}"]'
+    return None
+
+
+def iterated_ref(expr: cst.BaseExpression, aliases_q) -> Optional[str]:
+    """The reference a for-loop iterates over (see `ref_text`), looking through
+    enumerate()/tqdm()/iter()/zip()."""
+    d = ref_text(expr)
     if d is not None:
         return d
     if isinstance(expr, cst.Call):
@@ -418,7 +573,7 @@ class Anatomy:
         if not self.want_positions:
             return (0, 0)
         if self._positions is None:
-            self._positions = self.wrapper.resolve(PositionProvider)
+            self._positions = positions(self.wrapper)
         rng: Optional[CodeRange] = self._positions.get(node)
         if rng is None:
             return (0, 0)
@@ -436,8 +591,15 @@ class Anatomy:
 
     @property
     def migrated_by_distify(self) -> bool:
-        """The script imports distify's runtime: it is distify's output (maybe edited since)."""
-        return any(q == "distify.runtime" for q in self.aliases.values())
+        """The script imports distify's runtime, or holds the inline runtime class of a --standalone
+        run: it is distify's output (maybe edited since)."""
+        return any(q == "distify.runtime" for q in self.aliases.values()) or self.standalone_runtime is not None
+
+    @property
+    def standalone_runtime(self) -> Optional[str]:
+        """Name of the inline runtime class a ``distify --standalone`` run wrote, if any."""
+        block = find_block(self.module)
+        return block.name if block is not None else None
 
     @property
     def flavour(self) -> Optional[str]:
@@ -482,7 +644,7 @@ class Anatomy:
 
     def _positions_for_order(self, node: cst.CSTNode) -> Tuple[int, int]:
         if self._positions is None:
-            self._positions = self.wrapper.resolve(PositionProvider)
+            self._positions = positions(self.wrapper)
         rng = self._positions.get(node)
         return (rng.start.line, rng.start.column) if rng is not None else (0, 0)
 
@@ -493,7 +655,7 @@ class Anatomy:
 def analyse(module: cst.Module) -> Anatomy:
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     col = _Collector()
-    module.visit(col)
+    walk(module, col)  # the collector's hooks, in libcst's order, without rebuilding the tree
     q = col.qualname
 
     # existing distributed code --------------------------------------------------------------
@@ -562,43 +724,101 @@ def analyse(module: cst.Module) -> Anatomy:
 
     called_functions = [fn for fn in list(col.functions.values()) + list(col.methods) if callers(fn)]
 
-    # which references reach a loader: (scope, dotted) pairs, following function parameters
-    def refs_of(loader: Loader) -> List[Tuple[Scope, str]]:
-        if loader.target is None:
+    # which references reach a loader: (scope, reference) pairs, following function parameters,
+    # plain-name aliases (`loader = loaders["train"]`) and return values bound by the callers of a
+    # helper (`train_loader, val_loader = get_loaders(args)`, `loader = make_loader(ds)`)
+    assigns_in: Dict[int, List[cst.Assign]] = {}
+    for a_node, _stmt, a_scope, _cls in col.assigns:
+        assigns_in.setdefault(id(a_scope), []).append(a_node)
+
+    Ref = Tuple[Scope, str, Optional[CallSite]]  # the call site whose return bound it (None: none)
+
+    def placed(site: CallSite, name: str, origin: Optional[CallSite]) -> List[Ref]:
+        """Where a name bound at `site` is visible: its scope, a class's methods, a global's readers."""
+        if name.startswith("self."):
+            return [(m, name, origin) for m, k in col.methods.items() if k is site.cls and site.cls is not None]
+        out = [(site.scope, name, origin)]
+        if isinstance(site.scope, cst.Module):
+            out += [(f, name, origin) for f in _all_functions(col)]
+        return out
+
+    returns_of: Dict[cst.FunctionDef, List[cst.Return]] = {}
+
+    def returned(fn: cst.FunctionDef, matches, origin: Optional[CallSite]) -> List[Ref]:
+        if fn not in returns_of:
+            returns_of[fn] = _returns(fn) if callers(fn) else []
+        slot = return_slot(fn, matches, returns_of[fn])
+        if slot is None:
             return []
-        if loader.target.startswith("self."):
-            cls = loader.call.cls
-            return [(m, loader.target) for m, k in col.methods.items() if k is cls]
-        out = [(loader.call.scope, loader.target)]
-        if isinstance(loader.call.scope, cst.Module):
-            out += [(f, loader.target) for f in _all_functions(col)]
+        out: List[Ref] = []
+        for site in callers(fn):
+            name = bound_from_return(site.stmt, site.call, slot)
+            if name is not None:
+                out += placed(site, name, origin if origin is not None else site)
+        return out
+
+    def refs_of(loader: Loader) -> List[Ref]:
+        out: List[Ref] = []
+        if loader.target is not None:
+            if loader.target.startswith("self."):
+                cls = loader.call.cls
+                return [(m, loader.target, None) for m, k in col.methods.items() if k is cls]
+            out = placed(loader.call, loader.target, None)
+        elif isinstance(loader.call.scope, cst.FunctionDef):
+            # `return DataLoader(...)`: the loader is only known by the names its callers bind
+            out = returned(loader.call.scope, lambda e, c=loader.call.call: e is c, None)
         frontier = list(out)
-        seen = set()
+        seen = {(id(s), r) for s, r, _ in out}
+
+        def add(ref: Ref) -> None:
+            key = (id(ref[0]), ref[1])
+            if key not in seen:
+                seen.add(key)
+                out.append(ref)
+                frontier.append(ref)
+
         while frontier:
-            scope, name = frontier.pop()
+            scope, name, origin = frontier.pop()
             for fn in called_functions:
                 for site in callers(fn):
                     if site.scope is not scope:
                         continue
                     for pname in params_of(fn):
                         v = bind_param(site, fn, pname)
-                        if v is not None and dotted(v) == name and (fn, pname) not in seen:
-                            seen.add((fn, pname))
-                            out.append((fn, pname))
-                            frontier.append((fn, pname))
+                        if v is not None and ref_text(v) == name:
+                            add((fn, pname, origin))
+            for a_node in assigns_in.get(id(scope), ()):
+                if len(a_node.targets) == 1 and isinstance(a_node.targets[0].target, cst.Name):
+                    if ref_text(a_node.value) == name:
+                        add((scope, a_node.targets[0].target.value, origin))
+            if isinstance(scope, cst.FunctionDef) and not name.startswith("self."):
+                for ref in returned(scope, lambda e, name=name: ref_text(e) == name, origin):
+                    add(ref)
         return out
 
     for loader in loaders:
         refs = refs_of(loader)
+        origins: Dict[Optional[CallSite], bool] = {o: False for _, _, o in refs}  # -> feeds training
         for bl in batch_loops:
-            if any(bl.scope is s and bl.ref == r for s, r in refs):
+            hit = [o for s, r, o in refs if bl.scope is s and bl.ref == r]
+            if hit:
                 loader.batch_loops.append(bl)
-        if any(bl.trains for bl in loader.batch_loops):
+                for o in hit:
+                    origins[o] = origins[o] or bl.trains
+        loader.bound = sorted({r for s, r, o in refs if o is not None and s is o.scope})
+        bindings = [trains for o, trains in origins.items() if o is not None]
+        if len(bindings) > 1 and any(bindings) and not all(bindings):
+            # one helper builds the loaders of training and of evaluation: sharding it would
+            # shard evaluation too (DST201 warns)
+            loader.role = "shared"
+        elif any(bl.trains for bl in loader.batch_loops):
             loader.role = "train"
         elif loader.batch_loops:
             loader.role = "eval"
         else:
-            hint = " ".join(filter(None, [loader.target, dotted(loader.dataset) if loader.dataset else None])).lower()
+            hint = " ".join(
+                filter(None, [loader.target, *loader.bound, dotted(loader.dataset) if loader.dataset else None])
+            ).lower()
             if any(k in hint for k in ("val", "test", "eval", "dev")):
                 loader.role = "eval"
             elif "train" in hint:

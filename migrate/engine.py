@@ -116,7 +116,8 @@ def _migrate(source: bytes, options: Options) -> MigrationResult:
     if anatomy.flavour == options.backend:
         if not anatomy.migrated_by_distify:
             return MigrationResult(
-                source, source, note="already distributed (" + ", ".join(anatomy.distributed) + ")", encoding=encoding
+                source, source, _advice(anatomy, options),
+                note="already distributed (" + ", ".join(anatomy.distributed) + ")", encoding=encoding,
             )
         # distify's own output: add only what is missing (a new loader, model, save...)
         incremental = True
@@ -205,8 +206,19 @@ def _line_map(old: bytes, new: bytes):
     a, b = old.splitlines(), new.splitlines()
     mapping = {}
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
-        for k, j in enumerate(range(j1, j2)):
-            mapping[j + 1] = (i1 + k + 1) if tag == "equal" else i1 + 1
+        if tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1):
+            for k, j in enumerate(range(j1, j2)):
+                mapping[j + 1] = i1 + k + 1
+        elif tag == "replace" and (i2 - i1) * (j2 - j1) <= 400:
+            lo = i1
+            for j in range(j1, j2):
+                ratios = [(difflib.SequenceMatcher(None, a[i], b[j]).ratio(), -i) for i in range(lo, i2)]
+                best = max(ratios)[1] * -1 if ratios else i1
+                mapping[j + 1] = best + 1
+                lo = best
+        else:
+            for j in range(j1, j2):
+                mapping[j + 1] = i1 + 1
     return lambda line: mapping.get(line, line)
 
 

@@ -26,6 +26,7 @@ _MODULES = (
     "dst113_horovod_amp",
     "dst201_distributed_sampler",
     "dst202_set_epoch",
+    "dst203_shard_eval",
     "dst301_rank0_save",
     "dst302_rank0_print",
     "dst303_tqdm",
@@ -45,6 +46,7 @@ _MODULES = (
     "dst908_device_after_optimizer",
     "dst909_manual_allreduce",
     "dst910_iterable_dataset",
+    "dst911_collective_in_rank_branch",
 )
 
 ALL_RULES: Tuple[Rule, ...] = tuple(import_module(f"{__name__}.{m}").RULE for m in _MODULES)

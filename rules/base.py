@@ -11,10 +11,11 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence
 
 import libcst as cst
 
-from distify.anatomy import Anatomy, arg, dotted
+from distify.anatomy import COLLECTIVES, Anatomy, CallSite, arg, dotted
 from distify.edits import EditSet, parse_stmts
 
 from distify.options import BACKENDS, DDP_BACKEND, HOROVOD_BACKEND, Options
+from distify.walk import walk
 
 
 @dataclass(frozen=True)
@@ -148,9 +149,35 @@ class Context:
         parents = self.anatomy.stmt_parent.get(stmt, ())
         return parents[-1] if parents and isinstance(parents[-1], cst.If) else None
 
-    def guard_statement(self, stmt: cst.CSTNode) -> None:
-        """Run `stmt` on the main process only (see `finish` for how guards are laid out)."""
+    def collectives_in(self, stmt: cst.CSTNode) -> List[CallSite]:
+        """Collective calls (`dist.all_reduce`, `hvd.allreduce`, `runtime.reduce_mean`...) made by
+        the statement itself, in its own scope (not in functions it defines)."""
+        if "collectives" not in self.state:
+            self.state["collectives"] = [c for c in self.anatomy.calls if c.qualname in COLLECTIVES]
+        scope = self.anatomy.stmt_scope.get(stmt)
+        return [
+            c for c in self.state["collectives"] if c.scope is scope and (c.stmt is stmt or stmt in c.parents)
+        ]
+
+    def guard_statement(self, stmt: cst.CSTNode) -> bool:
+        """Run `stmt` on the main process only (see `finish` for how guards are laid out).
+
+        A statement that makes a collective call (``print(runtime.reduce_mean(loss))``) is left
+        unguarded, with a DST911 warning: the other ranks would never join the collective and the
+        job would hang. Returns whether the guard was added.
+        """
+        found = self.collectives_in(stmt)
+        if found:
+            c = found[0]
+            self.warn(
+                "DST911",
+                c.call,
+                f"{self.code(c.call.func)}() is a collective every rank must call: this statement stays on all "
+                "ranks (no rank-0 guard); compute the value on every rank first, then guard only its use",
+            )
+            return False
         self.edits.guard(stmt, self.main_process)
+        return True
 
     def finish(self) -> None:
         """Lay out the guards once all rules have run.
@@ -238,7 +265,7 @@ def names_in(node: cst.CSTNode) -> FrozenSet[str]:
         def visit_Name(self, n: cst.Name) -> None:
             found.add(n.value)
 
-    node.visit(V())
+    walk(node, V())
     return frozenset(found)
 
 

@@ -47,6 +47,15 @@ class BroadcastState(Rule):
             anchor = ctx.state.get("hvd_anchor", {}).get(opt, opt.call.stmt)
             loads_optimizer = False
             siblings = a.stmt_parent.get(anchor, ())
+            # loads after the first loop that follows the optimizer (the training loop) come after
+            # training – reloading the best weights at the end – and must not delay the broadcast
+            loops_after = [
+                level[0]
+                for loop, scope, _cls, _outer in a.fors
+                if scope is opt.call.scope
+                for level in [[s for s in (*a.stmt_parent.get(loop, ()), loop) if a.stmt_parent.get(s, ()) == siblings]]
+                if level and a.is_before(anchor, level[0])
+            ]
             # the last load_state_dict after the optimizer, at the optimizer's block level
             for site in a.calls:
                 if site.scope is not opt.call.scope or not isinstance(site.call.func, cst.Attribute):
@@ -58,6 +67,8 @@ class BroadcastState(Rule):
                     continue
                 chain = (*site.parents, site.stmt)
                 level = [s for s in chain if a.stmt_parent.get(s, ()) == siblings]
+                if any(a.is_before(loop, level[0]) for loop in loops_after if level):
+                    continue
                 if level and a.is_before(anchor, level[0]) and not _inside_loop(level[0]):
                     anchor = level[0]
                     loads_optimizer = loads_optimizer or owner == opt.target

@@ -8,6 +8,7 @@ import libcst as cst
 
 from distify.anatomy import arg, dotted
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg
+from distify.rules.dst203_shard_eval import eval_plans, shard_eval_enabled
 from distify.rules.dst910_iterable_dataset import is_iterable_dataset
 
 
@@ -19,8 +20,12 @@ class DistributedSamplerRule(Rule):
         training loop and passes it as ``sampler=``. The loader's ``shuffle=`` moves into the
         sampler (a DataLoader may not get both); a loader without ``shuffle`` gets a sampler with
         ``shuffle=False``, because the sampler shuffles by default. Loaders that already have a
-        ``sampler``/``batch_sampler`` are left alone (see DST901). Evaluation loaders are left
-        whole, so every rank evaluates the full set.
+        ``sampler``/``batch_sampler`` are left alone (see DST901). Evaluation loaders that DST203
+        cannot shard are left whole, so every rank evaluates the full set; an info line says why.
+        A loader built in a helper is judged by how the callers use what the helper returns
+        (``train_loader, val_loader = get_loaders(args)``, ``loader = make_loader(ds)``); when one helper builds both the training and the evaluation
+        loader (``make_loader(train_ds)``, ``make_loader(val_ds)``) it is left alone, with a warning,
+        since a sampler there would shard evaluation as well.
 
     Why:
         Without it every process iterates the whole dataset: N ranks do the same work N times and
@@ -42,14 +47,27 @@ class DistributedSamplerRule(Rule):
 
     def apply(self, ctx: Context) -> None:
         samplers = ctx.state.setdefault("samplers", {})
+        plans = eval_plans(ctx)
+        sharding = shard_eval_enabled(ctx)
         for loader in ctx.anatomy.loaders:
-            if loader.role == "eval":
+            plan = plans.get(loader) if loader.role == "eval" else None
+            if plan is not None and not (plan.shard and sharding):
+                why = plan.reason or "DST203 (shard-eval) is not selected"
                 ctx.report(
                     self.code,
                     loader.call.call,
-                    f"{loader.target or 'evaluation DataLoader'} left whole: every rank evaluates the full set, "
-                    "so reported metrics equal the single-process ones",
+                    f"{loader.target or 'evaluation DataLoader'} left whole: {why}; every rank evaluates the "
+                    "full set, so reported metrics equal the single-process ones",
                     kind="info",
+                )
+            if loader.role == "shared":
+                fn = loader.call.scope.name.value if isinstance(loader.call.scope, cst.FunctionDef) else "a helper"
+                ctx.warn(
+                    self.code,
+                    loader.call.call,
+                    f"{fn}() builds the loaders of training and of evaluation ({', '.join(loader.bound)}): "
+                    "not sharded; give the training loader sampler=DistributedSampler(dataset) and call "
+                    "<loader>.sampler.set_epoch(epoch) each epoch",
                 )
             if loader.role != "train":
                 continue
@@ -123,7 +141,8 @@ class DistributedSamplerRule(Rule):
 
             ctx.edits.replace(call, rewrite)
             moved = " (shuffle moved into the sampler)" if shuffle_arg is not None else ""
-            ctx.report(self.code, call, f"{loader.target or 'DataLoader'} now shards its dataset with DistributedSampler{moved}")
+            label = loader.target or (" / ".join(loader.bound) + " (returned by a helper)" if loader.bound else "DataLoader")
+            ctx.report(self.code, call, f"{label} now shards its dataset with DistributedSampler{moved}")
 
 
     def _adapt(self, ctx: Context, loader, sampler: cst.Call, samplers) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.rules.base import Context, Rule
+from distify.walk import walk
 
 
 class SetEpoch(Rule):
@@ -15,6 +16,11 @@ class SetEpoch(Rule):
         ``train_sampler.set_epoch(epoch)`` as the first statement of the epoch loop – also when the
         batch loop lives in a ``train(...)`` function or a ``Trainer`` method called from that loop
         (then it goes into the caller, through ``loader.sampler`` if the sampler is out of reach).
+        A loader built in a helper is followed to where the caller binds what the helper returns
+        (``train_loader, val_loader = get_loaders(args)``, ``loader = make_loader(ds)``,
+        ``loaders = build_loaders()`` read as ``loaders["train"]``) and gets
+        ``train_loader.sampler.set_epoch(epoch)``; a loader built afresh each epoch gets it right
+        after it is built.
 
     Why:
         The sampler seeds its shuffle with the epoch number. Without ``set_epoch`` every epoch
@@ -55,12 +61,39 @@ class SetEpoch(Rule):
                     continue
                 first = body.body[0]
                 loader_stmt = loader.call.stmt
+                line = ctx.stmts(f"{obj}.set_epoch({ep.var})")
+                binding = _binding_in(body, obj.split(".")[0].split("[")[0]) if obj != sname else None
                 if ep.loop in ctx.anatomy.stmt_parent.get(loader_stmt, ()):
                     # the loader (and its sampler) is built inside the epoch loop: right after it
-                    first = loader_stmt
-                ctx.edits.insert_before(first, ctx.stmts(f"{obj}.set_epoch({ep.var})"))
+                    ctx.edits.insert_before(loader_stmt, line)
+                elif binding is not None:
+                    # a helper builds a fresh loader every epoch: set the epoch of that one
+                    ctx.edits.insert_after(binding, line)
+                else:
+                    ctx.edits.insert_before(first, line)
                 done.add(ep.loop)
                 ctx.report(self.code, ep.loop, f"{obj}.set_epoch({ep.var}) reshuffles the shards every epoch")
+
+
+def _binding_in(body: cst.IndentedBlock, name: str):
+    """The last statement of the loop body (top level) that assigns `name`, if any."""
+    found = None
+    for stmt in body.body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Assign) and any(name in _target_names(t.target) for t in small.targets):
+                    found = stmt
+    return found
+
+
+def _target_names(t: cst.BaseExpression):
+    if isinstance(t, cst.Name):
+        return {t.value}
+    if isinstance(t, (cst.Tuple, cst.List)):
+        return set().union(*(_target_names(e.value) for e in t.elements)) if t.elements else set()
+    if isinstance(t, cst.StarredElement):
+        return _target_names(t.value)
+    return set()
 
 
 def _calls_set_epoch(loop: cst.For) -> bool:
@@ -71,7 +104,7 @@ def _calls_set_epoch(loop: cst.For) -> bool:
             if isinstance(node.func, cst.Attribute) and node.func.attr.value == "set_epoch":
                 found.append(node)
 
-    loop.body.visit(V())
+    walk(loop.body, V())
     return bool(found)
 
 

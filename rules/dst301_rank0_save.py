@@ -35,8 +35,8 @@ class Rank0Save(Rule):
         for site in ctx.anatomy.calls_to(SAVE):
             if not call_statement(site.stmt, site.call) or ctx.in_rank_guard(site.stmt):
                 continue
-            ctx.guard_statement(site.stmt)
-            ctx.report(self.code, site.call, "torch.save runs on the main process only")
+            if ctx.guard_statement(site.stmt):
+                ctx.report(self.code, site.call, "torch.save runs on the main process only")
 
 
 RULE = Rank0Save()

@@ -41,8 +41,8 @@ class Rank0Print(Rule):
                 continue
             if not call_statement(site.stmt, site.call) or ctx.in_rank_guard(site.stmt):
                 continue
-            ctx.guard_statement(site.stmt)
-            ctx.report(self.code, site.call, "print runs on the main process only")
+            if ctx.guard_statement(site.stmt):
+                ctx.report(self.code, site.call, "print runs on the main process only")
 
 
 def _is_print(call) -> bool:

@@ -60,8 +60,8 @@ class Rank0Filesystem(Rule):
             )
             if not is_fs or not call_statement(site.stmt, site.call) or ctx.in_rank_guard(site.stmt):
                 continue
-            ctx.guard_statement(site.stmt)
-            ctx.report(self.code, site.call, f"{ctx.code(site.call.func)} runs on the main process only")
+            if ctx.guard_statement(site.stmt):
+                ctx.report(self.code, site.call, f"{ctx.code(site.call.func)} runs on the main process only")
         for site in a.calls:
             if not (isinstance(site.call.func, cst.Name) and site.call.func.value == "open" and site.qualname is None):
                 continue

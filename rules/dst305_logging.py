@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.anatomy import LOGGING_BASIC_CONFIG, SUMMARY_WRITER, dotted
-from distify.rules.base import Context, Rule, call_statement, kwarg_value
+from distify.rules.base import Context, Rule, add_kwarg, call_statement, kwarg_value
 
 
 class Rank0Logging(Rule):
@@ -13,10 +13,19 @@ class Rank0Logging(Rule):
 
     What it does:
         ``logging.basicConfig(level=X)`` gets ``level=X if runtime.is_main_process() else
-        logging.WARNING`` (other ranks still report warnings and errors); ``wandb.init/log/...``
-        statements run on rank 0 only. A TensorBoard
-        ``SummaryWriter`` is created on rank 0 only (``None`` elsewhere) and the statements that
-        use it are guarded.
+        logging.WARNING`` (other ranks still report warnings and errors). ``wandb.init(...)`` –
+        a statement, ``run = wandb.init(...)`` or ``with wandb.init(...) as run:`` – gets
+        ``mode=None if runtime.is_main_process() else "disabled"`` (a ``mode=`` of the script's own
+        becomes ``mode=X if ... else "disabled"``), and other ``wandb.log/watch/save/...``
+        statements run on rank 0 only. A TensorBoard ``SummaryWriter`` is created on rank 0 only
+        (``None`` elsewhere) and the statements that use it are guarded.
+
+        W&B's "disabled" mode rather than an ``if`` around ``wandb.init``: the other ranks still
+        get a run object whose methods do nothing and a ``wandb.config`` filled from
+        ``config=...``, so a ``with`` body, ``run.log(...)`` and ``config.epochs`` work unchanged
+        on every rank. Guarding the call instead would leave those ranks without ``wandb.config``
+        (an error on first use), and ``with (wandb.init(...) if main else nullcontext()) as run``
+        would give them ``run = None``.
 
     Why:
         Each rank would print the same INFO lines and write its own event file into the same log
@@ -28,6 +37,14 @@ class Rank0Logging(Rule):
         becomes
 
         writer = SummaryWriter(args.log_dir) if runtime.is_main_process() else None
+
+        and
+
+        with wandb.init(project="demo", config=hparams) as run:
+
+        becomes
+
+        with wandb.init(project="demo", config=hparams, mode=None if runtime.is_main_process() else "disabled") as run:
     """
 
     code = "DST305"
@@ -58,10 +75,13 @@ class Rank0Logging(Rule):
             ctx.report(self.code, site.call, "INFO logging on the main process only; others log warnings")
 
         for site in a.calls:
+            if site.qualname == "wandb.init":
+                self._wandb_init(ctx, site)
+                continue
             if (site.qualname or "").startswith("wandb.") and call_statement(site.stmt, site.call):
                 if not ctx.in_rank_guard(site.stmt):
-                    ctx.guard_statement(site.stmt)
-                    ctx.report(self.code, site.call, f"{ctx.code(site.call.func)} runs on the main process only")
+                    if ctx.guard_statement(site.stmt):
+                        ctx.report(self.code, site.call, f"{ctx.code(site.call.func)} runs on the main process only")
 
         writers = []
         for site in a.calls_to(SUMMARY_WRITER):
@@ -89,6 +109,39 @@ class Rank0Logging(Rule):
             if dotted(site.call.func.value) in writers and call_statement(site.stmt, site.call):
                 if not ctx.in_rank_guard(site.stmt):
                     ctx.guard_statement(site.stmt)
+
+
+    def _wandb_init(self, ctx: Context, site) -> None:
+        """`wandb.init(...)` runs on every rank, in W&B's "disabled" mode except on rank 0."""
+        call = site.call
+        if ctx.in_rank_guard(site.stmt) or any(x.star for x in call.args):
+            return  # already rank-aware, or a mode hidden in **kwargs
+        mode = kwarg_value(call, "mode")
+        if mode is not None and ("disabled" in ctx.code(mode) or "rank" in ctx.code(mode) or "main_process" in ctx.code(mode)):
+            return
+        cond = ctx.main_process
+        if mode is None:
+            value = cst.parse_expression(f'None if {cond} else "disabled"')
+            ctx.edits.replace(call, lambda n, value=value: add_kwarg(n, "mode", value))
+        else:
+
+            def rewrite(node: cst.Call, cond=cond) -> cst.Call:
+                args = []
+                for x in node.args:
+                    if x.keyword is not None and x.keyword.value == "mode":
+                        v = x.value
+                        if isinstance(v, (cst.IfExp, cst.Lambda, cst.NamedExpr)):
+                            v = v.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+                        x = x.with_changes(
+                            value=cst.IfExp(
+                                test=cst.parse_expression(cond), body=v, orelse=cst.SimpleString('"disabled"')
+                            )
+                        )
+                    args.append(x)
+                return node.with_changes(args=args)
+
+            ctx.edits.replace(call, rewrite)
+        ctx.report(self.code, call, "wandb.init logs from the main process only (mode \"disabled\" on the other ranks)")
 
 
 RULE = Rank0Logging()

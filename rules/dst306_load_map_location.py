@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import LOAD
-from distify.rules.base import Context, Rule, add_kwarg, kwarg_value
+from distify.anatomy import LOAD, SAVE, arg
+from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, kwarg_value
 
 
 class LoadMapLocation(Rule):
@@ -14,10 +14,18 @@ class LoadMapLocation(Rule):
     What it does:
         Adds ``map_location=runtime.device()`` to ``torch.load(...)`` calls that have none.
 
+        When the same function saved that path on rank 0 before (the same string, or the same
+        name or expression: ``torch.save(model.state_dict(), best_path)`` in the epoch loop, then
+        ``model.load_state_dict(torch.load(best_path))`` after it), a barrier (``dist.barrier()``,
+        ``hvd.barrier()``) goes before the load, at the level where the save's and the load's
+        code paths meet, so that it runs on every rank.
+
     Why:
         A checkpoint saved from ``cuda:0`` is restored onto ``cuda:0`` by default: every rank
         then allocates on GPU 0 (out of memory, or silently slow), and a GPU checkpoint cannot be
-        loaded on a CPU-only rank at all.
+        loaded on a CPU-only rank at all. Only rank 0 writes checkpoints (DST301): without the
+        barrier the other ranks can read the file before rank 0 has finished writing it – a
+        missing file, a truncated one, or the previous best – and continue with other weights.
 
     Example:
         state = torch.load(args.resume)
@@ -25,11 +33,20 @@ class LoadMapLocation(Rule):
         becomes
 
         state = torch.load(args.resume, map_location=runtime.device())
+
+        and a reload of the best checkpoint after training
+
+        model.load_state_dict(torch.load(best_path))
+
+        becomes
+
+        dist.barrier()  # every rank waits for rank 0's torch.save
+        model.load_state_dict(torch.load(best_path, map_location=runtime.device()))
     """
 
     code = "DST306"
     name = "load-map-location"
-    summary = "torch.load onto the rank's device"
+    summary = "torch.load onto the rank's device, after rank 0's save of that file"
 
     def apply(self, ctx: Context) -> None:
         for site in ctx.anatomy.calls_to(LOAD):
@@ -39,6 +56,92 @@ class LoadMapLocation(Rule):
             dev = f"{ctx.runtime}.device()"
             ctx.edits.replace(site.call, lambda n, dev=dev: add_kwarg(n, "map_location", cst.parse_expression(dev)))
             ctx.report(self.code, site.call, f"torch.load maps tensors onto {dev}")
+        self._barriers(ctx)
+
+    def _barriers(self, ctx: Context) -> None:
+        a = ctx.anatomy
+        saves = [s for s in a.calls_to(SAVE) if _path(ctx, s.call, 1) is not None and _rank0_only(ctx, s.stmt)]
+        placed = set()
+        for load in a.calls_to(LOAD):
+            key = _path(ctx, load.call, 0)
+            if key is None or ctx.in_rank_guard(load.stmt):
+                continue
+            chain = (*a.stmt_parent.get(load.stmt, ()), load.stmt)
+            if any(s in ctx.edits.guards for s in chain):
+                continue  # the load itself runs on rank 0 only: nothing to wait for
+            for save in saves:
+                if save.scope is not load.scope or _path(ctx, save.call, 1) != key:
+                    continue
+                save_chain = (*a.stmt_parent.get(save.stmt, ()), save.stmt)
+                k = 0
+                while k < min(len(chain), len(save_chain)) and chain[k] is save_chain[k]:
+                    k += 1
+                if k == len(chain) or k == len(save_chain):
+                    continue  # one statement holds both (`torch.save(torch.load(p), p)`)
+                shared_loop = any(isinstance(s, (cst.For, cst.While)) for s in chain[:k])
+                if not (a.is_before(save.stmt, load.stmt) or shared_loop):
+                    continue
+                # where the two code paths meet: the load's outermost statement not holding the save
+                anchor = chain[k]
+                if anchor in placed or _after_barrier(ctx, chain[k - 1] if k else load.scope, anchor):
+                    continue
+                placed.add(anchor)
+                call = f"{ctx.hvd}.barrier()" if ctx.backend == HOROVOD_BACKEND else f"{ctx.dist}.barrier()"
+                ctx.edits.insert_before(anchor, ctx.stmts(f"{call}  # every rank waits for rank 0's torch.save"))
+                line = a.position(save.call)[0]
+                ctx.report(
+                    self.code,
+                    load.call,
+                    f"{call} before torch.load: rank 0 saves {ctx.code(arg(load.call, 0, 'f').value)}"
+                    + (f" (line {line})" if line else "")
+                    + " and every rank reads it",
+                )
+
+
+def _path(ctx: Context, call: cst.Call, pos: int):
+    """The file a torch.save/torch.load names, as a comparable key (None when it is a buffer etc.)."""
+    a = arg(call, pos, "f")
+    if a is None or a.star:
+        return None
+    v = a.value
+    if isinstance(v, cst.SimpleString):
+        return ("str", v.evaluated_value)
+    if isinstance(v, (cst.Name, cst.Attribute, cst.FormattedString, cst.ConcatenatedString, cst.BinaryOperation, cst.Call)):
+        return ("code", "".join(ctx.code(v).split()))
+    return None
+
+
+def _rank0_only(ctx: Context, stmt: cst.CSTNode) -> bool:
+    return stmt in ctx.edits.guards or ctx.in_rank_guard(stmt)
+
+
+def _after_barrier(ctx: Context, container: cst.CSTNode, stmt: cst.CSTNode) -> bool:
+    """True when the statement just before `stmt` in its block is a barrier (a second run)."""
+    found = []
+
+    class V(cst.CSTVisitor):
+        def _check(self, body) -> None:
+            for i, s in enumerate(body):
+                if s is stmt and i > 0:
+                    prev = body[i - 1]
+                    if isinstance(prev, cst.SimpleStatementLine) and len(prev.body) == 1:
+                        e = prev.body[0]
+                        if (
+                            isinstance(e, cst.Expr)
+                            and isinstance(e.value, cst.Call)
+                            and isinstance(e.value.func, cst.Attribute)
+                            and e.value.func.attr.value == "barrier"
+                        ):
+                            found.append(prev)
+
+        def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+            self._check(node.body)
+
+        def visit_Module(self, node: cst.Module) -> None:
+            self._check(node.body)
+
+    container.visit(V())
+    return bool(found)
 
 
 RULE = LoadMapLocation()

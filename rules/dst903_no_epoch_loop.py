@@ -17,8 +17,10 @@ class NoEpochLoop(Rule):
     Why:
         Without ``sampler.set_epoch(epoch)`` at the start of each epoch a shuffling
         DistributedSampler repeats the same order every epoch. Distify looks for the loop around
-        the batch loop, also through the functions and methods that contain it; when the epochs
-        are driven from elsewhere (a callback, a scheduler library) it cannot place the call.
+        the batch loop, also through the functions and methods that contain it and through the
+        names a helper's returned loaders are bound to; when the epochs are driven from elsewhere
+        (a callback, a scheduler library), or the loader is reached in a way it does not follow
+        (``get_loaders(args)[0]``), it cannot place the call.
 
     Example:
         train_loader.sampler.set_epoch(epoch)   # add at the start of each epoch

@@ -28,7 +28,9 @@ from ._env import DistifyEnvError, Environment, discover, expand_nodelist, first
 __all__ = [
     "DistifyEnvError",
     "Environment",
+    "ShardSampler",
     "all_reduce",
+    "all_reduce_sum",
     "barrier",
     "choose_backend",
     "cleanup",
@@ -373,6 +375,63 @@ def all_reduce(value: Union[int, float, torch.Tensor], op: str = "sum") -> Any:
 def reduce_mean(value: Union[int, float, torch.Tensor]) -> Any:
     """``all_reduce(value, "mean")``: the average over ranks (e.g. of a loss or an accuracy)."""
     return all_reduce(value, "mean")
+
+
+def all_reduce_sum(*values: Union[int, float, torch.Tensor]) -> Any:
+    """Sum each value over all ranks: one result for one argument, else a tuple in argument order.
+
+    Meant for evaluation metrics accumulated over a shard (``correct, total =
+    runtime.all_reduce_sum(correct, total)``). Numbers come back as numbers of their own kind
+    (``int`` stays ``int``) and travel together in one float64 collective, so every rank sends the
+    same message whatever the local kinds; tensors are reduced one by one into new tensors. Without
+    a process group or Horovod (one process) the values come back unchanged.
+    """
+    if not values:
+        raise TypeError("all_reduce_sum needs at least one value")
+    for value in values:
+        if not isinstance(value, (int, float, torch.Tensor)):
+            raise TypeError(f"all_reduce_sum takes numbers or tensors, got {type(value).__name__}")
+    if not _group_ready() and _horovod() is None:
+        return values[0] if len(values) == 1 else tuple(values)
+    out = list(values)
+    numbers = [i for i, v in enumerate(values) if not isinstance(v, torch.Tensor)]
+    if numbers:
+        packed = torch.tensor([float(values[i]) for i in numbers], dtype=torch.float64)
+        summed = all_reduce(packed, "sum").tolist()
+        for i, total in zip(numbers, summed):
+            out[i] = int(total) if isinstance(values[i], int) else total
+    for i, value in enumerate(values):
+        if isinstance(value, torch.Tensor):
+            out[i] = all_reduce(value, "sum")
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+class ShardSampler(torch.utils.data.Sampler):
+    """This rank's share of a map-style dataset for evaluation: indices ``rank, rank + N, ...``.
+
+    Unlike ``DistributedSampler`` it never pads (repeats samples) and never shuffles, so the shards
+    of all ranks cover the dataset exactly once and sums over them (correct predictions, summed
+    losses, sample counts) add up to the single-process values. Rank and world size are read when
+    iterating (the process group's, else Horovod's, else the launcher environment's) unless given.
+    """
+
+    def __init__(self, dataset: Any, num_replicas: Optional[int] = None, rank: Optional[int] = None) -> None:
+        self.dataset = dataset
+        self.num_replicas = num_replicas
+        self.rank = rank
+
+    def _indices(self) -> range:
+        replicas = world_size() if self.num_replicas is None else int(self.num_replicas)
+        index = rank() if self.rank is None else int(self.rank)
+        if replicas < 1 or not 0 <= index < replicas:
+            raise ValueError(f"ShardSampler: rank {index} is not in [0, {replicas})")
+        return range(index, len(self.dataset), replicas)
+
+    def __iter__(self):
+        return iter(self._indices())
+
+    def __len__(self) -> int:
+        return len(self._indices())
 
 
 def unwrap(model: Any) -> Any:

@@ -204,7 +204,8 @@ METRICS = {
 
 @pytest.mark.parametrize("scenario", [s for s in RUNNABLE if s.name in METRICS], ids=str)
 def test_reported_eval_metrics_equal_single_process(runs, scenario):
-    """Evaluation loaders stay whole: under 2 ranks the printed accuracy is the single-process one."""
+    """Under 2 ranks the printed accuracy is the single-process one (both scenarios' evaluation
+    loaders are sharded by DST203 and their sums reduced over the ranks)."""
     import re
 
     big = runs.original(scenario, NPROC * B)

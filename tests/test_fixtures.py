@@ -34,7 +34,8 @@ def _expected_paths(src: Path, backend: str):
     return src.with_name(f"{stem}.{backend}.py"), src.with_name(f"{stem}.{backend}.warnings")
 
 
-FLAGS = {"--scale-lr": "scale_lr", "--fp16-allreduce": "fp16_allreduce", "--adasum": "adasum", "--seed-per-rank": "seed_per_rank"}
+FLAGS = {"--scale-lr": "scale_lr", "--fp16-allreduce": "fp16_allreduce", "--adasum": "adasum", "--seed-per-rank": "seed_per_rank",
+         "--standalone": "standalone"}
 
 
 def _options(src: Path, backend: str) -> Options:

@@ -1,0 +1,916 @@
+"""DST203 evaluation loops split the set across ranks and sum their metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Set, Tuple, Union
+
+import libcst as cst
+
+from distify.anatomy import CallSite, Loader, arg, assigned_name, dotted, iterated_ref
+from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, binds_locally
+from distify.rules.dst910_iterable_dataset import is_iterable_dataset
+
+CODE = "DST203"
+Scope = Union[cst.Module, cst.FunctionDef]
+
+NO_GRAD = {
+    "torch.no_grad",
+    "torch.inference_mode",
+    "torch.autograd.no_grad",
+    "torch.autograd.inference_mode",
+    "torch.autograd.grad_mode.no_grad",
+    "torch.autograd.grad_mode.inference_mode",
+}
+# method calls that only convert a value: `x.sum().item()` is as much a sum as `x.sum()`
+CONVERSIONS = {"item", "cpu", "detach", "float", "double", "long", "int", "clone", "to", "numpy"}
+COLLECTIVE_PREFIXES = ("torch.distributed", "horovod", "distify")
+LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "exception", "log", "write"}
+
+
+class ShardEval(Rule):
+    """Split evaluation loaders across the ranks and sum the metrics of the shards.
+
+    What it does:
+        For an evaluation DataLoader whose loops only add per-sample sums into counters started
+        from number literals before the loop (``correct += (pred == y).sum().item()``,
+        ``total += y.size(0)``, ``test_loss += F.nll_loss(out, y, reduction="sum").item()``), gives
+        the loader ``sampler=runtime.ShardSampler(dataset)`` (each rank takes every N-th sample, no
+        padding) and inserts ``correct, total = runtime.all_reduce_sum(correct, total)`` right
+        after each loop. Anything it cannot prove safe (a metric that is not a sum, per-batch
+        results collected in a list, ``len(loader)`` as a denominator, prints or ``break`` in the
+        loop, a rank check around the evaluation, a DDP forward with gradients enabled) leaves the
+        loader whole, and DST201 says why in an info line.
+
+    Why:
+        Evaluating the full set on every rank costs N times the work of one shard. Sharding alone
+        would report one rank's numbers, and ``DistributedSampler`` pads the last shard with
+        repeated samples, which distorts sums; non-padding shards plus one sum over the ranks give
+        exactly the single-process totals on every rank.
+
+    Example:
+        test_loader = DataLoader(test_set, batch_size=64)
+        ...
+        for data, target in test_loader:
+            correct += model(data).argmax(1).eq(target).sum().item()
+
+        becomes
+
+        test_sampler = runtime.ShardSampler(test_set)
+        test_loader = DataLoader(test_set, batch_size=64, sampler=test_sampler)
+        ...
+        for data, target in test_loader:
+            correct += model(data).argmax(1).eq(target).sum().item()
+        correct = runtime.all_reduce_sum(correct)
+    """
+
+    code = CODE
+    name = "shard-eval"
+    summary = "shard evaluation loops and sum their metrics over ranks"
+
+    def apply(self, ctx: Context) -> None:
+        plans = eval_plans(ctx)
+        reduced: Set[int] = set()
+        for loader, plan in plans.items():
+            if not plan.shard:
+                continue
+            self._shard_loader(ctx, loader)
+            for loop in plan.loops:
+                if id(loop.loop) in reduced:
+                    continue
+                reduced.add(id(loop.loop))
+                names = ", ".join(loop.metrics)
+                stmt = f"{names} = {ctx.runtime}.all_reduce_sum({names})"
+                ctx.edits.insert_after(loop.loop, ctx.stmts(stmt))
+                ctx.report(
+                    self.code,
+                    loop.loop,
+                    f"{names} summed over all ranks after the evaluation loop: the reported metrics cover the whole set",
+                )
+
+    def _shard_loader(self, ctx: Context, loader: Loader) -> None:
+        call = loader.call.call
+        ds_src = ctx.code(loader.dataset)
+        if dotted(loader.dataset) is None:
+            # a dataset built inline must exist once: name it before the sampler uses it
+            hoist = ctx.fresh(_stem(loader.target) + "_dataset")
+            ctx.edits.replace(loader.dataset, lambda n, h=hoist: cst.Name(h))
+            ctx.edits.insert_before(loader.call.stmt, ctx.stmts(f"{hoist} = {ds_src}"))
+            ds_src = hoist
+        sampler = f"{ctx.runtime}.ShardSampler({ds_src})"
+        if assigned_name(loader.call.stmt, call) is not None:
+            # named on a line of its own, like the training loader's DistributedSampler
+            name = ctx.fresh(_stem(loader.target) + "_sampler")
+            ctx.edits.insert_before(loader.call.stmt, ctx.stmts(f"{name} = {sampler}"))
+            sampler = name
+        value = cst.parse_expression(sampler)
+        ctx.edits.replace(call, lambda n, value=value: add_kwarg(n, "sampler", value))
+        ctx.report(
+            self.code,
+            call,
+            f"{loader.target} is sharded for evaluation with runtime.ShardSampler: "
+            "each rank evaluates every N-th sample, without padding",
+        )
+
+
+# ------------------------------------------------------------------------------ the plan
+
+
+@dataclass(eq=False)
+class EvalLoop:
+    loop: cst.For
+    scope: Scope
+    name: str  # how the loop's scope spells the loader
+    metrics: Tuple[str, ...] = ()
+    reason: Optional[str] = None
+
+
+@dataclass(eq=False)
+class EvalPlan:
+    """What happens to one evaluation loader: sharded (``reason is None``) or left whole."""
+
+    loader: Loader
+    reason: Optional[str]
+    loops: List[EvalLoop] = field(default_factory=list)
+    refs: Set[Tuple[int, str]] = field(default_factory=set)
+
+    @property
+    def shard(self) -> bool:
+        return self.reason is None
+
+
+def shard_eval_enabled(ctx: Context) -> bool:
+    """DST203 is among the rules selected for this run."""
+    from distify.rules import selected  # the registry imports this module: import it late
+
+    return any(r.code == CODE for r in selected(ctx.backend, ctx.options.select, ctx.options.ignore))
+
+
+def eval_plans(ctx: Context) -> Dict[Loader, EvalPlan]:
+    """A plan for each evaluation DataLoader without a sampler of its own (computed once)."""
+    plans = ctx.state.get("eval_plans")
+    if plans is None:
+        plans = _Planner(ctx).run()
+        ctx.state["eval_plans"] = plans
+    return plans
+
+
+class _Planner:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.a = ctx.anatomy
+        self.order = {s: i for i, s in enumerate(self.a.stmt_parent)}
+        self.loop_cache: Dict[int, EvalLoop] = {}
+        self.bindings_cache: Dict[int, Dict[str, List["_Binding"]]] = {}
+        # (function, parameter) reached by following a loader into a call
+        self.param_edges: Set[Tuple[cst.FunctionDef, str]] = set()
+
+    # -------------------------------------------------------------------------- driver
+    def run(self) -> Dict[Loader, EvalPlan]:
+        plans: Dict[Loader, EvalPlan] = {}
+        for loader in self.a.loaders:
+            if loader.role != "eval":
+                continue
+            call = loader.call.call
+            if arg(call, 5, "sampler") is not None or arg(call, 6, "batch_sampler") is not None:
+                continue  # its sampler decides what each rank sees
+            plans[loader] = self.plan(loader)
+        self.settle(plans)
+        return plans
+
+    def plan(self, loader: Loader) -> EvalPlan:
+        plan = EvalPlan(loader, None)
+        if loader.target is None:
+            plan.reason = "it is not bound to a name distify can follow"
+            return plan
+        plan.reason = self.follow(loader, plan)
+        if plan.reason is None:
+            plan.reason = self.arguments(loader)
+        if plan.reason is None and not plan.loops:
+            plan.reason = "no evaluation loop over it was found"
+        for loop in plan.loops:
+            if plan.reason is not None:
+                break
+            plan.reason = self.loop(loop).reason
+        return plan
+
+    def arguments(self, loader: Loader) -> Optional[str]:
+        call = loader.call.call
+        if loader.dataset is None:
+            return "its dataset is not passed as an argument"
+        if is_iterable_dataset(self.ctx, loader):
+            return "its dataset is an IterableDataset (no indices to split)"
+        if any(x.star for x in call.args):
+            return "its arguments are unpacked with * or **"
+        if len([x for x in call.args if x.keyword is None]) > 3:
+            return "it passes more than three positional arguments"
+        for pos, kw, what in ((2, "shuffle", "it shuffles"), (None, "drop_last", "it drops the last batch")):
+            a = arg(call, pos, kw)
+            if a is not None and not (isinstance(a.value, cst.Name) and a.value.value == "False"):
+                return f"{what} ({kw}={self.ctx.code(a.value)})"
+        return None
+
+    def settle(self, plans: Dict[Loader, EvalPlan]) -> None:
+        """A loop shared by several loaders is reduced for all of them: shard all or none."""
+        known: Set[Tuple[int, str]] = set()
+        for plan in plans.values():
+            known |= plan.refs
+        # every call of a function whose parameter reaches a loop must pass a known eval loader
+        strays: Dict[Tuple[int, str], str] = {}
+        for fn, param in self.param_edges:
+            for site in self.callers(fn):
+                value = self.bound_value(site, fn, param)
+                name = dotted(value) if value is not None else None
+                if name is None or (id(site.scope), name) not in known:
+                    spelled = self.ctx.code(value) if value is not None else f"no {param}"
+                    line = self.a.position(site.call)[0]
+                    strays.setdefault(
+                        (id(fn), param),
+                        f"`{fn.name.value}` is also called with {_short(spelled)} (line {line}), which DST203 does not shard",
+                    )
+        users: Dict[int, List[EvalPlan]] = {}
+        for plan in plans.values():
+            for loop in plan.loops:
+                users.setdefault(id(loop.loop), []).append(plan)
+            for key, why in strays.items():
+                if plan.shard and key in plan.refs:
+                    plan.reason = why
+        changed = True
+        while changed:
+            changed = False
+            for plan in plans.values():
+                if not plan.shard:
+                    continue
+                for loop in plan.loops:
+                    whole = [p for p in users[id(loop.loop)] if not p.shard]
+                    if whole:
+                        line = self.a.position(loop.loop)[0]
+                        plan.reason = (
+                            f"its evaluation loop (line {line}) also evaluates {whole[0].loader.target}, "
+                            "which stays whole"
+                        )
+                        changed = True
+                        break
+
+    # -------------------------------------------------------------------------- references
+    def follow(self, loader: Loader, plan: EvalPlan) -> Optional[str]:
+        """Find every use of the loader (through function parameters); None when all are known."""
+        target = loader.target
+        start: List[Tuple[Scope, str]] = []
+        if target.startswith("self."):
+            cls = loader.call.cls
+            start = [(m, target) for m, k in self.a.methods.items() if k is cls]
+        elif isinstance(loader.call.scope, cst.Module):
+            start = [(self.a.module, target)]
+            for fn in self._all_functions():
+                if not binds_locally(self.a, fn, target):
+                    start.append((fn, target))
+        else:
+            start = [(loader.call.scope, target)]
+        queue = list(start)
+        seen: Set[Tuple[int, str]] = set()
+        loops_seen: Set[int] = set()
+        reason: Optional[str] = None  # the first problem; the walk goes on to find every loop
+        while queue:
+            scope, name = queue.pop(0)
+            if (id(scope), name) in seen:
+                continue
+            seen.add((id(scope), name))
+            plan.refs.add((id(scope), name))
+            iters = self._loop_iters(scope, name)
+            for use, parents, nested in _uses(scope, name):
+                why = None
+                found = next((f for f, ids in iters if id(use) in ids), None)
+                parent = parents[-1] if parents else None
+                grand = parents[-2] if len(parents) > 1 else None
+                if nested:
+                    why = f"{name} is used inside a nested function or lambda"
+                elif found is not None:
+                    if id(found) not in loops_seen:
+                        loops_seen.add(id(found))
+                        plan.loops.append(EvalLoop(found, scope, name))
+                elif isinstance(parent, cst.Attribute) and parent.value is use and parent.attr.value == "dataset":
+                    pass  # len(test_loader.dataset): the whole set's size on every rank
+                elif isinstance(parent, cst.AssignTarget) and any(p is loader.call.stmt for p in parents):
+                    pass  # the construction itself
+                elif isinstance(parent, cst.Arg) and isinstance(grand, cst.Call) and parent.value is use:
+                    callee = self._callee(grand, scope)
+                    param = self._param_for(callee, grand, parent) if callee is not None else None
+                    if isinstance(grand.func, cst.Name) and grand.func.value == "len":
+                        why = f"`{_short(self.ctx.code(grand))}` counts this rank's batches only"
+                    elif param is None:
+                        why = f"`{_short(self.ctx.code(grand))}` passes {name} to code distify does not follow"
+                    else:
+                        self.param_edges.add((callee, param))
+                        queue.append((callee, param))
+                else:
+                    shown = parent if isinstance(parent, cst.BaseExpression) else use
+                    why = f"`{_short(self.ctx.code(shown))}` uses {name} in a way distify does not follow"
+                if reason is None:
+                    reason = why
+        return reason
+
+    def _all_functions(self) -> List[cst.FunctionDef]:
+        return [s for s in self.a.stmt_parent if isinstance(s, cst.FunctionDef)]
+
+    def _loop_iters(self, scope: Scope, name: str) -> List[Tuple[cst.For, Set[int]]]:
+        out = []
+        for loop, sc, _cls, _outer in self.a.fors:
+            if sc is scope and iterated_ref(loop.iter, self.a.qualname) == name:
+                out.append((loop, {id(n) for n in _all_nodes(loop.iter)}))
+        return out
+
+    def _callee(self, call: cst.Call, scope: Scope) -> Optional[cst.FunctionDef]:
+        d = dotted(call.func)
+        if d is None:
+            return None
+        if d in self.a.functions:
+            return self.a.functions[d]
+        if d.startswith("self.") and d.count(".") == 1 and isinstance(scope, cst.FunctionDef):
+            cls = self.a.methods.get(scope)
+            for m, k in self.a.methods.items():
+                if k is cls and m.name.value == d[5:]:
+                    return m
+        return None
+
+    def _param_for(self, fn: cst.FunctionDef, call: cst.Call, a: cst.Arg) -> Optional[str]:
+        params = [p.name.value for p in fn.params.params]
+        if fn in self.a.methods and params and params[0] == "self":
+            params = params[1:]
+        if any(x.star for x in call.args):
+            return None
+        if a.keyword is not None:
+            kw = a.keyword.value
+            ok = kw in params or kw in [p.name.value for p in fn.params.kwonly_params]
+            return kw if ok else None
+        positional = [x for x in call.args if x.keyword is None]
+        i = next(i for i, x in enumerate(positional) if x is a)
+        return params[i] if i < len(params) else None
+
+    def bound_value(self, site: CallSite, fn: cst.FunctionDef, param: str) -> Optional[cst.BaseExpression]:
+        params = [p.name.value for p in fn.params.params]
+        if fn in self.a.methods and params and params[0] == "self":
+            params = params[1:]
+        a = arg(site.call, params.index(param) if param in params else None, param)
+        return a.value if a is not None else None
+
+    def callers(self, fn: cst.FunctionDef) -> List[CallSite]:
+        name = fn.name.value
+        if fn in self.a.methods:
+            return [
+                c for c in self.a.calls if isinstance(c.call.func, cst.Attribute) and c.call.func.attr.value == name
+            ]
+        home = self.a.stmt_scope.get(fn)
+        return [
+            c
+            for c in self.a.calls
+            if dotted(c.call.func) == name and (self.a.functions.get(name) is fn or c.scope is home)
+        ]
+
+    # -------------------------------------------------------------------------- one loop
+    def loop(self, ev: EvalLoop) -> EvalLoop:
+        cached = self.loop_cache.get(id(ev.loop))
+        if cached is not None:
+            ev.metrics, ev.reason = cached.metrics, cached.reason
+            return ev
+        self.loop_cache[id(ev.loop)] = ev
+        ev.reason = self._check_loop(ev)
+        return ev
+
+    def _check_loop(self, ev: EvalLoop) -> Optional[str]:
+        loop, scope = ev.loop, ev.scope
+        code = self.ctx.code
+        if loop.orelse is not None:
+            return "its evaluation loop has an `else:` clause"
+        if loop.asynchronous is not None:
+            return "its evaluation loop is an `async for`"
+        for node in _all_nodes(loop.iter):
+            if isinstance(node, cst.Call) and dotted(node.func) == "zip" and len(node.args) > 1:
+                return "its evaluation loop zips it with another iterable"
+
+        body_nodes = list(_all_nodes(loop.body, skip_nested=True))
+        for node in body_nodes:
+            if isinstance(node, (cst.Return, cst.Yield, cst.Await)):
+                return f"its evaluation loop can leave early (`{_short(code(node))}`)"
+            if isinstance(node, cst.Break) and _innermost_loop(loop, node) is loop:
+                return "its evaluation loop can stop early (`break`)"
+            if isinstance(node, cst.Call):
+                q = self.a.qualname(node.func) or ""
+                if q.startswith(COLLECTIVE_PREFIXES):
+                    return f"its evaluation loop already communicates between ranks (`{_short(code(node))}`)"
+
+        target_names = {n.value for n, how in _names(loop.target, "store") if how == "store"}
+        local = set(target_names)
+        for n, how in _names(loop.body):
+            if how == "store":
+                local.add(n.value)
+
+        # side effects on anything that outlives one batch
+        for node in body_nodes:
+            if isinstance(node, cst.SimpleStatementLine):
+                for small in node.body:
+                    why = self._side_effect(small, local)
+                    if why:
+                        return why
+
+        metrics: List[str] = []
+        for node in body_nodes:
+            if not isinstance(node, cst.AugAssign):
+                continue
+            if not isinstance(node.target, cst.Name):
+                root = _root(node.target)
+                return f"`{_short(code(node))}` accumulates into {root or 'an object'} outside the loop"
+            name = node.target.value
+            if name in local:
+                continue  # a per-batch variable
+            if not isinstance(node.operator, cst.AddAssign):
+                return f"metric `{name}` is not a sum (`{_short(code(node))}`)"
+            if not self._sample_sum(node.value, local):
+                return (
+                    f"`{_short(code(node))}` adds a per-batch value, not a per-sample sum, "
+                    f"so `{name}` would depend on how the set is split"
+                )
+            if name not in metrics:
+                metrics.append(name)
+        if not metrics:
+            return "its evaluation loop accumulates no per-sample sum"
+
+        for n, how in _names(loop):
+            if n.value in metrics and how != "aug":
+                return f"metric `{n.value}` is read inside the evaluation loop"
+
+        for name in metrics:
+            why = self._initialised(name, loop, scope)
+            if why:
+                return why
+
+        why = self._read_after(loop, scope, local - set(metrics))
+        if why:
+            return why
+        why = self._runs_everywhere(loop, scope)
+        if why:
+            return why
+        if self.ctx.backend != HOROVOD_BACKEND and not self._grad_off(loop, scope):
+            return (
+                "its evaluation loop runs with gradients enabled: a DDP forward may then sync buffers "
+                "in every step, and ranks with unequal shards would wait on each other (use torch.no_grad())"
+            )
+        ev.metrics = tuple(metrics)
+        return None
+
+    def _side_effect(self, small: cst.BaseSmallStatement, local: Set[str]) -> Optional[str]:
+        code = self.ctx.code
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            call = small.value
+            func = call.func
+            q = self.a.qualname(func) or ""
+            if isinstance(func, cst.Name) and func.value == "print" and not q:
+                return "its evaluation loop prints (every rank would print its own part)"
+            logs = isinstance(func, cst.Attribute) and func.attr.value in LOG_METHODS
+            if q.startswith("logging") or dotted(func) == "tqdm.write" or logs:
+                return "its evaluation loop logs (every rank would log its own part)"
+            root = _root(func)
+            if root is None or root in local:
+                return None
+            if root in self.a.aliases:
+                return None  # torch.cuda.synchronize(), np.random.seed(...)
+            return f"`{_short(code(call))}` changes {root} in every batch"
+        if isinstance(small, (cst.Assign, cst.AnnAssign)):
+            targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+            for t in targets:
+                for el in _flatten(t):
+                    if isinstance(el, (cst.Subscript, cst.Attribute)):
+                        root = _root(el)
+                        if root is not None and root not in local:
+                            return f"`{_short(code(small))}` stores per-batch results in {root}"
+        if isinstance(small, (cst.Global, cst.Nonlocal)):
+            return "its evaluation loop rebinds names of another scope"
+        return None
+
+    def _sample_sum(self, e: cst.BaseExpression, local: Set[str]) -> bool:
+        """True for expressions that add up one term per sample of the batch."""
+        if isinstance(e, cst.Call):
+            func = e.func
+            if isinstance(func, cst.Attribute) and func.attr.value in CONVERSIONS:
+                return self._sample_sum(func.value, local)
+            if isinstance(func, cst.Name) and func.value in ("float", "int") and len(e.args) == 1:
+                return self._sample_sum(e.args[0].value, local)
+            if isinstance(func, cst.Attribute) and func.attr.value in ("sum", "count_nonzero"):
+                return True
+            if self.a.qualname(func) in ("torch.sum", "torch.count_nonzero", "numpy.sum", "numpy.count_nonzero"):
+                return True
+            if _sum_reduction(e) or self._sum_criterion(func):
+                return True
+            return _count(e, local)
+        if isinstance(e, cst.Subscript):
+            return _count(e, local)
+        if isinstance(e, cst.BinaryOperation):
+            if isinstance(e.operator, (cst.Add, cst.Subtract)):
+                return self._sample_sum(e.left, local) and self._sample_sum(e.right, local)
+            if isinstance(e.operator, cst.Multiply):
+                # a batch mean times the batch size is a batch sum
+                return any(self._sample_sum(s, local) or _count(s, local) for s in (e.left, e.right))
+        return False
+
+    def _sum_criterion(self, func: cst.BaseExpression) -> bool:
+        """`criterion(out, y)` where `criterion = nn.CrossEntropyLoss(reduction="sum")`."""
+        name = dotted(func)
+        if name is None:
+            return False
+        for c in self.a.calls:
+            if _sum_reduction(c.call) and assigned_name(c.stmt, c.call) == name:
+                return True
+        return False
+
+    # -------------------------------------------------------------------------- flow around the loop
+    def _bindings(self, scope: Scope) -> Dict[str, List["_Binding"]]:
+        cached = self.bindings_cache.get(id(scope))
+        if cached is not None:
+            return cached
+        out: Dict[str, List[_Binding]] = {}
+        for stmt in self.a.stmt_parent:
+            if self.a.stmt_scope.get(stmt) is not scope:
+                continue
+            for name, literal, kind in _stmt_bindings(stmt):
+                out.setdefault(name, []).append(_Binding(stmt, kind, literal))
+        self.bindings_cache[id(scope)] = out
+        return out
+
+    def _initialised(self, name: str, loop: cst.For, scope: Scope) -> Optional[str]:
+        a = self.a
+        at = self.order[loop]
+        binds = self._bindings(scope).get(name, [])
+        before = [b for b in binds if self.order[b.stmt] < at]
+        init = before[-1] if before else None
+        if init is None or init.kind != "assign" or not init.literal:
+            return f"metric `{name}` does not start from a number literal right before the evaluation loop"
+        outer = a.stmt_parent.get(init.stmt, ())
+        around = a.stmt_parent.get(loop, ())
+        if around[: len(outer)] != outer:
+            return f"metric `{name}` is set in another block than the evaluation loop"
+        if any(isinstance(p, (cst.For, cst.While)) for p in around[len(outer):]):
+            return f"metric `{name}` is set outside a loop around the evaluation loop, so it adds up across its rounds"
+        inside = lambda s: loop in a.stmt_parent.get(s, ())  # noqa: E731
+        for b in binds:
+            if self.order[b.stmt] <= at or inside(b.stmt):
+                continue
+            if b.kind != "aug":
+                break  # set afresh: later sums start over
+            loops = [p for p in a.stmt_parent.get(b.stmt, ()) if isinstance(p, (cst.For, cst.While))]
+            if any(p not in around for p in loops):
+                line = a.position(b.stmt)[0]
+                return f"metric `{name}` keeps adding up in another loop (line {line})"
+        return None
+
+    def _read_after(self, loop: cst.For, scope: Scope, local: Set[str]) -> Optional[str]:
+        """A per-batch variable read after the loop holds the last batch: one rank's, once sharded."""
+        if not local:
+            return None
+        a = self.a
+        at = self.order[loop]
+        pending = set(local)
+        for stmt in a.stmt_parent:
+            if not pending:
+                break
+            if a.stmt_scope.get(stmt) is not scope or self.order[stmt] <= at or loop in a.stmt_parent.get(stmt, ()):
+                continue
+            for n, how in _header_names(stmt):
+                if n.value not in pending:
+                    continue
+                if how == "store":
+                    pending.discard(n.value)
+                else:
+                    return f"`{n.value}` is set per batch and read after the evaluation loop"
+        return None
+
+    def _runs_everywhere(self, loop: cst.For, scope: Scope) -> Optional[str]:
+        guarded = "the evaluation runs under a rank check, so only that rank evaluates"
+        if self.ctx.in_rank_guard(loop):
+            return guarded
+        todo: List[Tuple[Scope, int]] = [(scope, 0)]
+        seen: Set[int] = set()
+        while todo:
+            fn, depth = todo.pop()
+            if isinstance(fn, cst.Module) or id(fn) in seen or depth > 6:
+                continue
+            seen.add(id(fn))
+            sites = self.callers(fn)
+            if not sites:
+                return f"`{fn.name.value}` is not called where distify can see it"
+            for site in sites:
+                if self.ctx.in_rank_guard(site.stmt):
+                    return guarded
+                if _inside_expression_statement(site):
+                    return (
+                        f"`{_short(self.ctx.code(site.stmt))}` calls the evaluation inside a statement "
+                        "that may run on rank 0 only"
+                    )
+                todo.append((site.scope, depth + 1))
+        return None
+
+    def _grad_off(self, loop: cst.For, scope: Scope) -> bool:
+        if any(self._no_grad_with(p) for p in self.a.stmt_parent.get(loop, ())):
+            return True
+        if isinstance(scope, cst.FunctionDef):
+            if any(self._no_grad_expr(d.decorator) for d in scope.decorators):
+                return True
+            sites = self.callers(scope)
+            return bool(sites) and all(
+                any(self._no_grad_with(p) for p in self.a.stmt_parent.get(s.stmt, ())) for s in sites
+            )
+        return False
+
+    def _no_grad_with(self, stmt: cst.CSTNode) -> bool:
+        return isinstance(stmt, cst.With) and any(self._no_grad_expr(i.item) for i in stmt.items)
+
+    def _no_grad_expr(self, e: cst.BaseExpression) -> bool:
+        func = e.func if isinstance(e, cst.Call) else e
+        q = self.a.qualname(func)
+        if q in NO_GRAD:
+            return True
+        if q == "torch.set_grad_enabled" and isinstance(e, cst.Call):
+            a = arg(e, 0, "mode")
+            return a is not None and isinstance(a.value, cst.Name) and a.value.value == "False"
+        return False
+
+
+@dataclass(eq=False)
+class _Binding:
+    stmt: cst.CSTNode
+    kind: str  # assign | aug | other
+    literal: bool
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _short(text: str, limit: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _stem(target: str) -> str:
+    last = target.split(".")[-1]
+    for suffix in ("_loader", "loader", "_dl", "_dataloader", "dataloader"):
+        if last.lower().endswith(suffix) and len(last) > len(suffix):
+            return last[: -len(suffix)].rstrip("_")
+    return last
+
+
+def _root(e: cst.CSTNode) -> Optional[str]:
+    """The name an expression hangs off: `preds` for `preds.append`, `self` for `self.x[i]`."""
+    while True:
+        if isinstance(e, cst.Name):
+            return e.value
+        if isinstance(e, cst.Attribute):
+            e = e.value
+        elif isinstance(e, cst.Subscript):
+            e = e.value
+        elif isinstance(e, cst.Call):
+            e = e.func
+        else:
+            return None
+
+
+def _flatten(t: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
+    if isinstance(t, (cst.Tuple, cst.List)):
+        for el in t.elements:
+            yield from _flatten(el.value)
+    elif isinstance(t, cst.StarredElement):
+        yield from _flatten(t.value)
+    else:
+        yield t
+
+
+def _number(e: cst.BaseExpression) -> bool:
+    return isinstance(e, (cst.Integer, cst.Float))
+
+
+def _sum_reduction(call: cst.Call) -> bool:
+    for a in call.args:
+        if a.keyword is not None and a.keyword.value == "reduction" and isinstance(a.value, cst.SimpleString):
+            return a.value.evaluated_value == "sum"
+    return False
+
+
+def _count(e: cst.BaseExpression, local: Set[str]) -> bool:
+    """`len(y)`, `y.size(0)`, `y.size()[0]`, `y.shape[0]`, `y.numel()` of a per-batch value."""
+    def zero(node) -> bool:
+        return isinstance(node, cst.Integer) and node.value == "0"
+
+    if isinstance(e, cst.Call):
+        func = e.func
+        if isinstance(func, cst.Name) and func.value == "len" and len(e.args) == 1:
+            return _root(e.args[0].value) in local
+        if isinstance(func, cst.Attribute):
+            if func.attr.value == "size" and len(e.args) == 1 and zero(e.args[0].value):
+                return _root(func.value) in local
+            if func.attr.value in ("numel", "nelement") and not e.args:
+                return _root(func.value) in local
+    if isinstance(e, cst.Subscript) and len(e.slice) == 1:
+        index = e.slice[0].slice
+        if not (isinstance(index, cst.Index) and zero(index.value)):
+            return False
+        v = e.value
+        if isinstance(v, cst.Attribute) and v.attr.value == "shape":
+            return _root(v.value) in local
+        if isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and v.func.attr.value == "size" and not v.args:
+            return _root(v.func.value) in local
+    return False
+
+
+def _innermost_loop(outer: cst.For, target: cst.CSTNode) -> Optional[cst.CSTNode]:
+    """The innermost for/while around `target` inside `outer` (or `outer` itself)."""
+    found: List[cst.CSTNode] = []
+
+    def walk(node: cst.CSTNode, loops: Tuple[cst.CSTNode, ...]) -> bool:
+        if node is target:
+            found.append(loops[-1])
+            return True
+        if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            return False
+        inner = loops + (node,) if isinstance(node, (cst.For, cst.While)) else loops
+        return any(walk(c, inner) for c in node.children)
+
+    walk(outer.body, (outer,))
+    return found[0] if found else None
+
+
+def _inside_expression_statement(site: CallSite) -> bool:
+    """`print(evaluate(...))`, `logger.info(..., evaluate(...))`: statements other rules guard."""
+    stmt = site.stmt
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return False
+    for small in stmt.body:
+        if isinstance(small, cst.Expr) and small.value is not site.call and any(
+            n is site.call for n in _all_nodes(small)
+        ):
+            return True
+    return False
+
+
+def _all_nodes(node: cst.CSTNode, skip_nested: bool = False) -> Iterator[cst.CSTNode]:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        if skip_nested and n is not node and isinstance(n, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            continue
+        stack.extend(reversed(n.children))
+
+
+def _names(node: cst.CSTNode, how: str = "load") -> Iterator[Tuple[cst.Name, str]]:
+    """Every variable name in `node` with how it is used: load, store, or aug (`x += ...`)."""
+    if isinstance(node, cst.Name):
+        yield node, how
+    elif isinstance(node, cst.Attribute):
+        yield from _names(node.value)
+    elif isinstance(node, cst.Subscript):
+        yield from _names(node.value)
+        for el in node.slice:
+            yield from _names(el)
+    elif isinstance(node, (cst.Tuple, cst.List)) and how == "store":
+        for el in node.elements:
+            yield from _names(el.value, how)
+    elif isinstance(node, cst.StarredElement) and how == "store":
+        yield from _names(node.value, how)
+    elif isinstance(node, cst.Assign):
+        yield from _names(node.value)
+        for t in node.targets:
+            yield from _names(t.target, "store")
+    elif isinstance(node, cst.AugAssign):
+        yield from _names(node.value)
+        yield from _names(node.target, "aug" if isinstance(node.target, cst.Name) else "load")
+    elif isinstance(node, cst.AnnAssign):
+        if node.value is not None:
+            yield from _names(node.value)
+        yield from _names(node.target, "store")
+    elif isinstance(node, (cst.For, cst.CompFor)):
+        yield from _names(node.iter)
+        yield from _names(node.target, "store")
+        for c in node.children:
+            if c is not node.iter and c is not node.target:
+                yield from _names(c)
+    elif isinstance(node, cst.WithItem):
+        yield from _names(node.item)
+        if node.asname is not None:
+            yield from _names(node.asname.name, "store")
+    elif isinstance(node, cst.NamedExpr):
+        yield from _names(node.value)
+        yield from _names(node.target, "store")
+    elif isinstance(node, cst.Del):
+        yield from _names(node.target, "store")
+    elif isinstance(node, cst.Arg):
+        yield from _names(node.value)
+    elif isinstance(node, cst.Param):
+        if node.default is not None:
+            yield from _names(node.default)
+    elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+        for d in node.decorators:
+            yield from _names(d)
+        yield from _names(node.body)
+    elif isinstance(node, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)):
+        return
+    else:
+        for c in node.children:
+            yield from _names(c)
+
+
+def _header_names(stmt: cst.CSTNode) -> List[Tuple[cst.Name, str]]:
+    """Names a statement itself reads and binds, in order (not those of nested statements)."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        return list(_names(stmt))
+    if isinstance(stmt, cst.For):
+        return list(_names(stmt.iter)) + list(_names(stmt.target, "store"))
+    if isinstance(stmt, (cst.If, cst.While)):
+        return list(_names(stmt.test))
+    if isinstance(stmt, cst.With):
+        out: List[Tuple[cst.Name, str]] = []
+        for item in stmt.items:
+            out += list(_names(item))
+        return out
+    return []
+
+
+def _stmt_bindings(stmt: cst.CSTNode) -> Iterator[Tuple[str, bool, str]]:
+    """(name, bound to a number literal, kind) for each name the statement itself binds."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        for small in stmt.body:
+            if isinstance(small, cst.Assign):
+                for t in small.targets:
+                    tgt, val = t.target, small.value
+                    if isinstance(tgt, cst.Name):
+                        yield tgt.value, _number(val), "assign"
+                    elif isinstance(tgt, (cst.Tuple, cst.List)):
+                        values = (
+                            [el.value for el in val.elements] if isinstance(val, (cst.Tuple, cst.List)) else None
+                        )
+                        names = [el.value for el in tgt.elements]
+                        paired = values is not None and len(values) == len(names)
+                        for i, el in enumerate(names):
+                            for n, how in _names(el, "store"):
+                                literal = paired and el is n and _number(values[i])
+                                yield n.value, literal, "assign"
+            elif isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name):
+                literal = small.value is not None and _number(small.value)
+                yield small.target.value, literal, "assign" if small.value is not None else "other"
+            elif isinstance(small, cst.AugAssign) and isinstance(small.target, cst.Name):
+                yield small.target.value, False, "aug"
+            else:
+                for n, how in _names(small):
+                    if how == "store":
+                        yield n.value, False, "other"
+    else:
+        for n, how in _header_names(stmt):
+            if how == "store":
+                yield n.value, False, "other"
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            yield stmt.name.value, False, "other"
+
+
+def _uses(scope: Scope, name: str) -> Iterator[Tuple[cst.CSTNode, Tuple[cst.CSTNode, ...], bool]]:
+    """Every expression spelling `name` in the scope: (node, its ancestors, inside a nested def).
+
+    A module scope skips function and class bodies (each function is a scope of its own); a
+    function scope reports what it finds in nested functions and lambdas as nested.
+    """
+    dotted_name = "." in name
+
+    def walk(node: cst.CSTNode, parents: Tuple[cst.CSTNode, ...], nested: bool):
+        if isinstance(node, cst.Attribute):
+            if dotted(node) == name:
+                yield node, parents, nested
+                return
+            yield from walk(node.value, parents + (node,), nested)
+            return
+        if isinstance(node, cst.Name):
+            if not dotted_name and node.value == name:
+                yield node, parents, nested
+            return
+        if isinstance(node, cst.Arg):
+            yield from walk(node.value, parents + (node,), nested)
+            return
+        if isinstance(node, cst.Param):
+            if node.default is not None:
+                yield from walk(node.default, parents + (node,), nested)
+            return
+        if isinstance(node, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)):
+            return
+        if node is not scope and isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            if isinstance(scope, cst.Module) and not isinstance(node, cst.Lambda):
+                return
+            for c in node.children:
+                if isinstance(c, cst.Name) and not isinstance(node, cst.Lambda):
+                    continue
+                yield from walk(c, parents + (node,), True)
+            return
+        if isinstance(node, cst.FunctionDef):  # the scope itself: its body, not its signature
+            yield from walk(node.body, parents + (node,), nested)
+            return
+        for c in node.children:
+            yield from walk(c, parents + (node,), nested)
+
+    yield from walk(scope, (), False)
+
+
+RULE = ShardEval()

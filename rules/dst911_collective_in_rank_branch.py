@@ -1,0 +1,160 @@
+"""DST911 collective calls inside a branch taken by some ranks only."""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Optional, Set
+
+import libcst as cst
+
+from distify.anatomy import COLLECTIVES
+from distify.rules.base import Context, Rule
+
+# identifiers that make a condition depend on which process evaluates it
+_RANK = re.compile(
+    r"(^|_)rank(_?0|_?zero)?$|^is_main(_process)?$|^main_process$|^is_master(_process)?$"
+    r"|^is_(global|local)_zero$|^is_rank_?(0|zero)$"
+)
+
+
+class CollectiveInRankBranch(Rule):
+    """Warn about a collective that only some ranks reach.
+
+    What it does:
+        Reports (with line and column) an explicit collective call – ``dist.all_reduce``,
+        ``all_gather``, ``broadcast``, ``barrier``, ``reduce``, ``gather``, ``scatter``,
+        ``all_to_all``; Horovod's ``allreduce``, ``allgather``, ``broadcast*``, ``join``,
+        ``barrier``; ``runtime.barrier``/``all_reduce``/``reduce_mean`` – made inside an ``if`` (or
+        its ``else``) whose condition depends on the rank: ``if rank == 0``,
+        ``if dist.get_rank() == 0``, ``if args.local_rank in (-1, 0)``, ``if hvd.rank() == 0``,
+        ``if runtime.is_main_process()``, ``if local_rank == 0``. A test against ``-1`` alone
+        (``if args.local_rank != -1``: launched distributed or not) is the same on every rank and
+        is not reported, nor is an ``if``/``else`` that calls a collective in both branches.
+        Nothing is rewritten; the check also runs on a script that is already distributed (which
+        distify otherwise leaves alone). The same check keeps distify's own rank-0 guards (DST301, DST302,
+        DST304, DST305) off any statement that itself calls a collective
+        (``print(runtime.reduce_mean(loss))`` stays on every rank, with this warning).
+
+        Limits: only collectives written in the branch itself are seen – not those reached
+        through a function called there, nor a DDP model's forward/backward, nor a branch
+        skipped by an early ``return`` on some ranks.
+
+    Why:
+        A collective completes only when every rank of the group calls it. Ranks that skip the
+        branch never join; the ranks inside wait for them until the timeout (30 minutes by
+        default with NCCL) and the job hangs or dies without a useful message.
+
+    Example:
+        if dist.get_rank() == 0:
+            dist.all_reduce(val_loss)   # DST911: ranks 1.. never call it
+            print(val_loss.item() / dist.get_world_size())
+
+        should be
+
+        dist.all_reduce(val_loss)
+        if dist.get_rank() == 0:
+            print(val_loss.item() / dist.get_world_size())
+    """
+
+    code = "DST911"
+    name = "collective-in-rank-branch"
+    summary = "collective called on some ranks only"
+    checks_distributed = True  # also reported for a script that is already distributed
+
+    def apply(self, ctx: Context) -> None:
+        a = ctx.anatomy
+        sites = [c for c in a.calls if c.qualname in COLLECTIVES]
+        branches: Dict[cst.If, Set[str]] = {}
+        found = []
+        for c in sites:
+            chain = (*c.parents, c.stmt)
+            for i, parent in enumerate(chain):
+                if not isinstance(parent, cst.If) or not rank_dependent(parent.test):
+                    continue
+                # `if rank == 0: dist.barrier()` on one line: the call is part of the If statement
+                side = _side(parent, chain[i + 1] if i + 1 < len(chain) else c.call)
+                if side is None:
+                    continue
+                branches.setdefault(parent, set()).add(side)
+                found.append((c, parent, side))
+                break  # the outermost rank test: one report per call
+        for c, parent, side in found:
+            if branches[parent] == {"body", "orelse"}:
+                continue  # both sides call a collective: the usual root / non-root split
+            cond = " ".join(ctx.code(parent.test).split())
+            where = f"`if {cond}`" if side == "body" else f"the else branch of `if {cond}`"
+            ctx.warn(
+                self.code,
+                c.call,
+                f"{ctx.code(c.call.func)}() inside {where} runs on some ranks only and every rank waits "
+                "for it (hang): call it on all ranks before the `if`, keep only the use of its result inside",
+            )
+
+
+def rank_dependent(test: cst.BaseExpression) -> bool:
+    """True when a condition reads the rank (or asks "am I the main process?").
+
+    Comparisons of a rank with -1 alone (``local_rank != -1``) are skipped: they tell a
+    distributed launch from a plain one and are equal on every rank."""
+    hits: List[str] = []
+
+    class V(cst.CSTVisitor):
+        def visit_Comparison(self, node: cst.Comparison) -> Optional[bool]:
+            if _names(node.left) and all(
+                isinstance(t.operator, (cst.Equal, cst.NotEqual, cst.Is, cst.IsNot)) and _is_minus_one(t.comparator)
+                for t in node.comparisons
+            ):
+                return False  # `rank != -1`: do not look inside
+            return True
+
+        def visit_Name(self, node: cst.Name) -> None:
+            if _RANK.search(node.value.lower()):
+                hits.append(node.value)
+
+    test.visit(V())
+    return bool(hits)
+
+
+def _names(expr: cst.BaseExpression) -> bool:
+    """The left side of a comparison is a rank reference (name, attribute or call)."""
+    if isinstance(expr, cst.Call):
+        expr = expr.func
+    last = expr.attr if isinstance(expr, cst.Attribute) else expr
+    return isinstance(last, cst.Name) and bool(_RANK.search(last.value.lower()))
+
+
+def _is_minus_one(expr: cst.BaseExpression) -> bool:
+    return (
+        isinstance(expr, cst.UnaryOperation)
+        and isinstance(expr.operator, cst.Minus)
+        and isinstance(expr.expression, cst.Integer)
+        and expr.expression.value == "1"
+    )
+
+
+def _side(node: cst.If, target: cst.CSTNode) -> Optional[str]:
+    """Which branch of `node` holds `target`: "body", "orelse" (else or elif) or None (the test)."""
+    if _within(node.body, target):
+        return "body"
+    if node.orelse is not None and _within(node.orelse, target):
+        return "orelse"
+    return None
+
+
+def _within(tree: cst.CSTNode, target: cst.CSTNode) -> bool:
+    found = []
+
+    class V(cst.CSTVisitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            if found:
+                return False
+            if n is target:
+                found.append(n)
+                return False
+            return True
+
+    tree.visit(V())
+    return bool(found)
+
+
+RULE = CollectiveInRankBranch()
