@@ -37,7 +37,6 @@ class LocalRankDevice(Rule):
 
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
-        rt = ctx.runtime
         entry_scope = entry_scope_of(a)
         device_bound_in_entry = _binds(a, entry_scope, "device")
 
@@ -47,11 +46,11 @@ class LocalRankDevice(Rule):
                 cond = _device_condition(ctx, site.call)
                 if cond is None:
                     continue
-                new = f"{rt}.device()" if cond == "" else f"{rt}.device({cond})"
+                new = f"{ctx.runtime}.device()" if cond == "" else f"{ctx.runtime}.device({cond})"
                 ctx.edits.replace(site.call, lambda n, new=new: cst.parse_expression(new))
                 ctx.report(self.code, site.call, f"device is now the local rank's: {new}")
         for node, stmt in _string_device_idioms(a):
-            new = f"{rt}.device()"
+            new = f"{ctx.runtime}.device()"
             ctx.edits.replace(node, lambda n, new=new: cst.parse_expression(new))
             ctx.report(self.code, node, f"device is now the local rank's: {new}")
 
@@ -68,7 +67,7 @@ class LocalRankDevice(Rule):
             return
         need_device_var = any(s.scope is entry_scope for s in cuda_calls) and not device_bound_in_entry
         if need_device_var and ctx.state.get("setup_anchor") is not None:
-            ctx.edits.insert_before(ctx.state["setup_anchor"], ctx.stmts(f"device = {rt}.device()"))
+            ctx.edits.insert_before(ctx.state["setup_anchor"], ctx.stmts(f"device = {ctx.runtime}.device()"))
             device_bound_in_entry = True
         for s in cuda_calls:
             if device_bound_in_entry and _sees_entry_device(a, s.scope, entry_scope):
@@ -76,7 +75,7 @@ class LocalRankDevice(Rule):
             elif isinstance(s.scope, cst.FunctionDef) and "device" in [p.name.value for p in s.scope.params.params]:
                 dev = "device"
             else:
-                dev = f"{rt}.device()"
+                dev = f"{ctx.runtime}.device()"
             kwargs = [x for x in s.call.args if x.keyword is not None]
 
             def to_device(n: cst.Call, dev=dev, keep=len(kwargs)) -> cst.Call:
