@@ -14,7 +14,7 @@ from typing import List, Optional, Set, Tuple
 
 import libcst as cst
 
-from distify.anatomy import DDP, DIST_SAMPLER, INIT_PG, Anatomy, arg, assigned_name, dotted
+from distify.anatomy import DDP, DIST_SAMPLER, INIT_PG, Anatomy, CallSite, arg, assigned_name, dotted
 from distify.edits import ApplyEdits, EditSet
 from distify.rules.base import Context, Finding, Options, Rule, call_statement
 from distify.standalone import find_block
@@ -97,6 +97,16 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
         # reduces by hand; stripping its init would leave that machinery without a process group
         init = a.calls_to(INIT_PG)[0]
         ctx.warn(CONVERT_CODE, init.call, "hand-written data parallelism (no DDP wrapper, no DistributedSampler): not converted")
+        return None, ctx.findings
+    left = _unconvertible(ctx, a, flavour)
+    if left:
+        for site in left:
+            ctx.warn(
+                CONVERT_CODE,
+                site.call,
+                f"{dotted(site.call.func) or site.qualname}() has no {ctx.backend.upper() if ctx.backend == 'ddp' else 'Horovod'} "
+                f"counterpart distify writes: file not converted; rewrite it by hand or keep --backend {flavour}",
+            )
         return None, ctx.findings
     rt = ctx.runtime
     block = find_block(a.module)
@@ -207,6 +217,35 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
     module = cst.parse_module(module.bytes)
     module = _drop_unused_imports(module, flavour)
     return module, ctx.findings
+
+
+def _unconvertible(ctx: Context, a: Anatomy, flavour: Optional[str]) -> List[CallSite]:
+    """Calls into the old backend that the conversion below has no rewrite for (``dist.broadcast``,
+    ``hvd.allgather``...): left in place they would fail at run time, the old backend being gone."""
+    left = []
+    for site in a.calls:
+        q, call = site.qualname or "", site.call
+        if flavour == "ddp" and q.startswith("torch.distributed."):
+            ok = (
+                (q in DDP_DROP and call_statement(site.stmt, call))
+                or q in DDP
+                or q in DIST_SAMPLER
+                or (q in TORCH_DIST_RANK and not call.args)
+                or (q == "torch.distributed.all_reduce" and call_statement(site.stmt, call) and bool(call.args))
+            )
+        elif flavour == "horovod" and q.startswith("horovod.torch."):
+            ok = (
+                (q in HVD_DROP and call_statement(site.stmt, call))
+                or (q == "horovod.torch.DistributedOptimizer" and bool(call.args))
+                or (q == "horovod.torch.grouped_allreduce_" and call_statement(site.stmt, call))
+                or (q in HVD_RANK and not call.args)
+                or (q in ("horovod.torch.allreduce", "horovod.torch.allreduce_") and bool(call.args))
+            )
+        else:
+            continue
+        if not ok:
+            left.append(site)
+    return left
 
 
 def _remove(ctx: Context, stmt: cst.CSTNode) -> None:
