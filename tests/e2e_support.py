@@ -259,10 +259,60 @@ def epoch_lines(output: str) -> list:
     ]
 
 
+# --- test-only sitecustomize files ----------------------------------------------------------------
+
+# Shared head of every test-only sitecustomize below. A spy body calls _after_torch_import(patch) to
+# have patch(torch) run once, right after the first `import torch` has executed torch/__init__.py
+# (so torch.save, torch.optim, ... exist) and before the importing script sees the module.
+_AFTER_TORCH_IMPORT = '''\
+"""Test-only sitecustomize written by tests/e2e_support.py (sitecustomize_env)."""
+import sys
+
+
+def _after_torch_import(patch):
+    class _TorchImportHook:
+        def find_spec(self, name, path=None, target=None):
+            if name != "torch":
+                return None
+            # one shot: remove ourselves, then let the normal finders locate torch
+            sys.meta_path.remove(self)
+            import importlib.util
+
+            spec = importlib.util.find_spec("torch")
+            if spec is None or spec.loader is None:
+                return spec
+            real_exec = spec.loader.exec_module
+
+            def exec_module(module):
+                real_exec(module)
+                patch(module)
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _TorchImportHook())
+'''
+
+
+def sitecustomize_env(spy_dir, body: str, extra_env: Optional[Mapping[str, str]] = None) -> dict:
+    """Write spy_dir/sitecustomize.py (the _after_torch_import scaffold, then `body`) and return the
+    environment additions that make every Python process load it: PYTHONPATH with spy_dir first
+    (an inherited PYTHONPATH is kept after it), plus extra_env.
+
+    `body` is module-level code; it typically checks its own environment variable and then calls
+    `_after_torch_import(_patch)` with a `def _patch(torch): ...`.
+    """
+    spy_dir = Path(spy_dir)
+    spy_dir.mkdir(parents=True, exist_ok=True)
+    (spy_dir / "sitecustomize.py").write_text(_AFTER_TORCH_IMPORT + "\n\n" + body)
+    pythonpath = os.pathsep.join(p for p in (str(spy_dir), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": pythonpath, **{key: str(value) for key, value in (extra_env or {}).items()}}
+
+
 # --- recording which process writes what --------------------------------------------------------
 
-_SPY_SOURCE = '''\
-"""Test-only sitecustomize: records torch.save targets and os.mkdir calls per process."""
+# Records torch.save targets and os.mkdir calls per process into $DISTIFY_E2E_FS_LOG.
+_FS_SPY = '''\
 import os
 import sys
 
@@ -286,47 +336,25 @@ if _LOG:
 
     sys.addaudithook(_audit)
 
-    class _TorchSaveSpy:
-        """Meta-path finder that wraps torch.save right after `torch` is first imported."""
+    def _patch(torch):
+        real_save = torch.save
 
-        def find_spec(self, name, path=None, target=None):
-            if name != "torch":
-                return None
-            sys.meta_path.remove(self)
-            import importlib.util
+        def save(obj, f, *args, **kwargs):
+            if isinstance(f, (str, bytes, os.PathLike)):
+                _record("save", f)
+            return real_save(obj, f, *args, **kwargs)
 
-            spec = importlib.util.find_spec("torch")
-            if spec is None or spec.loader is None:
-                return spec
-            original_exec = spec.loader.exec_module
+        save.__wrapped__ = real_save
+        torch.save = save
 
-            def exec_module(module):
-                original_exec(module)
-                real_save = module.save
-
-                def save(obj, f, *args, **kwargs):
-                    if isinstance(f, (str, bytes, os.PathLike)):
-                        _record("save", f)
-                    return real_save(obj, f, *args, **kwargs)
-
-                save.__wrapped__ = real_save
-                module.save = save
-
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, _TorchSaveSpy())
+    _after_torch_import(_patch)
 '''
 
 
 def fs_spy_env(spy_dir, log_path) -> dict:
     """Environment additions that make every Python process record its torch.save / mkdir calls
     into log_path (one line per call: kind, pid, RANK, absolute path)."""
-    spy_dir = Path(spy_dir)
-    spy_dir.mkdir(parents=True, exist_ok=True)
-    (spy_dir / "sitecustomize.py").write_text(_SPY_SOURCE)
-    pythonpath = os.pathsep.join(p for p in (str(spy_dir), os.environ.get("PYTHONPATH", "")) if p)
-    return {"PYTHONPATH": pythonpath, "DISTIFY_E2E_FS_LOG": str(log_path)}
+    return sitecustomize_env(spy_dir, _FS_SPY, {"DISTIFY_E2E_FS_LOG": str(log_path)})
 
 
 @dataclass(frozen=True)

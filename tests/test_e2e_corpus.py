@@ -43,6 +43,7 @@ from e2e_support import (  # noqa: E402
     migrate,
     run_python,
     run_torchrun,
+    sitecustomize_env,
 )
 
 pytestmark = pytest.mark.e2e
@@ -104,62 +105,42 @@ def train_args(batch):
 # re-runs __init__ on the same params) and saves them at exit as <dir>/rank<RANK or HOROVOD_RANK>.pt.
 _PARAM_SPY = '''\
 import os
-import sys
 
 _DIR = os.environ.get("DISTIFY_E2E_PARAM_DIR")
 
 if _DIR:
     import atexit
-    import importlib.abc
 
-    class _Patch(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name != "torch":
-                return None
-            sys.meta_path.remove(self)
-            import importlib.util
+    def _patch(torch):
+        optimizer_cls = torch.optim.Optimizer
+        real_init = optimizer_cls.__init__
+        params, seen = [], set()
 
-            spec = importlib.util.find_spec("torch")
-            original = spec.loader.exec_module
+        def __init__(self, *args, **kwargs):
+            real_init(self, *args, **kwargs)
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        params.append(p)
 
-            def exec_module(module):
-                original(module)
-                optimizer_cls = module.optim.Optimizer
-                real_init = optimizer_cls.__init__
-                params, seen = [], set()
+        optimizer_cls.__init__ = __init__
 
-                def __init__(self, *args, **kwargs):
-                    real_init(self, *args, **kwargs)
-                    for group in self.param_groups:
-                        for p in group["params"]:
-                            if id(p) not in seen:
-                                seen.add(id(p))
-                                params.append(p)
+        def dump():
+            rank = os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or "single"
+            tensors = [p.detach().cpu().clone() for p in params]
+            torch.save(tensors, os.path.join(_DIR, "rank%s.pt" % rank))
 
-                optimizer_cls.__init__ = __init__
+        atexit.register(dump)
 
-                def dump():
-                    rank = os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or "single"
-                    tensors = [p.detach().cpu().clone() for p in params]
-                    module.save(tensors, os.path.join(_DIR, "rank%s.pt" % rank))
-
-                atexit.register(dump)
-
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, _Patch())
+    _after_torch_import(_patch)
 '''
 
 
 def _spy_env(root: Path):
-    spy = root / "spy"
-    spy.mkdir(parents=True, exist_ok=True)
-    (spy / "sitecustomize.py").write_text(_PARAM_SPY)
     dumps = root / "dumps"
-    dumps.mkdir(exist_ok=True)
-    pythonpath = os.pathsep.join(p for p in (str(spy), os.environ.get("PYTHONPATH", "")) if p)
-    return {"PYTHONPATH": pythonpath, "DISTIFY_E2E_PARAM_DIR": str(dumps)}, dumps
+    dumps.mkdir(parents=True, exist_ok=True)
+    return sitecustomize_env(root / "spy", _PARAM_SPY, {"DISTIFY_E2E_PARAM_DIR": str(dumps)}), dumps
 
 
 def run_horovodrun(script, args=(), nproc=NPROC, env=None, cwd=None, timeout=240, check=True):

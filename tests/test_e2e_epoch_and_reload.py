@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from e2e_support import (  # noqa: E402
     migrate,
     run_python,
     run_torchrun,
+    sitecustomize_env,
 )
 
 pytestmark = pytest.mark.e2e
@@ -58,79 +58,59 @@ BACKENDS = [
 # DISTIFY_E2E_SLOW_SAVE=<name>, torch.save sleeps 2 s before writing a file of that name.
 _SPY = '''\
 import os
-import sys
 
 _DIR = os.environ.get("DISTIFY_E2E_SPY_DIR")
 
 if _DIR:
     import atexit
-    import importlib.abc
     import json
     import time
 
-    class _Patch(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name != "torch":
-                return None
-            sys.meta_path.remove(self)
-            import importlib.util
+    def _patch(torch):
+        sampler_cls = torch.utils.data.distributed.DistributedSampler
+        real_iter = sampler_cls.__iter__
 
-            spec = importlib.util.find_spec("torch")
-            original = spec.loader.exec_module
+        def __iter__(self):
+            indices = [int(i) for i in real_iter(self)]
+            with open(os.path.join(_DIR, "order-rank%d.jsonl" % self.rank), "a") as fh:
+                fh.write(json.dumps({"epoch": self.epoch, "indices": indices}) + "\\n")
+            return iter(indices)
 
-            def exec_module(torch):
-                original(torch)
-                sampler_cls = torch.utils.data.distributed.DistributedSampler
-                real_iter = sampler_cls.__iter__
+        sampler_cls.__iter__ = __iter__
 
-                def __iter__(self):
-                    indices = [int(i) for i in real_iter(self)]
-                    with open(os.path.join(_DIR, "order-rank%d.jsonl" % self.rank), "a") as fh:
-                        fh.write(json.dumps({"epoch": self.epoch, "indices": indices}) + "\\n")
-                    return iter(indices)
+        loads = []
+        real_load_state_dict = torch.nn.Module.load_state_dict
 
-                sampler_cls.__iter__ = __iter__
+        def load_state_dict(self, state_dict, *args, **kwargs):
+            loads.append({k: v.detach().cpu().clone() for k, v in state_dict.items()})
+            return real_load_state_dict(self, state_dict, *args, **kwargs)
 
-                loads = []
-                real_load_state_dict = torch.nn.Module.load_state_dict
+        torch.nn.Module.load_state_dict = load_state_dict
 
-                def load_state_dict(self, state_dict, *args, **kwargs):
-                    loads.append({k: v.detach().cpu().clone() for k, v in state_dict.items()})
-                    return real_load_state_dict(self, state_dict, *args, **kwargs)
+        slow = os.environ.get("DISTIFY_E2E_SLOW_SAVE")
+        real_save = torch.save
 
-                torch.nn.Module.load_state_dict = load_state_dict
+        def save(obj, f, *args, **kwargs):
+            if slow and isinstance(f, (str, os.PathLike)) and os.path.basename(os.fspath(f)) == slow:
+                time.sleep(2.0)
+            return real_save(obj, f, *args, **kwargs)
 
-                slow = os.environ.get("DISTIFY_E2E_SLOW_SAVE")
-                real_save = torch.save
+        torch.save = save
 
-                def save(obj, f, *args, **kwargs):
-                    if slow and isinstance(f, (str, os.PathLike)) and os.path.basename(os.fspath(f)) == slow:
-                        time.sleep(2.0)
-                    return real_save(obj, f, *args, **kwargs)
+        def dump():
+            rank = os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or "single"
+            real_save(loads, os.path.join(_DIR, "loads-rank%s.pt" % rank))
 
-                torch.save = save
+        atexit.register(dump)
 
-                def dump():
-                    rank = os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or "single"
-                    real_save(loads, os.path.join(_DIR, "loads-rank%s.pt" % rank))
-
-                atexit.register(dump)
-
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, _Patch())
+    _after_torch_import(_patch)
 '''
 
 
 def _spy_env(root: Path, extra=None) -> tuple:
-    spy = root / "spy"
-    spy.mkdir(parents=True, exist_ok=True)
-    (spy / "sitecustomize.py").write_text(_SPY)
     out = root / "records"
-    out.mkdir(exist_ok=True)
-    pythonpath = os.pathsep.join(p for p in (str(spy), os.environ.get("PYTHONPATH", "")) if p)
-    env = {"PYTHONPATH": pythonpath, "DISTIFY_E2E_SPY_DIR": str(out), **(extra or {})}
+    out.mkdir(parents=True, exist_ok=True)
+    env = sitecustomize_env(root / "spy", _SPY, {"DISTIFY_E2E_SPY_DIR": str(out), **(extra or {})})
     return env, out
 
 

@@ -30,6 +30,7 @@ from e2e_support import (  # noqa: E402
     migrate,
     run_python,
     run_torchrun,
+    sitecustomize_env,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.horovod]
@@ -62,42 +63,24 @@ _DIR = os.environ.get("DISTIFY_E2E_STEP_DIR")
 _RANK = os.environ.get("HOROVOD_RANK")
 
 if _DIR and _RANK is not None:
-    import importlib.abc
-    import sys
+    def _patch(torch):
+        real_seed = torch.manual_seed
+        torch.manual_seed = lambda seed: real_seed(int(seed) + 1000 * int(_RANK))
 
-    class _Patch(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name != "torch":
-                return None
-            sys.meta_path.remove(self)
-            import importlib.util
+        real_step = torch.optim.SGD.step
+        state = {"done": False}
 
-            spec = importlib.util.find_spec("torch")
-            original = spec.loader.exec_module
+        def step(self, *args, **kwargs):
+            out = real_step(self, *args, **kwargs)
+            if not state["done"]:
+                state["done"] = True
+                params = [p.detach().clone() for g in self.param_groups for p in g["params"]]
+                torch.save(params, os.path.join(_DIR, "step1-rank%s.pt" % _RANK))
+            return out
 
-            def exec_module(module):
-                original(module)
-                real_seed = module.manual_seed
-                module.manual_seed = lambda seed: real_seed(int(seed) + 1000 * int(_RANK))
-                import torch.optim
+        torch.optim.SGD.step = step
 
-                real_step = torch.optim.SGD.step
-                state = {"done": False}
-
-                def step(self, *args, **kwargs):
-                    out = real_step(self, *args, **kwargs)
-                    if not state["done"]:
-                        state["done"] = True
-                        params = [p.detach().clone() for g in self.param_groups for p in g["params"]]
-                        module.save(params, os.path.join(_DIR, "step1-rank%s.pt" % _RANK))
-                    return out
-
-                torch.optim.SGD.step = step
-
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, _Patch())
+    _after_torch_import(_patch)
 '''
 
 
@@ -179,12 +162,9 @@ def test_resume_matches_big_batch_resumed(originals, horovod_scripts, tmp_path_f
 
 
 def _step_spy_env(tmp_path):
-    spy = tmp_path / "spy"
-    spy.mkdir()
-    (spy / "sitecustomize.py").write_text(_STEP_SPY)
     out = tmp_path / "steps"
     out.mkdir()
-    return {"PYTHONPATH": os.pathsep.join([str(spy), os.environ.get("PYTHONPATH", "")]), "DISTIFY_E2E_STEP_DIR": str(out)}, out
+    return sitecustomize_env(tmp_path / "spy", _STEP_SPY, {"DISTIFY_E2E_STEP_DIR": str(out)}), out
 
 
 def _first_step_params(script, name, tmp_path, extra=()):

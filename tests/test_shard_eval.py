@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import os
 import sys
 import warnings
 from collections import Counter
@@ -30,6 +29,7 @@ from e2e_support import (  # noqa: E402
     migrate,
     run_python,
     run_torchrun,
+    sitecustomize_env,
 )
 from distify.engine import migrate_source  # noqa: E402
 from distify.rules.base import Options  # noqa: E402
@@ -205,7 +205,7 @@ LINE = re.compile(r"epoch (\d+) val_loss_sum (\S+) correct (\d+) total (\d+)")
 
 # Records, per process, every index read from a TensorDataset of EVAL_SIZE samples; dumps them at exit.
 _SEEN_SPY = f'''\
-import atexit, json, os, sys
+import atexit, json, os
 
 _DIR = os.environ.get("DISTIFY_E2E_SEEN_DIR")
 if _DIR:
@@ -220,43 +220,25 @@ if _DIR:
 
     atexit.register(_dump)
 
-    class _Patch:
-        def find_spec(self, name, path=None, target=None):
-            if name != "torch":
-                return None
-            sys.meta_path.remove(self)
-            import importlib.util
+    def _patch(torch):
+        cls = torch.utils.data.TensorDataset
+        real = cls.__getitem__
 
-            spec = importlib.util.find_spec("torch")
-            original = spec.loader.exec_module
+        def getitem(self, index):
+            if len(self) == {EVAL_SIZE}:
+                _seen.append(int(index))
+            return real(self, index)
 
-            def exec_module(module):
-                original(module)
-                cls = module.utils.data.TensorDataset
-                real = cls.__getitem__
+        cls.__getitem__ = getitem
 
-                def getitem(self, index):
-                    if len(self) == {EVAL_SIZE}:
-                        _seen.append(int(index))
-                    return real(self, index)
-
-                cls.__getitem__ = getitem
-
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, _Patch())
+    _after_torch_import(_patch)
 '''
 
 
 def _spy_env(root: Path):
-    spy = root / "spy"
-    spy.mkdir(parents=True)
-    (spy / "sitecustomize.py").write_text(_SEEN_SPY)
     seen = root / "seen"
     seen.mkdir()
-    pythonpath = os.pathsep.join(p for p in (str(spy), os.environ.get("PYTHONPATH", "")) if p)
-    return {"PYTHONPATH": pythonpath, "DISTIFY_E2E_SEEN_DIR": str(seen)}, seen
+    return sitecustomize_env(root / "spy", _SEEN_SPY, {"DISTIFY_E2E_SEEN_DIR": str(seen)}), seen
 
 
 def _launch(launcher: str, script: Path, root: Path):
