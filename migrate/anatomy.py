@@ -173,7 +173,16 @@ def resolve(aliases: Dict[str, str], expr: cst.BaseExpression) -> Optional[str]:
     if head in aliases:
         base = aliases[head]
         return f"{base}.{rest}" if rest else base
+    if head in IMPLICIT_MODULES:
+        # `os` used without an import (it came through a star import, or the script is broken):
+        # distify may add `import os` itself (os.devnull), after which a second run would resolve
+        # these uses; resolving them now keeps the two runs alike
+        return d
     return None
+
+
+# modules distify may import into a script that uses them without importing them
+IMPLICIT_MODULES = frozenset({"os"})
 
 
 def assigned_name(stmt: cst.CSTNode, call: cst.Call) -> Optional[str]:

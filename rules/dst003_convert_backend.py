@@ -338,9 +338,8 @@ def _drop_unused_imports(module: cst.Module, flavour: Optional[str]) -> cst.Modu
 
     module.visit(Uses())
 
-    def keep_aliases(stmt: cst.CSTNode):
-        """The import statement without its unused old-backend names (None: drop it)."""
-        small = stmt.body[0]
+    def keep_aliases(small: cst.BaseSmallStatement):
+        """The import without its unused old-backend names (None: drop it)."""
         if isinstance(small, cst.Import):
             names = [
                 alias
@@ -354,29 +353,39 @@ def _drop_unused_imports(module: cst.Module, flavour: Optional[str]) -> cst.Modu
         elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
             module_name = dotted(small.module) if small.module else ""
             if not module_name or not module_name.startswith(prefixes) or module_name.startswith("torch.utils.data"):
-                return stmt
+                return small
             names = [
                 alias
                 for alias in small.names
                 if (dotted(alias.asname.name) if alias.asname else dotted(alias.name)) in used
             ]
         else:
-            return stmt
+            return small
         if not names:
             return None
         if len(names) == len(small.names):
-            return stmt
+            return small
         names[-1] = names[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-        return stmt.with_changes(body=[small.with_changes(names=names)])
+        return small.with_changes(names=names)
+
+    def keep_line(stmt: cst.SimpleStatementLine):
+        """The line without its unused old-backend imports (`import a; import b` too; None: drop it)."""
+        smalls = [keep_aliases(small) if isinstance(small, (cst.Import, cst.ImportFrom)) else small for small in stmt.body]
+        kept = [small for small in smalls if small is not None]
+        if not kept:
+            return None
+        if len(kept) < len(stmt.body):
+            kept[-1] = kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
+        return stmt.with_changes(body=kept)
 
     class Drop(cst.CSTTransformer):
         def _body(self, body):
             out, carried = [], []
             for stmt in body:
-                if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(
-                    stmt.body[0], (cst.Import, cst.ImportFrom)
+                if isinstance(stmt, cst.SimpleStatementLine) and any(
+                    isinstance(small, (cst.Import, cst.ImportFrom)) for small in stmt.body
                 ):
-                    new = keep_aliases(stmt)
+                    new = keep_line(stmt)
                     if new is None:
                         carried += list(stmt.leading_lines)
                         continue

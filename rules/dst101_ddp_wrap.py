@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import libcst as cst
 
-from distify.anatomy import DDP, moves_to_device, through_data_parallel
+from distify.anatomy import DDP, assigned_name, dotted, moves_to_device, through_data_parallel
 from distify.rules.base import DDP_BACKEND, Context, Rule
 
 
@@ -44,6 +46,10 @@ class WrapDDP(Rule):
             if model.value is not None and _wraps_in(ctx, model.value, DDP):
                 wrapped.append((model, model.assign))  # wrapped already (incremental run)
                 continue
+            rewrap = _rewrapped(ctx, model)
+            if rewrap is not None:
+                wrapped.append((model, rewrap))  # `model = DDP(model, ...)` below (an earlier run's)
+                continue
             ddp = ctx.imported("torch.nn.parallel", "DistributedDataParallel", "DDP")
             # a model that is never moved to a device stays on the CPU: no device_ids then
             value = through_data_parallel(ctx.anatomy.qualname, model.value)  # DST902 drops DataParallel
@@ -63,6 +69,21 @@ class WrapDDP(Rule):
                 anchor = model.place
             wrapped.append((model, anchor))
             ctx.report(self.code, model.assign, f"{model.name} wrapped in DistributedDataParallel")
+
+
+def _rewrapped(ctx: Context, model) -> Optional[cst.CSTNode]:
+    """The statement `name = DDP(name, ...)` in the model's scope, if there is one (written by an
+    earlier run after a compound statement that both moves the model and builds its optimizer)."""
+    for site in ctx.anatomy.calls_to(DDP):
+        args = site.call.args
+        if (
+            site.scope is model.scope
+            and args
+            and dotted(args[0].value) == model.name
+            and assigned_name(site.stmt, site.call) == model.name
+        ):
+            return site.stmt
+    return None
 
 
 def _wraps_in(ctx: Context, expr: cst.BaseExpression, names) -> bool:
