@@ -202,6 +202,22 @@ def migrate(src, dst, backend: str = "ddp", extra_args: Iterable = (), timeout: 
     return result
 
 
+def original_weights(tmp_path_factory, folder, train_args):
+    """``get(name, batch)``: the final weights of ``folder/<name>.in.py`` run unmigrated with plain
+    python at that batch size (``train_args(name, batch)`` builds its arguments; it must make the
+    script save ``final.pt``). Each (name, batch) runs once per caller, in its own folder."""
+    cache = {}
+
+    def get(name, batch):
+        if (name, batch) not in cache:
+            workdir = tmp_path_factory.mktemp(f"{name}-orig-b{batch}")
+            run_python(Path(folder) / f"{name}.in.py", train_args(name, batch), cwd=workdir)
+            cache[name, batch] = load_state(workdir / "final.pt")
+        return cache[name, batch]
+
+    return get
+
+
 def load_state(path) -> dict:
     """A state_dict saved with torch.save, loaded on CPU with plain torch.load."""
     import torch

@@ -41,7 +41,7 @@ from e2e_support import (  # noqa: E402
     is_gloo_exit_abort,
     load_state,
     migrate,
-    run_python,
+    original_weights,
     run_torchrun,
     sitecustomize_env,
 )
@@ -195,16 +195,7 @@ def assert_ranks_identical(ranks: dict, label: str) -> None:
 
 @pytest.fixture(scope="module")
 def originals(tmp_path_factory):
-    cache = {}
-
-    def get(name, batch):
-        if (name, batch) not in cache:
-            workdir = tmp_path_factory.mktemp(f"{name}-orig-b{batch}")
-            run_python(CORPUS / f"{name}.in.py", train_args(batch), cwd=workdir)
-            cache[name, batch] = load_state(workdir / "final.pt")
-        return cache[name, batch]
-
-    return get
+    return original_weights(tmp_path_factory, CORPUS, lambda name, batch: train_args(batch))
 
 
 def _migrated(name, backend, tmp_path) -> Path:

@@ -28,6 +28,7 @@ from e2e_support import (  # noqa: E402
     clean_env,
     load_state,
     migrate,
+    original_weights,
     run_python,
     run_torchrun,
     sitecustomize_env,
@@ -105,16 +106,7 @@ def train_args(name, batch, extra=()):
 
 @pytest.fixture(scope="module")
 def originals(tmp_path_factory):
-    cache = {}
-
-    def get(name, batch):
-        if (name, batch) not in cache:
-            workdir = tmp_path_factory.mktemp(f"{name}-orig-b{batch}")
-            run_python(SCENARIOS / f"{name}.in.py", train_args(name, batch), cwd=workdir)
-            cache[name, batch] = load_state(workdir / "final.pt")
-        return cache[name, batch]
-
-    return get
+    return original_weights(tmp_path_factory, SCENARIOS, train_args)
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ from e2e_support import (  # noqa: E402
     clean_env,
     load_state,
     migrate,
+    original_weights,
     run_python,
     run_torchrun,
 )
@@ -81,16 +82,7 @@ def no_distify(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def originals(tmp_path_factory):
-    cache = {}
-
-    def get(name, batch):
-        if (name, batch) not in cache:
-            workdir = tmp_path_factory.mktemp(f"{name}-orig-b{batch}")
-            run_python(SCENARIOS / f"{name}.in.py", train_args(name, batch), cwd=workdir)
-            cache[name, batch] = load_state(workdir / "final.pt")
-        return cache[name, batch]
-
-    return get
+    return original_weights(tmp_path_factory, SCENARIOS, train_args)
 
 
 def standalone_script(name, backend, folder: Path) -> Path:
