@@ -6,8 +6,8 @@ the tree itself; when it is unsure it edits nothing and reports a warning with a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Dict, FrozenSet, List, Optional
 
 import libcst as cst
 
@@ -216,6 +216,16 @@ class Context:
             self.edits.replace(parent, extend)
 
 
+def loader_stem(target: str) -> str:
+    """What a loader's name says it loads: `train` for `train_loader` / `self.train_dl`, the base
+    of the names distify gives its sampler and dataset."""
+    last = target.split(".")[-1]
+    for suffix in ("_loader", "loader", "_dl", "_dataloader", "dataloader"):
+        if last.lower().endswith(suffix) and len(last) > len(suffix):
+            return last[: -len(suffix)].rstrip("_")
+    return last
+
+
 def call_statement(stmt: cst.CSTNode, call: cst.Call) -> bool:
     """True when `stmt` is exactly the expression statement `call`."""
     return (
@@ -298,13 +308,16 @@ def reaching_scopes(ctx: Context, model, anchor) -> dict:
     return out
 
 
-def binds_locally(a, fn: cst.FunctionDef, name: str) -> bool:
-    if name in [p.name.value for p in fn.params.params]:
+def binds_locally(a, scope, name: str) -> bool:
+    """`name` is a parameter of the function `scope`, or assigned (`=`, `: T =`, `+=`) in `scope`."""
+    if isinstance(scope, cst.FunctionDef) and name in [p.name.value for p in scope.params.params]:
         return True
-    for stmt, scope in a.stmt_scope.items():
-        if scope is fn and isinstance(stmt, cst.SimpleStatementLine):
+    for stmt, sc in a.stmt_scope.items():
+        if sc is scope and isinstance(stmt, cst.SimpleStatementLine):
             for small in stmt.body:
                 if isinstance(small, cst.Assign) and any(dotted(t.target) == name for t in small.targets):
+                    return True
+                if isinstance(small, (cst.AnnAssign, cst.AugAssign)) and dotted(small.target) == name:
                     return True
     return False
 

@@ -6,8 +6,8 @@ from typing import Optional
 
 import libcst as cst
 
-from distify.anatomy import DEVICE, arg, dotted
-from distify.rules.base import Context, Rule
+from distify.anatomy import DEVICE, arg
+from distify.rules.base import Context, Rule, binds_locally
 
 
 class LocalRankDevice(Rule):
@@ -38,7 +38,7 @@ class LocalRankDevice(Rule):
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
         entry_scope = entry_scope_of(a)
-        device_bound_in_entry = _binds(a, entry_scope, "device")
+        device_bound_in_entry = binds_locally(a, entry_scope, "device")
 
         # torch.device(...) constructions and the "cuda if available" string idiom
         for site in a.calls:
@@ -97,37 +97,11 @@ def entry_scope_of(a) -> cst.CSTNode:
     return a.module
 
 
-def _binds(a, scope, name: str) -> bool:
-    if isinstance(scope, cst.FunctionDef) and name in [p.name.value for p in scope.params.params]:
-        return True
-    return _assigns_in_scope(a, scope, name)
-
-
-def _assigns_in_scope(a, scope, name: str) -> bool:
-    for stmt, sc in a.stmt_scope.items():
-        if sc is scope and _assigns_name(stmt, name):
-            return True
-    return False
-
-
-def _assigns_name(stmt, name: str) -> bool:
-    if not isinstance(stmt, cst.SimpleStatementLine):
-        return False
-    for small in stmt.body:
-        if isinstance(small, cst.Assign):
-            for t in small.targets:
-                if dotted(t.target) == name:
-                    return True
-        if isinstance(small, (cst.AnnAssign, cst.AugAssign)) and dotted(small.target) == name:
-            return True
-    return False
-
-
 def _sees_entry_device(a, scope, entry_scope) -> bool:
     if scope is entry_scope:
         return True
     if isinstance(entry_scope, cst.Module) and isinstance(scope, cst.FunctionDef):
-        return not _binds(a, scope, "device")
+        return not binds_locally(a, scope, "device")
     return False
 
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import libcst as cst
 
 from distify.anatomy import arg, dotted
-from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg
+from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, loader_stem
 from distify.rules.dst203_shard_eval import eval_plans, shard_eval_enabled
 from distify.rules.dst910_iterable_dataset import is_iterable_dataset
 
@@ -102,7 +100,7 @@ class DistributedSamplerRule(Rule):
             hoist = None
             if dotted(loader.dataset) is None:
                 # a dataset built inline must exist once: name it before the sampler uses it
-                hoist = ctx.fresh(_stem(loader.target) + "_dataset" if loader.target else "train_dataset")
+                hoist = ctx.fresh(loader_stem(loader.target) + "_dataset" if loader.target else "train_dataset")
                 ds_node = loader.dataset
                 ctx.edits.replace(ds_node, lambda n, h=hoist: cst.Name(h))
                 ctx.edits.insert_before(stmt, ctx.stmts(f"{hoist} = {ds_src}"))
@@ -171,18 +169,10 @@ def _is_assignment(stmt: cst.CSTNode, call: cst.Call) -> bool:
     )
 
 
-def _stem(target: str) -> str:
-    last = target.split(".")[-1]
-    for suffix in ("_loader", "loader", "_dl", "_dataloader", "dataloader"):
-        if last.lower().endswith(suffix) and len(last) > len(suffix):
-            return last[: -len(suffix)].rstrip("_")
-    return last
-
-
 def _sampler_name(ctx: Context, target: str) -> str:
     prefix = target.rsplit(".", 1)[0] + "." if "." in target else ""
     last = target.split(".")[-1]
-    stem = _stem(target)
+    stem = loader_stem(target)
     base = f"{stem}_sampler" if stem != last else f"{last}_sampler"
     if prefix:
         return prefix + base  # attributes of self: no clash with local names

@@ -8,7 +8,7 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple, Union
 import libcst as cst
 
 from distify.anatomy import CallSite, Loader, arg, assigned_name, dotted, iterated_ref
-from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, binds_locally
+from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, binds_locally, loader_stem
 from distify.rules.dst910_iterable_dataset import is_iterable_dataset
 
 CODE = "DST203"
@@ -93,14 +93,14 @@ class ShardEval(Rule):
         ds_src = ctx.code(loader.dataset)
         if dotted(loader.dataset) is None:
             # a dataset built inline must exist once: name it before the sampler uses it
-            hoist = ctx.fresh(_stem(loader.target) + "_dataset")
+            hoist = ctx.fresh(loader_stem(loader.target) + "_dataset")
             ctx.edits.replace(loader.dataset, lambda n, h=hoist: cst.Name(h))
             ctx.edits.insert_before(loader.call.stmt, ctx.stmts(f"{hoist} = {ds_src}"))
             ds_src = hoist
         sampler = f"{ctx.runtime}.ShardSampler({ds_src})"
         if assigned_name(loader.call.stmt, call) is not None:
             # named on a line of its own, like the training loader's DistributedSampler
-            name = ctx.fresh(_stem(loader.target) + "_sampler")
+            name = ctx.fresh(loader_stem(loader.target) + "_sampler")
             ctx.edits.insert_before(loader.call.stmt, ctx.stmts(f"{name} = {sampler}"))
             sampler = name
         value = cst.parse_expression(sampler)
@@ -647,14 +647,6 @@ class _Binding:
 def _short(text: str, limit: int = 60) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _stem(target: str) -> str:
-    last = target.split(".")[-1]
-    for suffix in ("_loader", "loader", "_dl", "_dataloader", "dataloader"):
-        if last.lower().endswith(suffix) and len(last) > len(suffix):
-            return last[: -len(suffix)].rstrip("_")
-    return last
 
 
 def _root(e: cst.CSTNode) -> Optional[str]:

@@ -8,7 +8,7 @@ from typing import List, Optional
 import libcst as cst
 
 from distify.anatomy import CallSite, EpochLoop, arg
-from distify.rules.base import HOROVOD_BACKEND, Context, Rule
+from distify.rules.base import HOROVOD_BACKEND, Context, Rule, call_statement
 
 SEEDERS = {"torch.manual_seed"}
 
@@ -56,7 +56,7 @@ class SeedPerRank(Rule):
 
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
-        seeds = [s for s in a.calls_to(SEEDERS) if _is_statement(s) and arg(s.call, 0, "seed") is not None]
+        seeds = [s for s in a.calls_to(SEEDERS) if call_statement(s.stmt, s.call) and arg(s.call, 0, "seed") is not None]
         if not seeds or not a.models:
             return
         rank = f"{ctx.hvd}.rank()" if ctx.backend == HOROVOD_BACKEND else f"{ctx.dist}.get_rank()"
@@ -87,16 +87,6 @@ class SeedPerRank(Rule):
         comment = "# distify --seed-per-rank: models are built; from here each rank draws its own random numbers"
         ctx.edits.insert_before(loop.loop, ctx.stmts(f"{comment}\n{call}\n"))
         ctx.report(self.code, loop.loop, f"each rank re-seeded with {text} + its rank before the epoch loop")
-
-
-def _is_statement(site: CallSite) -> bool:
-    stmt = site.stmt
-    return (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and len(stmt.body) == 1
-        and isinstance(stmt.body[0], cst.Expr)
-        and stmt.body[0].value is site.call
-    )
 
 
 def _rank_seeded(ctx: Context, site: CallSite) -> bool:
