@@ -168,6 +168,25 @@ def run_torchrun(
     return result
 
 
+def run_horovodrun(
+    script,
+    args: Iterable = (),
+    nproc: int = 2,
+    env: Optional[Mapping[str, str]] = None,
+    cwd=None,
+    timeout: float = 240,
+    check: bool = True,
+) -> RunResult:
+    """`horovodrun --gloo -np N -H localhost:N python script args...` (through `python -m
+    horovod.runner.launch`, so no `horovodrun` on PATH is needed)."""
+    script = Path(script)
+    argv = [
+        sys.executable, "-m", "horovod.runner.launch", "--gloo", "-np", str(nproc), "-H", f"localhost:{nproc}",
+        sys.executable, script, *args,
+    ]
+    return _run(argv, cwd=cwd or script.parent, env=clean_env(env), timeout=timeout, check=check)
+
+
 # torch 2.13 + gloo on CPU: now and then (a few % of launches on a loaded 2-core machine) a rank
 # aborts at interpreter exit, after destroy_process_group() returned and after all its work was done,
 # with "terminate called without an active exception" (a C++ thread still joinable during static

@@ -35,13 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_support import (  # noqa: E402
     REPO_ROOT,
     RunFailed,
-    _run,
     assert_same_weights,
-    clean_env,
     is_gloo_exit_abort,
     load_state,
     migrate,
     original_weights,
+    run_horovodrun,
     run_torchrun,
     sitecustomize_env,
 )
@@ -141,15 +140,6 @@ def _spy_env(root: Path):
     dumps = root / "dumps"
     dumps.mkdir(parents=True, exist_ok=True)
     return sitecustomize_env(root / "spy", _PARAM_SPY, {"DISTIFY_E2E_PARAM_DIR": str(dumps)}), dumps
-
-
-def run_horovodrun(script, args=(), nproc=NPROC, env=None, cwd=None, timeout=240, check=True):
-    script = Path(script)
-    argv = [
-        sys.executable, "-m", "horovod.runner.launch", "--gloo", "-np", str(nproc), "-H", f"localhost:{nproc}",
-        sys.executable, script, *args,
-    ]
-    return _run(argv, cwd=cwd or script.parent, env=clean_env(env), timeout=timeout, check=check)
 
 
 def _launch(launcher, script, workdir: Path):

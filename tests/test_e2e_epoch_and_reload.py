@@ -27,12 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_support import (  # noqa: E402
     REPO_ROOT,
     RunFailed,
-    _run,
     assert_same_weights,
-    clean_env,
     load_state,
     migrate,
     run_python,
+    run_horovodrun,
     run_torchrun,
     sitecustomize_env,
 )
@@ -126,11 +125,7 @@ def _launch(backend: str, script: Path, workdir: Path, extra_env=None) -> Path:
     if backend == "ddp":
         run_torchrun(script, _args(B), nproc=NPROC, env=env, cwd=run_dir, timeout=240)
     else:
-        argv = [
-            sys.executable, "-m", "horovod.runner.launch", "--gloo", "-np", str(NPROC), "-H", f"localhost:{NPROC}",
-            sys.executable, script, *_args(B),
-        ]
-        _run(argv, cwd=run_dir, env=clean_env(env), timeout=300, check=True)
+        run_horovodrun(script, _args(B), nproc=NPROC, env=env, cwd=run_dir, timeout=300)
     return records
 
 

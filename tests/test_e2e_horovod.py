@@ -23,13 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e_support import (  # noqa: E402
     SCENARIOS,
-    _run,
     assert_same_weights,
-    clean_env,
     load_state,
     migrate,
     original_weights,
     run_python,
+    run_horovodrun,
     run_torchrun,
     sitecustomize_env,
 )
@@ -83,15 +82,6 @@ if _DIR and _RANK is not None:
 
     _after_torch_import(_patch)
 '''
-
-
-def run_horovodrun(script, args=(), nproc=NPROC, env=None, cwd=None, timeout=240):
-    script = Path(script)
-    argv = [
-        sys.executable, "-m", "horovod.runner.launch", "--gloo", "-np", str(nproc), "-H", f"localhost:{nproc}",
-        sys.executable, script, *args,
-    ]
-    return _run(argv, cwd=cwd or script.parent, env=clean_env(env), timeout=timeout, check=True)
 
 
 def epoch_lines(output: str):

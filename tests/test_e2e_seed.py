@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e_support import _run, clean_env, load_state, migrate, run_torchrun  # noqa: E402
+from e2e_support import load_state, migrate, run_horovodrun, run_torchrun  # noqa: E402
 
 pytestmark = [pytest.mark.e2e]
 
@@ -68,8 +68,7 @@ def draws(stderr: str) -> dict:
 def _launch(backend: str, script: Path):
     if backend == "ddp":
         return run_torchrun(script, cwd=script.parent)
-    argv = [sys.executable, "-m", "horovod.runner.launch", "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, script]
-    return _run(argv, cwd=script.parent, env=clean_env(), timeout=240, check=True)
+    return run_horovodrun(script, cwd=script.parent)
 
 
 @pytest.mark.parametrize("backend", ["ddp", pytest.param("horovod", marks=pytest.mark.horovod)])

@@ -22,13 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e_support import (  # noqa: E402
     SCENARIOS,
-    _run,
     assert_same_weights,
-    clean_env,
     load_state,
     migrate,
     original_weights,
     run_python,
+    run_horovodrun,
     run_torchrun,
 )
 
@@ -136,11 +135,7 @@ def test_horovod_standalone_two_ranks_match_big_batch_and_plain_python(no_distif
     script = standalone_script(name, "horovod", tmp_path / "script")
     hvd_dir = tmp_path / "hvd"
     hvd_dir.mkdir()
-    argv = [
-        sys.executable, "-m", "horovod.runner.launch", "--gloo", "-np", str(NPROC), "-H", f"localhost:{NPROC}",
-        sys.executable, script, *train_args(name, B),
-    ]
-    result = _run(argv, cwd=hvd_dir, env=clean_env(no_distify), timeout=240, check=True)
+    result = run_horovodrun(script, train_args(name, B), nproc=NPROC, env=no_distify, cwd=hvd_dir)
     weights = load_state(hvd_dir / "final.pt")
     assert_same_weights(originals(name, NPROC * B), weights, atol=DDP_ATOL, label=f"{name} standalone horovod")
     assert len(epoch_lines(result.output)) == EPOCHS, result.output[-3000:]

@@ -23,11 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_support import (  # noqa: E402
     REPO_ROOT,
     RunFailed,
-    _run,
-    clean_env,
     is_gloo_exit_abort,
     migrate,
     run_python,
+    run_horovodrun,
     run_torchrun,
     sitecustomize_env,
 )
@@ -252,11 +251,7 @@ def _launch(launcher: str, script: Path, root: Path):
         elif launcher == "torchrun":
             result = run_torchrun(script, ARGS, nproc=2, env=env, cwd=run_root, check=False)
         else:
-            argv = [
-                sys.executable, "-m", "horovod.runner.launch", "--gloo", "-np", "2", "-H", "localhost:2",
-                sys.executable, script, *ARGS,
-            ]
-            result = _run(argv, cwd=run_root, env=clean_env(env), timeout=240, check=False)
+            result = run_horovodrun(script, ARGS, nproc=2, env=env, cwd=run_root, check=False)
         if attempt == 1 and is_gloo_exit_abort(result):
             warnings.warn(f"{script.name}: a rank aborted at exit (gloo); relaunching once")
             continue
