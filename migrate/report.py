@@ -131,7 +131,7 @@ class Reporter:
             return
         if self.quiet:
             return
-        warnings = [f for f in result.findings if f.kind == "warning"]
+        warnings = _warnings(result)
         fixes = [f for f in result.findings if f.kind in ("fix", "info")]
         if result.status is Status.CHANGED:
             self._line(f"{mode_word} {result.path} ({len(fixes)} change{'s' if len(fixes) != 1 else ''})", "bold")

@@ -59,7 +59,6 @@ class SeedPerRank(Rule):
         seeds = [s for s in a.calls_to(SEEDERS) if call_statement(s.stmt, s.call) and arg(s.call, 0, "seed") is not None]
         if not seeds or not a.models:
             return
-        rank = f"{ctx.hvd}.rank()" if ctx.backend == HOROVOD_BACKEND else f"{ctx.dist}.get_rank()"
         if any(_rank_seeded(ctx, s) for s in seeds):
             return  # done by an earlier run (or by hand)
         if not ctx.options.seed_per_rank:
@@ -79,6 +78,7 @@ class SeedPerRank(Rule):
             )
             return
         seed, loop = placed
+        rank = f"{ctx.hvd}.rank()" if ctx.backend == HOROVOD_BACKEND else f"{ctx.dist}.get_rank()"
         value = arg(seed.call, 0, "seed").value
         text = ctx.code(value)
         if isinstance(value, (cst.BooleanOperation, cst.IfExp, cst.Lambda, cst.NamedExpr, cst.Comparison)):
