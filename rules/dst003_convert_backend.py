@@ -98,16 +98,6 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
         init = a.calls_to(INIT_PG)[0]
         ctx.warn(CONVERT_CODE, init.call, "hand-written data parallelism (no DDP wrapper, no DistributedSampler): not converted")
         return None, ctx.findings
-    left = _unconvertible(ctx, a, flavour)
-    if left:
-        for site in left:
-            ctx.warn(
-                CONVERT_CODE,
-                site.call,
-                f"{dotted(site.call.func) or site.qualname}() has no {ctx.backend.upper() if ctx.backend == 'ddp' else 'Horovod'} "
-                f"counterpart distify writes: file not converted; rewrite it by hand or keep --backend {flavour}",
-            )
-        return None, ctx.findings
     rt = ctx.runtime
     block = find_block(a.module)
     if block is not None:
@@ -120,6 +110,7 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
         ctx.edits.replace(node, lambda n: cst.parse_expression(f"{rt}.{fn_name}()"))
 
     wrapped: Set[str] = set()
+    left: List[CallSite] = []  # calls into the old backend that no branch below rewrites
     for site in a.calls:
         q = site.qualname or ""
         call = site.call
@@ -146,6 +137,8 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
                     site.stmt.body[0],
                     lambda n, t=tensor, op=op: cst.Expr(cst.parse_expression(f'{t}.copy_({rt}.all_reduce({t}, "{op}"))')),
                 )
+            elif q.startswith("torch.distributed.") and q not in DIST_SAMPLER:
+                left.append(site)
         else:  # horovod
             if q in HVD_DROP and call_statement(site.stmt, call):
                 _remove(ctx, site.stmt)
@@ -184,6 +177,8 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
                 value = ctx.code(call.args[0].value)
                 op = _hvd_op(ctx, call)
                 ctx.edits.replace(call, lambda n, v=value, op=op: cst.parse_expression(f'{rt}.all_reduce({v}, "{op}")'))
+            elif q.startswith("horovod.torch."):
+                left.append(site)
             elif isinstance(call.func, cst.Attribute) and call.func.attr.value == "synchronize" and call_statement(site.stmt, call) and not call.args:
                 _remove(ctx, site.stmt)
         # both: a DistributedSampler takes its replicas and rank from the backend in place
@@ -203,6 +198,17 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
         if env_key is not None:
             neutral(call, ENV_RANKS[env_key])
 
+    if left:
+        # left in place they would fail at run time, the old backend being gone: convert nothing
+        target = "DDP" if ctx.backend == "ddp" else "Horovod"
+        for site in left:
+            ctx.warn(
+                CONVERT_CODE,
+                site.call,
+                f"{dotted(site.call.func) or site.qualname}() has no {target} counterpart distify writes: "
+                f"file not converted; rewrite it by hand or keep --backend {flavour}",
+            )
+        return None, [f for f in ctx.findings if f.kind == "warning"]
     if flavour == "horovod":
         _unwrap_skip_synchronize(ctx)
     if flavour == "ddp":
@@ -217,35 +223,6 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
     module = cst.parse_module(module.bytes)
     module = _drop_unused_imports(module, flavour)
     return module, ctx.findings
-
-
-def _unconvertible(ctx: Context, a: Anatomy, flavour: Optional[str]) -> List[CallSite]:
-    """Calls into the old backend that the conversion below has no rewrite for (``dist.broadcast``,
-    ``hvd.allgather``...): left in place they would fail at run time, the old backend being gone."""
-    left = []
-    for site in a.calls:
-        q, call = site.qualname or "", site.call
-        if flavour == "ddp" and q.startswith("torch.distributed."):
-            ok = (
-                (q in DDP_DROP and call_statement(site.stmt, call))
-                or q in DDP
-                or q in DIST_SAMPLER
-                or (q in TORCH_DIST_RANK and not call.args)
-                or (q == "torch.distributed.all_reduce" and call_statement(site.stmt, call) and bool(call.args))
-            )
-        elif flavour == "horovod" and q.startswith("horovod.torch."):
-            ok = (
-                (q in HVD_DROP and call_statement(site.stmt, call))
-                or (q == "horovod.torch.DistributedOptimizer" and bool(call.args))
-                or (q == "horovod.torch.grouped_allreduce_" and call_statement(site.stmt, call))
-                or (q in HVD_RANK and not call.args)
-                or (q in ("horovod.torch.allreduce", "horovod.torch.allreduce_") and bool(call.args))
-            )
-        else:
-            continue
-        if not ok:
-            left.append(site)
-    return left
 
 
 def _remove(ctx: Context, stmt: cst.CSTNode) -> None:
