@@ -153,7 +153,7 @@ class Context:
         """Collective calls (`dist.all_reduce`, `hvd.allreduce`, `runtime.reduce_mean`...) made by
         the statement itself, in its own scope (not in functions it defines)."""
         if "collectives" not in self.state:
-            self.state["collectives"] = [c for c in self.anatomy.calls if c.qualname in COLLECTIVES]
+            self.state["collectives"] = self.anatomy.calls_to(COLLECTIVES)
         scope = self.anatomy.stmt_scope.get(stmt)
         return [
             c for c in self.state["collectives"] if c.scope is scope and (c.stmt is stmt or stmt in c.parents)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule
+from distify.walk import walk
 
 
 class DistributedOptimizer(Rule):
@@ -252,7 +253,7 @@ def _backward_calls(node) -> int:
             if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
                 found.append(call)
 
-    node.visit(V())
+    walk(node, V())
     return len(found)
 
 

@@ -6,6 +6,7 @@ import libcst as cst
 
 from distify.anatomy import LOAD, SAVE, arg
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, kwarg_value
+from distify.walk import walk
 
 
 class LoadMapLocation(Rule):
@@ -140,7 +141,7 @@ def _after_barrier(ctx: Context, container: cst.CSTNode, stmt: cst.CSTNode) -> b
         def visit_Module(self, node: cst.Module) -> None:
             self._check(node.body)
 
-    container.visit(V())
+    walk(container, V())
     return bool(found)
 
 

@@ -6,6 +6,7 @@ import libcst as cst
 
 from distify.anatomy import DEVICE
 from distify.rules.base import Context, Rule
+from distify.walk import walk
 
 
 class FixedDevice(Rule):
@@ -54,7 +55,7 @@ def _strings(expr: cst.CSTNode):
             if isinstance(node.evaluated_value, str):
                 out.append(node.evaluated_value)
 
-    expr.visit(V())
+    walk(expr, V())
     return out
 
 

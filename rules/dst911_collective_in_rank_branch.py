@@ -9,6 +9,7 @@ import libcst as cst
 
 from distify.anatomy import COLLECTIVES
 from distify.rules.base import Context, Rule
+from distify.walk import walk
 
 # identifiers that make a condition depend on which process evaluates it
 _RANK = re.compile(
@@ -63,7 +64,7 @@ class CollectiveInRankBranch(Rule):
 
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
-        sites = [c for c in a.calls if c.qualname in COLLECTIVES]
+        sites = a.calls_to(COLLECTIVES)
         branches: Dict[cst.If, Set[str]] = {}
         found = []
         for c in sites:
@@ -111,7 +112,7 @@ def rank_dependent(test: cst.BaseExpression) -> bool:
             if _RANK.search(node.value.lower()):
                 hits.append(node.value)
 
-    test.visit(V())
+    walk(test, V())
     return bool(hits)
 
 
@@ -153,7 +154,7 @@ def _within(tree: cst.CSTNode, target: cst.CSTNode) -> bool:
                 return False
             return True
 
-    tree.visit(V())
+    walk(tree, V())
     return bool(found)
 
 
