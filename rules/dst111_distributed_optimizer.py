@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import libcst as cst
+
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule
 from distify.walk import walk
 
@@ -162,8 +164,6 @@ def _already_wrapped(ctx: Context, opt) -> bool:
 def _after_assignments(ctx: Context, anchor, expr_src: str):
     """The optimizer's statement, or a later one at its level that assigns a name `expr_src` uses
     (`accum_steps = args.accum_steps` after the optimizer): the wrap must see the value."""
-    import libcst as cst
-
     a = ctx.anatomy
     names = set(expr_src.replace(".", " ").split())
     level = a.stmt_parent.get(anchor, ())
@@ -181,8 +181,6 @@ def _after_assignments(ctx: Context, anchor, expr_src: str):
 def _drop_set_to_none(ctx: Context, opt) -> None:
     """Horovod's DistributedOptimizer.zero_grad() takes no arguments: set_to_none=True is the
     default of torch >= 2.0 anyway, so the argument can go."""
-    import libcst as cst
-
     for site in ctx.anatomy.calls:
         func = site.call.func
         if not (isinstance(func, cst.Attribute) and func.attr.value == "zero_grad" and ctx.code(func.value) == opt.target):
@@ -208,8 +206,6 @@ def _already_averaged(ctx: Context, opt) -> bool:
 
 def _backward_sites(ctx: Context) -> list:
     """`loss.backward()` / `torch.autograd.backward(loss)` calls."""
-    import libcst as cst
-
     return [
         s for s in ctx.anatomy.calls
         if (isinstance(s.call.func, cst.Attribute) and s.call.func.attr.value == "backward" and s.qualname is None)
@@ -219,8 +215,6 @@ def _backward_sites(ctx: Context) -> list:
 
 def _step_sites(ctx: Context, opt) -> list:
     """`opt.step(...)` and `scaler.step(opt)` calls."""
-    import libcst as cst
-
     a = ctx.anatomy
     out = []
     for site in a.calls:
@@ -236,16 +230,12 @@ def _step_sites(ctx: Context, opt) -> list:
 
 def _has_closure(ctx: Context, site, opt) -> bool:
     """`opt.step(closure)`: the step runs backward itself."""
-    import libcst as cst
-
     func = site.call.func
     return isinstance(func, cst.Attribute) and ctx.code(func.value) == opt.target and bool(site.call.args)
 
 
 def _backward_calls(node) -> int:
     """`.backward(` calls written inside `node` (nested functions included)."""
-    import libcst as cst
-
     found = []
 
     class V(cst.CSTVisitor):
@@ -258,8 +248,6 @@ def _backward_calls(node) -> int:
 
 
 def _loops(parents) -> list:
-    import libcst as cst
-
     return [p for p in parents if isinstance(p, (cst.For, cst.While))]
 
 
@@ -311,8 +299,6 @@ def _average_anchor(ctx: Context, step):
 
 def _accumulation_steps(ctx: Context, opt):
     """N for `if (i + 1) % N == 0: optimizer.step()` – the gradient-accumulation idiom."""
-    import libcst as cst
-
     a = ctx.anatomy
     for site in a.calls:
         func = site.call.func
