@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import libcst as cst
+
 from distify.rules.base import Context, Rule, call_statement
 
 
@@ -46,8 +48,6 @@ class Rank0Print(Rule):
 
 
 def _is_print(call) -> bool:
-    import libcst as cst
-
     return isinstance(call.func, cst.Name) and call.func.value == "print"
 
 
