@@ -129,10 +129,14 @@ _CLEANUP = Helper(
     @staticmethod
     def cleanup():
         """Destroy the process group at exit, while the interpreter is whole: gloo aborts the process
-        if its threads are torn down during shutdown. DDP models still alive let go of it first."""
+        if its links to other ranks are torn down during shutdown. DDP models still alive let go of
+        it first. A group of one (plain `python`) has no links and skips the costly part."""
         import gc
 
         if not dist.is_initialized():
+            return
+        if dist.get_world_size() == 1:
+            dist.destroy_process_group()
             return
         for obj in gc.get_objects():
             if issubclass(type(obj), torch.nn.parallel.DistributedDataParallel):
