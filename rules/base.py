@@ -279,6 +279,20 @@ def names_in(node: cst.CSTNode) -> FrozenSet[str]:
     return frozenset(found)
 
 
+def method_calls_in(node: cst.CSTNode, method: str) -> int:
+    """How many `x.<method>(...)` calls are written inside `node`, nested functions included."""
+    count = 0
+
+    class V(cst.CSTVisitor):
+        def visit_Call(self, n: cst.Call) -> None:
+            nonlocal count
+            if isinstance(n.func, cst.Attribute) and n.func.attr.value == method:
+                count += 1
+
+    walk(node, V())
+    return count
+
+
 def reaching_scopes(ctx: Context, model, anchor) -> dict:
     """(scope, dotted name) -> (statement the use must follow or None, "module" | "unwrap")."""
     a = ctx.anatomy

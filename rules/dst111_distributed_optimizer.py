@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.rules.base import HOROVOD_BACKEND, Context, Rule
-from distify.walk import walk
+from distify.rules.base import HOROVOD_BACKEND, Context, Rule, method_calls_in
 
 
 class DistributedOptimizer(Rule):
@@ -234,19 +233,6 @@ def _has_closure(ctx: Context, site, opt) -> bool:
     return isinstance(func, cst.Attribute) and ctx.code(func.value) == opt.target and bool(site.call.args)
 
 
-def _backward_calls(node) -> int:
-    """`.backward(` calls written inside `node` (nested functions included)."""
-    found = []
-
-    class V(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
-                found.append(call)
-
-    walk(node, V())
-    return len(found)
-
-
 def _loops(parents) -> list:
     return [p for p in parents if isinstance(p, (cst.For, cst.While))]
 
@@ -266,7 +252,7 @@ def _several_passes(ctx: Context, opt, backwards, n_optimizers: int):
             regions = [(None, [b for b in backwards if b.scope is step.scope])]
         for loop, inside in regions:
             # counted in the source, so that a closure or helper defined in the loop counts too
-            if (_backward_calls(loop.body) if loop is not None else len(inside)) > 1:
+            if (method_calls_in(loop.body, "backward") if loop is not None else len(inside)) > 1:
                 where = "per iteration" if loop is not None else "before a step"
                 return f"several backward() calls {where}"
             for b in inside:

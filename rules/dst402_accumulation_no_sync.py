@@ -7,7 +7,7 @@ from typing import List, Optional
 import libcst as cst
 
 from distify.anatomy import dotted
-from distify.rules.base import DDP_BACKEND, Context, Rule, names_in, reaching_scopes
+from distify.rules.base import DDP_BACKEND, Context, Rule, method_calls_in, names_in, reaching_scopes
 from distify.walk import walk
 
 
@@ -122,15 +122,7 @@ def _accumulation_if(body) -> Optional[cst.If]:
         left = stmt.test.left
         if not (isinstance(left, cst.BinaryOperation) and isinstance(left.operator, cst.Modulo)):
             continue
-        found = []
-
-        class V(cst.CSTVisitor):
-            def visit_Call(self, node: cst.Call) -> None:
-                if isinstance(node.func, cst.Attribute) and node.func.attr.value == "step":
-                    found.append(node)
-
-        walk(stmt.body, V())
-        if found:
+        if method_calls_in(stmt.body, "step"):
             return stmt
     return None
 
@@ -138,15 +130,7 @@ def _accumulation_if(body) -> Optional[cst.If]:
 def _backward_index(body) -> Optional[int]:
     index = None
     for i, stmt in enumerate(body):
-        found = []
-
-        class V(cst.CSTVisitor):
-            def visit_Call(self, node: cst.Call) -> None:
-                if isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
-                    found.append(node)
-
-        walk(stmt, V())
-        if found:
+        if method_calls_in(stmt, "backward"):
             index = i
     return index
 
