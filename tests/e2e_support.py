@@ -12,7 +12,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO_ROOT / "fixtures" / "scenarios"
@@ -157,15 +157,12 @@ def run_torchrun(
         script,
         *args,
     ]
-    result = _run(argv, cwd=cwd or script.parent, env=clean_env(env), timeout=timeout, check=False)
-    if check and is_gloo_exit_abort(result):  # check=False callers relaunch themselves
-        import warnings
+    def launch(attempt: int) -> RunResult:
+        return _run(argv, cwd=cwd or script.parent, env=clean_env(env), timeout=timeout, check=False)
 
-        warnings.warn(f"{script.name}: a rank aborted at exit (gloo teardown); relaunching once")
-        result = _run(argv, cwd=cwd or script.parent, env=clean_env(env), timeout=timeout, check=False)
-    if check and result.returncode != 0:
-        raise RunFailed("process failed\n" + result.describe())
-    return result
+    if not check:  # check=False callers relaunch themselves (from a fresh directory)
+        return launch(1)
+    return relaunch_on_exit_abort(launch, "process", script.name)
 
 
 def run_horovodrun(
@@ -203,6 +200,21 @@ def is_gloo_exit_abort(result: RunResult) -> bool:
     codes = set(re.findall(r"failed \(exitcode: (-?\d+)\)", result.stderr))
     workers_part = result.stderr.split("failed (exitcode:")[0]
     return codes == {"-6"} and "Traceback (most recent call last)" not in workers_part
+
+
+def relaunch_on_exit_abort(launch: Callable[[int], RunResult], launcher: str, name: str) -> RunResult:
+    """``launch(1)``, and ``launch(2)`` once more when the only failure was a rank's abort at exit
+    (see GLOO_EXIT_ABORT); ``launch`` starts each attempt afresh (new directories, spies).
+    Raises RunFailed unless the run it returns exited 0."""
+    result = launch(1)
+    if is_gloo_exit_abort(result):
+        import warnings
+
+        warnings.warn(f"{name}: a rank aborted at exit (gloo); relaunching once")
+        result = launch(2)
+    if result.returncode != 0:
+        raise RunFailed(f"{launcher} failed\n" + result.describe())
+    return result
 
 
 def migrate(src, dst, backend: str = "ddp", extra_args: Iterable = (), timeout: float = 120) -> RunResult:

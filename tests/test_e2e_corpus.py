@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -34,12 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e_support import (  # noqa: E402
     REPO_ROOT,
-    RunFailed,
     assert_same_weights,
-    is_gloo_exit_abort,
     load_state,
     migrate,
     original_weights,
+    relaunch_on_exit_abort,
     run_horovodrun,
     run_torchrun,
     sitecustomize_env,
@@ -144,21 +142,19 @@ def _spy_env(root: Path):
 
 def _launch(launcher, script, workdir: Path):
     """Run `script` on NPROC ranks in a fresh `workdir/run`; returns (run dir, per-rank params, result)."""
-    for attempt in (1, 2):
-        run_dir = workdir / "run"
+    run_dir = workdir / "run"
+    spy = {}
+
+    def launch(attempt: int):
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
-        env, dumps = _spy_env(run_dir.parent / f"spy{attempt}")
+        env, spy["dumps"] = _spy_env(workdir / f"spy{attempt}")
         if launcher == "torchrun":
-            result = run_torchrun(script, train_args(B), nproc=NPROC, env=env, cwd=run_dir, check=False)
-        else:
-            result = run_horovodrun(script, train_args(B), env=env, cwd=run_dir, check=False)
-        if attempt == 1 and is_gloo_exit_abort(result):
-            warnings.warn(f"{script.name}: a rank aborted at exit (gloo); relaunching once")
-            continue
-        break
-    if result.returncode != 0:
-        raise RunFailed(f"{launcher} failed\n" + result.describe())
+            return run_torchrun(script, train_args(B), nproc=NPROC, env=env, cwd=run_dir, check=False)
+        return run_horovodrun(script, train_args(B), env=env, cwd=run_dir, check=False)
+
+    result = relaunch_on_exit_abort(launch, launcher, script.name)
+    dumps = spy["dumps"]
     import torch
 
     ranks = {}

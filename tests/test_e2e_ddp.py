@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,14 +20,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e_support import (  # noqa: E402
     SCENARIOS,
-    RunFailed,
     assert_same_weights,
     epoch_lines,
     fs_spy_env,
-    is_gloo_exit_abort,
     load_state,
     migrate,
     read_fs_log,
+    relaunch_on_exit_abort,
     run_python,
     run_torchrun,
 )
@@ -113,17 +111,15 @@ class Runs:
         fs_log = workdir.parent / f"{workdir.name}.fs.log"
         env = fs_spy_env(workdir.parent / f"{workdir.name}.spy", fs_log)
         if launcher == "torchrun":
-            result = run_torchrun(script, self._args(scenario, batch), nproc=NPROC, env=env, cwd=workdir, check=False)
-            if is_gloo_exit_abort(result):
-                # known torch/gloo flake at interpreter exit (see e2e_support.GLOO_EXIT_ABORT):
-                # start again from a clean directory, once
-                warnings.warn(f"{scenario.name}: a rank aborted at exit (gloo); relaunching once")
-                shutil.rmtree(workdir)
-                workdir.mkdir()
-                fs_log.unlink(missing_ok=True)
-                result = run_torchrun(script, self._args(scenario, batch), nproc=NPROC, env=env, cwd=workdir, check=False)
-            if result.returncode != 0:
-                raise RunFailed("torchrun failed\n" + result.describe())
+            def launch(attempt: int):
+                if attempt > 1:  # start again from a clean directory
+                    shutil.rmtree(workdir)
+                    workdir.mkdir()
+                    fs_log.unlink(missing_ok=True)
+                return run_torchrun(script, self._args(scenario, batch), nproc=NPROC, env=env, cwd=workdir,
+                                    check=False)
+
+            result = relaunch_on_exit_abort(launch, "torchrun", scenario.name)
         else:
             result = run_python(script, self._args(scenario, batch), env=env, cwd=workdir)
         checkpoint = workdir / "final.pt"

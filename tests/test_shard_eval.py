@@ -12,7 +12,6 @@ import importlib.util
 import json
 import re
 import sys
-import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -22,9 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e_support import (  # noqa: E402
     REPO_ROOT,
-    RunFailed,
-    is_gloo_exit_abort,
     migrate,
+    relaunch_on_exit_abort,
     run_python,
     run_horovodrun,
     run_torchrun,
@@ -242,22 +240,20 @@ def _spy_env(root: Path):
 
 def _launch(launcher: str, script: Path, root: Path):
     """Run `script` with `launcher`; returns (parsed metric lines, output, {rank: indices read})."""
-    for attempt in (1, 2):
+    spy = {}
+
+    def launch(attempt: int):
         run_root = root / f"{launcher}-{attempt}"
         run_root.mkdir(parents=True)
-        env, seen = _spy_env(run_root)
+        env, spy["seen"] = _spy_env(run_root)
         if launcher == "python":
-            result = run_python(script, ARGS, env=env, cwd=run_root)
-        elif launcher == "torchrun":
-            result = run_torchrun(script, ARGS, nproc=2, env=env, cwd=run_root, check=False)
-        else:
-            result = run_horovodrun(script, ARGS, nproc=2, env=env, cwd=run_root, check=False)
-        if attempt == 1 and is_gloo_exit_abort(result):
-            warnings.warn(f"{script.name}: a rank aborted at exit (gloo); relaunching once")
-            continue
-        break
-    if result.returncode != 0:
-        raise RunFailed(f"{launcher} failed\n" + result.describe())
+            return run_python(script, ARGS, env=env, cwd=run_root)
+        if launcher == "torchrun":
+            return run_torchrun(script, ARGS, nproc=2, env=env, cwd=run_root, check=False)
+        return run_horovodrun(script, ARGS, nproc=2, env=env, cwd=run_root, check=False)
+
+    result = relaunch_on_exit_abort(launch, launcher, script.name)
+    seen = spy["seen"]
     lines = [(int(e), float(loss), int(c), int(t)) for e, loss, c, t in LINE.findall(result.output)]
     reads = {p.stem[len("seen-"):]: json.loads(p.read_text()) for p in seen.glob("seen-*.json")}
     return lines, result.output, reads
