@@ -472,20 +472,21 @@ def cleanup() -> None:
 def _destroy() -> None:
     try:
         dist = torch.distributed
-        peers = dist.get_world_size() > 1
-        if peers:
-            _release_ddp_wrappers()
+        if dist.get_world_size() == 1:
+            # a group of one has no connections to other ranks to tear down (see below): skip the
+            # scan of every live object and the full collection, ~0.2 s once torch._dynamo is
+            # loaded, which any optimizer does (P4 in bench/RESULTS.md)
+            dist.destroy_process_group()
+            return
+        _release_ddp_wrappers()
         dist.destroy_process_group()
-        if peers:
-            # drop the last references now, while the interpreter is alive: a gloo process group
-            # whose connections to other ranks are torn down during interpreter finalisation
-            # aborts the process ("terminate called without an active exception"), and torchrun
-            # reports the job failed. A group of one has no such connections, and the scan of
-            # every live object plus a full collection costs ~0.2 s once torch._dynamo is loaded
-            # (which any optimizer does): the one-process run skips both (P4 in bench/RESULTS.md).
-            import gc
+        # drop the last references now, while the interpreter is alive: a gloo process group whose
+        # connections to other ranks are torn down during interpreter finalisation aborts the
+        # process ("terminate called without an active exception"), and torchrun reports the job
+        # failed
+        import gc
 
-            gc.collect()
+        gc.collect()
     except Exception:  # exiting anyway: never turn a finished run into a traceback
         pass
 
