@@ -41,6 +41,7 @@ INIT_PG = {"torch.distributed.init_process_group"}
 DDP = {
     "torch.nn.parallel.DistributedDataParallel",
     "torch.nn.parallel.distributed.DistributedDataParallel",
+    "distify.runtime.DDP",  # torch's wrapper, or a pass-through in a one-process run
 }
 DATA_PARALLEL = {
     "torch.nn.DataParallel",

@@ -333,19 +333,70 @@ _SHARD_SAMPLER = Helper(
     modules=("torch",),
 )
 
-_UNWRAP = Helper(
-    '''
+_UNWRAP_SOURCE = '''
     @staticmethod
     def unwrap(model):
         """The plain module inside DDP and torch.compile wrappers."""
         while True:
-            if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            if isinstance(model, {ddp}):
                 model = model.module
             elif hasattr(model, "_orig_mod"):  # torch.compile
                 model = model._orig_mod
             else:
                 return model
+'''
+_UNWRAP = {
+    # runtime.DDP: torch's wrapper and the one-process one
+    "ddp": Helper(_UNWRAP_SOURCE.format(ddp="runtime.DDP"), needs=("DDP",)),
+    "horovod": Helper(_UNWRAP_SOURCE.format(ddp="torch.nn.parallel.DistributedDataParallel"), modules=("torch",)),
+}
+
+_DDP_TYPE = Helper(
+    '''
+    class _DDPType(type):
+        """DDP(...) below is torch's DistributedDataParallel(...) when the job has peers, and
+        isinstance(model, DDP) holds for both wrappers."""
+
+        def __call__(cls, *args, **kwargs):
+            if not dist.is_initialized() or dist.get_world_size(kwargs.get("process_group")) > 1:
+                return torch.nn.parallel.DistributedDataParallel(*args, **kwargs)
+            return super().__call__(*args, **kwargs)
+
+        def __instancecheck__(cls, obj):
+            return type.__instancecheck__(cls, obj) or isinstance(obj, torch.nn.parallel.DistributedDataParallel)
 ''',
+    modules=("torch", "dist"),
+)
+
+_DDP = Helper(
+    '''
+    class DDP(torch.nn.Module, metaclass=_DDPType):
+        """In a world of one (plain `python`) there is nobody to average gradients with, and DDP's
+        reducer would still copy every gradient each step: this wrapper keeps DDP's .module, its
+        state_dict keys, no_sync() and register_comm_hook(), and does nothing else."""
+
+        def __init__(self, module, device_ids=None, *args, **kwargs):
+            super().__init__()
+            self.module = module
+            self.device_ids = device_ids
+
+        def forward(self, *inputs, **kwargs):
+            return self.module(*inputs, **kwargs)
+
+        def no_sync(self):
+            import contextlib
+
+            return contextlib.nullcontext()
+
+        def join(self, *args, **kwargs):
+            import contextlib
+
+            return contextlib.nullcontext()
+
+        def register_comm_hook(self, state, hook):
+            pass
+''',
+    needs=("_DDPType",),
     modules=("torch",),
 )
 
@@ -371,7 +422,9 @@ HELPERS: Dict[str, Dict[str, Helper]] = {
     "reduce_mean": _both(_REDUCE_MEAN),
     "all_reduce_sum": _both(_ALL_REDUCE_SUM),
     "ShardSampler": _both(_SHARD_SAMPLER),
-    "unwrap": _both(_UNWRAP),
+    "_DDPType": {"ddp": _DDP_TYPE},
+    "DDP": {"ddp": _DDP},
+    "unwrap": _UNWRAP,
 }
 
 

@@ -16,9 +16,12 @@ class WrapDDP(Rule):
     What it does:
         Finds each model whose parameters an optimizer receives and wraps it right after it
         reaches its device and before the optimizer is built:
-        ``model = DDP(Net().to(device), device_ids=runtime.device_ids())`` in place, or a
-        ``model = DDP(model, device_ids=...)`` line after a separate ``model.to(device)``.
-        ``device_ids`` is ``[local_rank]`` on GPU and ``None`` on CPU.
+        ``model = runtime.DDP(Net().to(device), device_ids=runtime.device_ids())`` in place, or a
+        ``model = runtime.DDP(model, device_ids=...)`` line after a separate ``model.to(device)``.
+        ``device_ids`` is ``[local_rank]`` on GPU and ``None`` on CPU. ``runtime.DDP(...)`` returns
+        torch's ``DistributedDataParallel`` whenever the job has more than one process; in a
+        one-process run (plain ``python``) it returns a pass-through with the same ``.module``,
+        ``state_dict`` keys and ``no_sync()``, because DDP's reducer would only add cost there.
 
     Why:
         DDP averages gradients across processes during ``backward()``, so every rank takes the
@@ -31,7 +34,7 @@ class WrapDDP(Rule):
 
         becomes
 
-        model = DDP(Net().to(device), device_ids=runtime.device_ids())
+        model = runtime.DDP(Net().to(device), device_ids=runtime.device_ids())
         optimizer = optim.SGD(model.parameters(), lr=0.1)
     """
 
@@ -48,9 +51,9 @@ class WrapDDP(Rule):
                 continue
             rewrap = _rewrapped(ctx, model)
             if rewrap is not None:
-                wrapped.append((model, rewrap))  # `model = DDP(model, ...)` below (an earlier run's)
+                wrapped.append((model, rewrap))  # `model = runtime.DDP(model, ...)` below (an earlier run's)
                 continue
-            ddp = ctx.imported("torch.nn.parallel", "DistributedDataParallel", "DDP")
+            ddp = f"{ctx.runtime}.DDP"
             # a model that is never moved to a device stays on the CPU: no device_ids then
             value = through_data_parallel(ctx.anatomy.qualname, model.value)  # DST902 drops DataParallel
             placed = model.place is not model.assign or moves_to_device(value)
@@ -72,7 +75,7 @@ class WrapDDP(Rule):
 
 
 def _rewrapped(ctx: Context, model) -> Optional[cst.CSTNode]:
-    """The statement `name = DDP(name, ...)` in the model's scope, if there is one (written by an
+    """The statement `name = runtime.DDP(name, ...)` in the model's scope, if there is one (written by an
     earlier run after a compound statement that both moves the model and builds its optimizer)."""
     for site in ctx.anatomy.calls_to(DDP):
         args = site.call.args

@@ -22,7 +22,7 @@ class Fp16CommHook(Rule):
         This is the DDP counterpart of Horovod's ``compression=hvd.Compression.fp16``.
 
     Example:
-        model = DDP(Net().to(device), device_ids=runtime.device_ids())
+        model = runtime.DDP(Net().to(device), device_ids=runtime.device_ids())
 
         is followed by
 

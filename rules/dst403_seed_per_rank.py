@@ -42,7 +42,7 @@ class SeedPerRank(Rule):
         with --seed-per-rank becomes
 
         torch.manual_seed(args.seed)
-        model = DDP(Net().to(device), device_ids=runtime.device_ids())
+        model = runtime.DDP(Net().to(device), device_ids=runtime.device_ids())
         optimizer = optim.SGD(model.parameters(), lr=args.lr)
         # distify --seed-per-rank: models are built; from here each rank draws its own random numbers
         torch.manual_seed(args.seed + dist.get_rank())

@@ -23,7 +23,7 @@ class DataParallel(Rule):
         the ``if torch.cuda.device_count() > 1:`` that chose it (a print there goes with it);
         ``nn.DataParallel(Net()).to(device)`` keeps just ``Net().to(device)``. With DDP the model
         is then wrapped by DST101 like any other; ``model.module`` keeps working (DDP has
-        ``.module`` too) and ``isinstance(model, nn.DataParallel)`` tests for the DDP wrapper
+        ``.module`` too) and ``isinstance(model, nn.DataParallel)`` tests for ``runtime.DDP``
         instead. With Horovod the model is not wrapped at all, so ``model.module.x`` becomes
         ``model.x``. A DataParallel distify cannot remove safely – around a model no optimizer in
         that function trains, inside a larger expression, or (with DDP) the class used other than
@@ -45,7 +45,7 @@ class DataParallel(Rule):
 
         model = Net()
         model.to(device)
-        model = DDP(model, device_ids=runtime.device_ids())
+        model = runtime.DDP(model, device_ids=runtime.device_ids())
     """
 
     code = "DST902"
@@ -95,9 +95,9 @@ class DataParallel(Rule):
             _drop_module(ctx, plans, everywhere=False)
         _drop_import(ctx, [p.call.func for p in plans] + isinstance_refs)
         if isinstance_refs:
-            ddp = ctx.imported("torch.nn.parallel", "DistributedDataParallel", "DDP")
+            ddp = f"{ctx.runtime}.DDP"
             for node in isinstance_refs:
-                ctx.edits.replace(node, lambda n, ddp=ddp: cst.Name(ddp))
+                ctx.edits.replace(node, lambda n, ddp=ddp: cst.parse_expression(ddp))
                 ctx.report(self.code, node, f"isinstance() tests for {ddp} (the model's wrapper now)")
 
 

@@ -16,7 +16,7 @@ class UnwrappedModel(Rule):
     Why:
         Wrapping in the wrong place is worse than not wrapping: a model wrapped after the
         optimizer, or twice, silently trains wrong. Wrap it yourself right after it is moved to
-        its device: ``model = DDP(model, device_ids=runtime.device_ids())``.
+        its device: ``model = runtime.DDP(model, device_ids=runtime.device_ids())``.
 
     Example:
         optimizer = optim.SGD(build().parameters(), lr=0.1)   # DST905
@@ -42,7 +42,7 @@ class UnwrappedModel(Rule):
                     self.code,
                     opt.call.call,
                     f"model for this optimizer ({m}) is not built in this scope before it: not wrapped; "
-                    "wrap it with DDP(model, device_ids=runtime.device_ids()) yourself",
+                    "wrap it with runtime.DDP(model, device_ids=runtime.device_ids()) yourself",
                 )
 
 

@@ -35,7 +35,7 @@ class CompileOrder(Rule):
                 self.code,
                 site.call,
                 "torch.compile: file not migrated; wrap the model first, then compile: "
-                "model = torch.compile(DDP(model, device_ids=runtime.device_ids()))",
+                "model = torch.compile(runtime.DDP(model, device_ids=runtime.device_ids()))",
             )
 
 

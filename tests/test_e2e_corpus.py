@@ -227,7 +227,7 @@ def test_rank_check_detects_divergence(tmp_path):
     script = tmp_path / "script" / "no_ddp.py"
     migrate(CORPUS / "distill_kd.in.py", script, backend="ddp")
     text = script.read_text()
-    wrap = "student = DDP(MLP(20, 16, 5).to(device), device_ids=runtime.device_ids())"
+    wrap = "student = runtime.DDP(MLP(20, 16, 5).to(device), device_ids=runtime.device_ids())"
     assert wrap in text, text
     script.write_text(text.replace(wrap, "student = MLP(20, 16, 5).to(device)").replace("student.module.", "student."))
     _, ranks, _ = _launch("torchrun", script, tmp_path)

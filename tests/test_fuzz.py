@@ -143,4 +143,4 @@ def test_model_assignment_sharing_a_line(first):
     ).encode()
     out = migrate_source(source, Options(backend="ddp")).output
     line = next(l for l in out.decode().splitlines() if l.startswith(first + ";"))
-    assert line.startswith(first + "; model = DDP("), line
+    assert line.startswith(first + "; model = runtime.DDP("), line
