@@ -7,19 +7,20 @@ Workloads (OMP_NUM_THREADS=1 for every run, so the shared 2-core machine is not 
 
 * ``bench/workloads/mlp_train.py``: a 3-layer 512-wide MLP, a few seconds of training;
 * ``fixtures/scenarios/module_level.in.py`` with many epochs: a tiny model (~300 parameters), i.e. the
-  worst case for per-step overhead (DDP's hooks + a 1-process gloo all-reduce every step).
+  worst case for any per-step overhead.
 
 Each workload also runs converted to DDP by hand (``bench/workloads/*_ddp_hand.py``, world size 1
-through ``MASTER_ADDR``/``RANK``/``WORLD_SIZE``, no launcher): it separates what distify adds from
-what DistributedDataParallel itself costs in a one-process run.
+through ``MASTER_ADDR``/``RANK``/``WORLD_SIZE``, no launcher): torch's DistributedDataParallel in a
+one-process run, i.e. what the migrated scripts would pay if ``runtime.DDP`` did not hand back a
+pass-through wrapper when the group has no peers.
 
 The goal (<= 2 % more wall time: an overhead, so faster passes) is judged on every run: mlp_train, a
 training script with steps of milliseconds, as is and with glibc's allocator controlled
 (``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` at 256 MiB; with the defaults the
 original's per-step gradient memory comes back from the kernel every step while the DDP runs reuse
-theirs, which makes the migrated loop faster and would hide an overhead), and the tiny model, whose
+theirs, which made the migrated loop faster and would hide an overhead), and the tiny model, whose
 steps (~0.1 ms) are shorter than DDP's own per-step work (autograd hooks, bucket copies, a one-rank
-gloo all-reduce), which the hand-written version pays too.
+gloo all-reduce), which the hand-written version pays.
 
 Wall time = the whole process (interpreter start, import torch, process group set-up, training).
 For mlp_train the in-script training time (sum of its epoch times) is reported as well.
