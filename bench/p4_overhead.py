@@ -14,13 +14,15 @@ through ``MASTER_ADDR``/``RANK``/``WORLD_SIZE``, no launcher): torch's Distribut
 one-process run, i.e. what the migrated scripts would pay if ``runtime.DDP`` did not hand back a
 pass-through wrapper when the group has no peers.
 
-The goal (<= 2 % more wall time: an overhead, so faster passes) is judged on every run: mlp_train, a
-training script with steps of milliseconds, as is and with glibc's allocator controlled
-(``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` at 256 MiB; with the defaults the
-original's per-step gradient memory comes back from the kernel every step while the DDP runs reuse
-theirs, which made the migrated loop faster and would hide an overhead), and the tiny model, whose
-steps (~0.1 ms) are shorter than DDP's own per-step work (autograd hooks, bucket copies, a one-rank
-gloo all-reduce), which the hand-written version pays.
+The goal (<= 2 % more wall time: an overhead, so faster passes) is judged on mlp_train, a training
+script with steps of milliseconds, with glibc's allocator controlled (``MALLOC_MMAP_THRESHOLD_`` and
+``MALLOC_TRIM_THRESHOLD_`` at 256 MiB), and on the tiny model, whose steps (~0.1 ms) are shorter than
+DDP's own per-step work (autograd hooks, bucket copies, a one-rank gloo all-reduce), which the
+hand-written version pays. mlp_train with the allocator as is is reported, not judged: with glibc's
+defaults, per-step gradient memory goes back to the kernel or stays in the heap depending on whether
+a large mmapped block happened to be freed earlier (P5 shows one 4 MiB block making the original
+1.2x faster), so the same script's training time moves by up to 10 % from run to run and either
+script can come out ahead.
 
 Wall time = the whole process (interpreter start, import torch, process group set-up, training).
 For mlp_train the in-script training time (sum of its epoch times) is reported as well.
@@ -49,6 +51,11 @@ def main(argv=None) -> None:
     args = parse_args(__doc__.splitlines()[0], argv)
     q = args.quick
     repeats = 1 if q else 5
+    # the judged comparisons: a run of these scripts varies by +-3 to 5 % on this shared machine (mostly
+    # interpreter and torch start-up, and other sessions' load), so their medians need more runs, and
+    # the original runs twice (A/A) to show in the same invocation how far two medians of one script
+    # land apart
+    judged = 1 if q else 11
     tmp = tempfile.mkdtemp(prefix="distify-bench-p4-")
     env = clean_env(OMP_NUM_THREADS="1")
     try:
@@ -65,7 +72,8 @@ def main(argv=None) -> None:
         ml_epochs = 3 if q else 150
         ml_args = ["--epochs", str(ml_epochs), "--checkpoint", os.path.join(tmp, "m.pt")]
         ml_steps = ml_epochs * 256 // 16  # 256 samples, batch 16
-        train_s = {k: [] for k in ("mlp orig", "mlp migrated", "mlp hand", "mlp orig controlled", "mlp migrated controlled")}
+        train_s = {k: [] for k in ("mlp orig", "mlp migrated", "mlp hand", "mlp orig controlled", "mlp migrated controlled",
+                                   "mlp orig controlled again")}
         # with glibc's defaults the original and the DDP runs get their per-step gradient memory in
         # different ways (see the reading in RESULTS.md); with every allocation served from a heap
         # that is never trimmed, both allocate alike and what is left is what the migration costs
@@ -86,16 +94,20 @@ def main(argv=None) -> None:
         if not q:
             wall([PY, mlp_mig, "--samples", "64", "--epochs", "1"], env=env, cwd=tmp)  # warm-up, unmeasured
         t = alternate({
-            "mlp orig": run(mlp_orig, mlp_args, "mlp orig"),
-            "mlp migrated": run(mlp_mig, mlp_args, "mlp migrated"),
-            "mlp hand": run(mlp_hand, mlp_args, "mlp hand", hand=True),
             "mlp orig controlled": run(mlp_orig, mlp_args, "mlp orig controlled", extra_env=controlled),
             "mlp migrated controlled": run(mlp_mig, mlp_args, "mlp migrated controlled", extra_env=controlled),
-        }, repeats)
+            "mlp orig controlled again": run(mlp_orig, mlp_args, "mlp orig controlled again", extra_env=controlled),
+        }, judged)
         t.update(alternate({
             "tiny orig": run(ml_orig, ml_args),
             "tiny migrated": run(ml_mig, ml_args),
+            "tiny orig again": run(ml_orig, ml_args),
             "tiny hand": run(ml_hand, ml_args, hand=True),
+        }, judged))
+        t.update(alternate({
+            "mlp orig": run(mlp_orig, mlp_args, "mlp orig"),
+            "mlp migrated": run(mlp_mig, mlp_args, "mlp migrated"),
+            "mlp hand": run(mlp_hand, mlp_args, "mlp hand", hand=True),
         }, repeats))
         med = {k: median(v) for k, v in t.items()}
 
@@ -105,6 +117,8 @@ def main(argv=None) -> None:
         mlp_pct = pct(med["mlp migrated"], med["mlp orig"])
         mlp_controlled_pct = pct(med["mlp migrated controlled"], med["mlp orig controlled"])
         tiny_pct = pct(med["tiny migrated"], med["tiny orig"])
+        mlp_aa_pct = pct(med["mlp orig controlled again"], med["mlp orig controlled"])
+        tiny_aa_pct = pct(med["tiny orig again"], med["tiny orig"])
         train_pct = pct(median(train_s["mlp migrated"]), median(train_s["mlp orig"]))
         tiny_step_us = 1e6 * (med["tiny migrated"] - med["tiny orig"]) / ml_steps
         tiny_hand_step_us = 1e6 * (med["tiny hand"] - med["tiny orig"]) / ml_steps
@@ -137,15 +151,21 @@ def main(argv=None) -> None:
              spread(t["mlp migrated controlled"]), f"{median(train_s['mlp migrated controlled']):.3f}",
              f"{mlp_controlled_pct:+.1f}% wall vs controlled original, "
              f"{pct(median(train_s['mlp migrated controlled']), median(train_s['mlp orig controlled'])):+.1f}% training"],
+            ["mlp_train.py original again, allocator controlled (A/A: the noise floor)",
+             f"{med['mlp orig controlled again']:.3f}", spread(t["mlp orig controlled again"]),
+             f"{median(train_s['mlp orig controlled again']):.3f}", f"{mlp_aa_pct:+.1f}% wall vs controlled original"],
             [f"module_level.in.py `--epochs {ml_epochs}` original (tiny model, {ml_steps} steps)",
              f"{med['tiny orig']:.3f}", spread(t["tiny orig"]), "", ""],
             ["module_level migrated, plain python (world size 1)", f"{med['tiny migrated']:.3f}",
              spread(t["tiny migrated"]), "", f"{tiny_pct:+.1f}% wall ({tiny_step_us:+.0f} us/step)"],
+            ["module_level original again (A/A: the noise floor)", f"{med['tiny orig again']:.3f}",
+             spread(t["tiny orig again"]), "", f"{tiny_aa_pct:+.1f}% wall"],
             ["module_level_ddp_hand.py, DDP by hand (world size 1)", f"{med['tiny hand']:.3f}",
              spread(t["tiny hand"]), "",
              f"{pct(med['tiny hand'], med['tiny orig']):+.1f}% wall ({tiny_hand_step_us:+.0f} us/step)"],
         ]
-        table = (f"Median of {repeats} alternating runs each, OMP_NUM_THREADS=1.\n\n"
+        table = (f"Median of {judged} alternating runs each for the judged comparisons (allocator controlled; "
+                 f"tiny model), {repeats} for the allocator as is; OMP_NUM_THREADS=1.\n\n"
                  + md_table(["run", "median wall s", "min..max s", "training s (in-script)", "vs original"],
                             rows)
                  + "\n\n" + md_table(["import cost of `distify.runtime` after `import torch`", "ms"], [
@@ -154,11 +174,13 @@ def main(argv=None) -> None:
                       f"{imp_wall_ms:+.1f}"],
                  ]))
         goals = [
-            goal("mlp_train migrated/original wall difference", mlp_pct, 2.0, False, " %"),
             goal("mlp_train migrated/original wall difference, allocator controlled", mlp_controlled_pct, 2.0, False, " %"),
+            goal("mlp_train migrated/original wall difference, allocator as is", mlp_pct, None, False, " %"),
             goal("mlp_train migrated/hand-written DDP wall ratio", med["mlp migrated"] / med["mlp hand"], None,
                  False, "x"),
             goal("tiny-model migrated/original wall difference", tiny_pct, 2.0, False, " %"),
+            goal("A/A: mlp_train original/original wall difference, allocator controlled", mlp_aa_pct, None, False, " %"),
+            goal("A/A: tiny-model original/original wall difference", tiny_aa_pct, None, False, " %"),
             goal("tiny-model migrated/hand-written DDP wall ratio", med["tiny migrated"] / med["tiny hand"], None,
                  False, "x"),
             goal("import distify.runtime after torch", median(marginal), 50.0, False, " ms"),
