@@ -71,7 +71,11 @@ class WrapDDP(Rule):
                 ctx.edits.insert_after(model.place, ctx.stmts(f"{model.name} = {ddp}({model.name}{ids})"))
                 anchor = model.place
             wrapped.append((model, anchor))
-            ctx.report(self.code, model.assign, f"{model.name} wrapped in DistributedDataParallel")
+            ctx.report(
+                self.code,
+                model.assign,
+                f"{model.name} wrapped in DistributedDataParallel (runtime.DDP: a pass-through when there is one process)",
+            )
 
 
 def _rewrapped(ctx: Context, model) -> Optional[cst.CSTNode]:
