@@ -129,6 +129,12 @@ class Context:
         return self.imported("horovod.torch", None, "hvd")
 
     @property
+    def ddp(self) -> str:
+        """The model wrapper: ``runtime.DDP`` (torch's DistributedDataParallel with peers, a
+        pass-through in a one-process run)."""
+        return f"{self.runtime}.DDP"
+
+    @property
     def main_process(self) -> str:
         """Expression that is true on rank 0 only."""
         if self.backend == HOROVOD_BACKEND:

@@ -53,7 +53,7 @@ class WrapDDP(Rule):
             if rewrap is not None:
                 wrapped.append((model, rewrap))  # `model = runtime.DDP(model, ...)` below (an earlier run's)
                 continue
-            ddp = f"{ctx.runtime}.DDP"
+            ddp = ctx.ddp
             # a model that is never moved to a device stays on the CPU: no device_ids then
             value = through_data_parallel(ctx.anatomy.qualname, model.value)  # DST902 drops DataParallel
             placed = model.place is not model.assign or moves_to_device(value)

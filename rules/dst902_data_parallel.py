@@ -95,7 +95,7 @@ class DataParallel(Rule):
             _drop_module(ctx, plans, everywhere=False)
         _drop_import(ctx, [p.call.func for p in plans] + isinstance_refs)
         if isinstance_refs:
-            ddp = f"{ctx.runtime}.DDP"
+            ddp = ctx.ddp
             for node in isinstance_refs:
                 ctx.edits.replace(node, lambda n, ddp=ddp: cst.parse_expression(ddp))
                 ctx.report(self.code, node, f"isinstance() tests for {ddp} (the model's wrapper now)")
