@@ -18,6 +18,10 @@ BENCH = os.path.join(ROOT, "bench")
 WORKLOADS = os.path.join(BENCH, "workloads")
 FIXTURES = os.path.join(ROOT, "fixtures")
 PY = sys.executable
+# glibc's allocator "controlled" (P4, P5): every allocation below 256 MiB comes from a heap that is
+# never trimmed, so whether per-step gradient memory goes back to the kernel no longer depends on
+# what happened to be freed earlier in the process (see P5's 4 MiB control run)
+CONTROLLED_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 
 # launcher variables a parent shell (pytest under srun, a torchrun job...) might leak into our runs
 _LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "HOROVOD_", "TORCHELASTIC_", "DISTIFY_")

@@ -37,8 +37,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (FIXTURES, PY, WORKLOADS, alternate, clean_env, epoch_times, finish, goal, md_table,  # noqa: E402
-                     median, migrate_copy, parse_args, spread, wall)
+from _common import (CONTROLLED_ALLOCATOR, FIXTURES, PY, WORKLOADS, alternate, clean_env, epoch_times,  # noqa: E402
+                     finish, goal, md_table, median, migrate_copy, parse_args, spread, wall)
 
 
 def free_port() -> int:
@@ -74,10 +74,6 @@ def main(argv=None) -> None:
         ml_steps = ml_epochs * 256 // 16  # 256 samples, batch 16
         train_s = {k: [] for k in ("mlp orig", "mlp migrated", "mlp hand", "mlp orig controlled", "mlp migrated controlled",
                                    "mlp orig controlled again")}
-        # with glibc's defaults the original and the DDP runs get their per-step gradient memory in
-        # different ways (see the reading in RESULTS.md); with every allocation served from a heap
-        # that is never trimmed, both allocate alike and what is left is what the migration costs
-        controlled = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 
         def run(script, extra, key=None, hand=False, extra_env=None):
             def f():
@@ -94,9 +90,9 @@ def main(argv=None) -> None:
         if not q:
             wall([PY, mlp_mig, "--samples", "64", "--epochs", "1"], env=env, cwd=tmp)  # warm-up, unmeasured
         t = alternate({
-            "mlp orig controlled": run(mlp_orig, mlp_args, "mlp orig controlled", extra_env=controlled),
-            "mlp migrated controlled": run(mlp_mig, mlp_args, "mlp migrated controlled", extra_env=controlled),
-            "mlp orig controlled again": run(mlp_orig, mlp_args, "mlp orig controlled again", extra_env=controlled),
+            "mlp orig controlled": run(mlp_orig, mlp_args, "mlp orig controlled", extra_env=CONTROLLED_ALLOCATOR),
+            "mlp migrated controlled": run(mlp_mig, mlp_args, "mlp migrated controlled", extra_env=CONTROLLED_ALLOCATOR),
+            "mlp orig controlled again": run(mlp_orig, mlp_args, "mlp orig controlled again", extra_env=CONTROLLED_ALLOCATOR),
         }, judged)
         t.update(alternate({
             "tiny orig": run(ml_orig, ml_args),

@@ -28,8 +28,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (PY, WORKLOADS, alternate, clean_env, epoch_times, finish, goal, md_table, median,  # noqa: E402
-                     migrate_copy, parse_args, torchrun, wall)
+from _common import (CONTROLLED_ALLOCATOR, PY, WORKLOADS, alternate, clean_env, epoch_times, finish, goal,  # noqa: E402
+                     md_table, median, migrate_copy, parse_args, torchrun, wall)
 
 
 def main(argv=None) -> None:
@@ -40,7 +40,7 @@ def main(argv=None) -> None:
     work = ["--samples", "512", "--epochs", "2", "--width", "128"] if q else ["--samples", "4096", "--epochs", "4"]
     tmp = tempfile.mkdtemp(prefix="distify-bench-p5-")
     env = clean_env(OMP_NUM_THREADS="1")
-    controlled = dict(env, MALLOC_MMAP_THRESHOLD_=str(256 << 20), MALLOC_TRIM_THRESHOLD_=str(256 << 20))
+    controlled = dict(env, **CONTROLLED_ALLOCATOR)
     modes = {"": env, " controlled": controlled}
     try:
         original = os.path.join(tmp, "mlp_train.py")
