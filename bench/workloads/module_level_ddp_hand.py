@@ -5,6 +5,7 @@ for what DDP itself costs at world size 1 on a tiny model, next to the distify-m
     MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 RANK=0 WORLD_SIZE=1 python bench/workloads/module_level_ddp_hand.py
 """
 import argparse
+import gc
 import os
 
 import torch
@@ -63,4 +64,8 @@ for epoch in range(args.epochs):
 if rank == 0:
     torch.save(model.module.state_dict(), args.checkpoint)
     print(f"saved {args.checkpoint}")
+# free the DDP wrapper (its reducer holds the process group) before the group goes; see
+# mlp_train_ddp_hand.py
+del model, optimizer
+gc.collect()
 dist.destroy_process_group()
