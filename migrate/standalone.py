@@ -130,22 +130,24 @@ _CLEANUP = Helper(
     def cleanup():
         """Destroy the process group at exit, while the interpreter is whole: gloo aborts the process
         if its links to other ranks are torn down during shutdown. DDP models still alive let go of
-        it first. A group of one (plain `python`) has no links and skips the costly part."""
+        it first, also when the script destroyed the group itself. A group of one (plain `python`)
+        has no links and skips the costly part."""
         import gc
 
-        if not dist.is_initialized():
-            return
-        if dist.get_world_size() == 1:
+        if dist.is_initialized() and dist.get_world_size() == 1:
             dist.destroy_process_group()
+            return
+        if not dist.is_initialized() and os.environ.get("WORLD_SIZE", "1") == "1":
             return
         for obj in gc.get_objects():
             if issubclass(type(obj), torch.nn.parallel.DistributedDataParallel):
                 for name in ("reducer", "logger", "process_group", "_comm_hooks"):
                     obj.__dict__.pop(name, None)
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
         gc.collect()
 ''',
-    modules=("torch", "dist"),
+    modules=("os", "torch", "dist"),
 )
 
 

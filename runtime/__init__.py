@@ -56,6 +56,8 @@ CLEANUP_JOIN_S = 5.0
 
 _state_lock = threading.Lock()
 _atexit_registered = False
+# set by init_kwargs() for a group with peers, cleared once cleanup() has let go of it
+_peers_to_release = False
 _cleanup_thread: Optional[threading.Thread] = None
 _device_cache: dict[bool, torch.device] = {}
 
@@ -163,7 +165,7 @@ def init_kwargs(timeout: Optional[float] = None) -> dict:
 
     An inconsistent environment exits with one line, ``distify: <sentence>``.
     """
-    global _atexit_registered
+    global _atexit_registered, _peers_to_release
     try:
         env = discover()
         backend = choose_backend()
@@ -214,6 +216,7 @@ def init_kwargs(timeout: Optional[float] = None) -> dict:
     except DistifyEnvError as error:
         raise _fail(error) from None
     with _state_lock:
+        _peers_to_release = kwargs["world_size"] > 1
         if not _atexit_registered:
             atexit.register(cleanup)
             _atexit_registered = True
@@ -509,17 +512,25 @@ def unwrap(model: Any) -> Any:
 def cleanup() -> None:
     """Destroy the default process group if one exists. Idempotent; registered at exit.
 
-    The destroy runs in a daemon thread joined for a few seconds, so a wedged peer (a rank that
+    If the script already destroyed a group with peers itself (``dist.destroy_process_group()`` as
+    its last line), DDP models still alive hold on to it: cleanup makes them let go (see _destroy).
+
+    The work runs in a daemon thread joined for a few seconds, so a wedged peer (a rank that
     died, an NCCL communicator stuck on a dead link) cannot hang the exit of a finished script.
     """
-    global _cleanup_thread
+    global _cleanup_thread, _peers_to_release
     with _state_lock:
         if _cleanup_thread is not None and _cleanup_thread.is_alive():
             return  # a destroy is already under way (or wedged): do not pile up threads
-        if not _group_ready():
+        if _group_ready():
+            target = _destroy
+        elif _peers_to_release:
+            target = _release_destroyed_group
+        else:
             return
+        _peers_to_release = False
         worker = _cleanup_thread = threading.Thread(
-            target=_destroy, name="distify-cleanup", daemon=True
+            target=target, name="distify-cleanup", daemon=True
         )
     worker.start()
     worker.join(CLEANUP_JOIN_S)
@@ -544,6 +555,18 @@ def _destroy() -> None:
 
         gc.collect()
     except Exception:  # exiting anyway: never turn a finished run into a traceback
+        pass
+
+
+def _release_destroyed_group() -> None:
+    """The script destroyed its group (with peers) itself, but a DDP model still alive keeps it
+    through its reducer: free it now, not during interpreter finalisation (see _destroy)."""
+    try:
+        _release_ddp_wrappers()
+        import gc
+
+        gc.collect()
+    except Exception:  # exiting anyway
         pass
 
 
