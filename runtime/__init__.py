@@ -522,15 +522,11 @@ def cleanup() -> None:
     with _state_lock:
         if _cleanup_thread is not None and _cleanup_thread.is_alive():
             return  # a destroy is already under way (or wedged): do not pile up threads
-        if _group_ready():
-            target = _destroy
-        elif _peers_to_release:
-            target = _release_destroyed_group
-        else:
+        if not (_group_ready() or _peers_to_release):
             return
         _peers_to_release = False
         worker = _cleanup_thread = threading.Thread(
-            target=target, name="distify-cleanup", daemon=True
+            target=_destroy, name="distify-cleanup", daemon=True
         )
     worker.start()
     worker.join(CLEANUP_JOIN_S)
@@ -539,14 +535,16 @@ def cleanup() -> None:
 def _destroy() -> None:
     try:
         dist = torch.distributed
-        if dist.get_world_size() == 1:
+        ready = dist.is_initialized()  # False when the script destroyed its group itself
+        if ready and dist.get_world_size() == 1:
             # a group of one has no connections to other ranks to tear down (see below): skip the
             # scan of every live object and the full collection, ~0.2 s once torch._dynamo is
             # loaded, which any optimizer does (P4 in bench/RESULTS.md)
             dist.destroy_process_group()
             return
         _release_ddp_wrappers()
-        dist.destroy_process_group()
+        if ready:
+            dist.destroy_process_group()
         # drop the last references now, while the interpreter is alive: a gloo process group whose
         # connections to other ranks are torn down during interpreter finalisation aborts the
         # process ("terminate called without an active exception"), and torchrun reports the job
@@ -555,18 +553,6 @@ def _destroy() -> None:
 
         gc.collect()
     except Exception:  # exiting anyway: never turn a finished run into a traceback
-        pass
-
-
-def _release_destroyed_group() -> None:
-    """The script destroyed its group (with peers) itself, but a DDP model still alive keeps it
-    through its reducer: free it now, not during interpreter finalisation (see _destroy)."""
-    try:
-        _release_ddp_wrappers()
-        import gc
-
-        gc.collect()
-    except Exception:  # exiting anyway
         pass
 
 

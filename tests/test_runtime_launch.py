@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_support import RunResult, is_gloo_exit_abort  # noqa: E402
+from e2e_support import RunResult, is_gloo_exit_abort, run_torchrun  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -142,6 +142,7 @@ def report():  # registered before distify's cleanup, so it runs after it (atexi
     print(f"rank={rank} initialized={dist.is_initialized()} ddp_holding_group={len(holding)}", flush=True)
 
 atexit.register(report)
+# <runtime>
 dist.init_process_group(**runtime.init_kwargs())
 rank = dist.get_rank()
 model = runtime.DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4)))
@@ -171,14 +172,9 @@ def test_two_rank_exit_is_clean_with_a_live_ddp_model(launcher_free_env, tmp_pat
         "inline": "import os\n" + standalone.source(["init_kwargs", "DDP"], "ddp"),
     }[flavour]
     script = tmp_path / "exit_with_ddp.py"
-    head, body = _EXIT_SCRIPT.split("atexit.register(report)\n")
-    script.write_text(head + "atexit.register(report)\n" + setup + body)
+    script.write_text(_EXIT_SCRIPT.replace("# <runtime>\n", setup))
     for _ in range(4):
-        proc = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-             str(script), ending],
-            env=launcher_free_env, capture_output=True, text=True, timeout=TIMEOUT,
-        )
+        proc = run_torchrun(script, [ending], check=False)  # check=False: no relaunch on an abort
         assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         assert "terminate called" not in proc.stderr
         for rank in (0, 1):
