@@ -18,6 +18,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
+from distify.facts import Binding, Facts, arg, dotted, rank_dependent  # noqa: F401 - re-exported
 from distify.walk import walk
 from distify.standalone import find_block, is_standalone_block
 
@@ -155,16 +156,6 @@ class Model:
     assign_node: Optional[cst.Assign] = None  # the Assign itself (a line may hold several)
 
 
-def dotted(expr: Optional[cst.CSTNode]) -> Optional[str]:
-    """'a.b.c' for Name/Attribute chains, else None."""
-    if isinstance(expr, cst.Name):
-        return expr.value
-    if isinstance(expr, cst.Attribute):
-        base = dotted(expr.value)
-        return f"{base}.{expr.attr.value}" if base else None
-    return None
-
-
 def resolve(aliases: Dict[str, str], expr: cst.BaseExpression) -> Optional[str]:
     """Qualified name of a Name/Attribute chain through the module's imports (None if local)."""
     d = dotted(expr)
@@ -192,18 +183,6 @@ def assigned_name(stmt: cst.CSTNode, call: cst.Call) -> Optional[str]:
         small = stmt.body[0]
         if isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1:
             return dotted(small.targets[0].target)
-    return None
-
-
-def arg(call: cst.Call, pos: Optional[int], kw: Optional[str]) -> Optional[cst.Arg]:
-    if kw is not None:
-        for a in call.args:
-            if a.keyword is not None and a.keyword.value == kw:
-                return a
-    if pos is not None:
-        positional = [a for a in call.args if a.keyword is None and not a.star]
-        if len(positional) > pos:
-            return positional[pos]
     return None
 
 
@@ -575,6 +554,7 @@ class Anatomy:
     name_bindings: Set[str]
     fors: List[Tuple[cst.For, Scope, Optional[cst.ClassDef], Tuple[cst.For, ...]]]
     ifexps: List[cst.IfExp] = field(default_factory=list)
+    facts: Optional[Facts] = None  # the queries below answer from it
     want_positions: bool = True  # False when nothing will show them (--quiet): skips a costly pass
     _positions: Optional[dict] = None
     _order: Optional[dict] = None
@@ -661,6 +641,43 @@ class Anatomy:
     def scope_of(self, stmt: cst.CSTNode) -> Optional[Scope]:
         return self.stmt_scope.get(stmt)
 
+    # program facts (see distify.facts): rules and the audit ask these, they keep no analysers --
+    def order(self, stmt: cst.CSTNode) -> int:
+        return self.facts.order(stmt)
+
+    def all_functions(self) -> List[cst.FunctionDef]:
+        return self.facts.all_functions()
+
+    def loops_around(self, stmt: cst.CSTNode) -> List[cst.CSTNode]:
+        return self.facts.loops_around(stmt)
+
+    def rank_guards(self, stmt: cst.CSTNode) -> List[Tuple[cst.If, str]]:
+        return self.facts.rank_guards(stmt)
+
+    def in_rank_guard(self, stmt: cst.CSTNode) -> bool:
+        return self.facts.in_rank_guard(stmt)
+
+    def callers(self, fn: cst.FunctionDef, any_receiver: bool = False) -> List[CallSite]:
+        return self.facts.callers(fn, any_receiver)
+
+    def callee(self, call: cst.Call, scope: Scope) -> Optional[cst.FunctionDef]:
+        return self.facts.callee(call, scope)
+
+    def param_for(self, fn: cst.FunctionDef, call: cst.Call, a: cst.Arg) -> Optional[str]:
+        return self.facts.param_for(fn, call, a)
+
+    def bound_value(self, call: cst.Call, fn: cst.FunctionDef, param: str) -> Optional[cst.BaseExpression]:
+        return self.facts.bound_value(call, fn, param)
+
+    def bindings(self, scope: Scope) -> Dict[str, List[Binding]]:
+        return self.facts.bindings(scope)
+
+    def reaching_binding(self, scope: Scope, name: str, stmt: cst.CSTNode) -> Optional[Binding]:
+        return self.facts.reaching_binding(scope, name, stmt)
+
+    def uses(self, scope: Scope, name: str):
+        return self.facts.uses(scope, name)
+
 
 def analyse(module: cst.Module) -> Anatomy:
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
@@ -699,38 +716,17 @@ def analyse(module: cst.Module) -> Anatomy:
             BatchLoop(loop=loop, scope=scope, cls=cls, ref=ref, trains=_is_training_body(loop.body))
         )
 
+    facts = Facts(module, col.calls, col.functions, col.methods, col.stmt_parent, col.stmt_scope)
+
     def params_of(fn: cst.FunctionDef) -> List[str]:
         return [p.name.value for p in fn.params.params]
 
-    # call sites by the spelled callee ("train", "self.train_epoch"): one pass, then lookups
-    by_callee: Dict[str, List[CallSite]] = {}
-    for c in col.calls:
-        d = dotted(c.call.func)
-        if d is not None:
-            by_callee.setdefault(d, []).append(c)
-    callers_cache: Dict[cst.FunctionDef, List[CallSite]] = {}
-
-    def callers(fn: cst.FunctionDef) -> List[CallSite]:
-        """Call sites of a module-level function or of a method through self."""
-        if fn in callers_cache:
-            return callers_cache[fn]
-        cls = col.methods.get(fn)
-        if cls is None:
-            name = fn.name.value
-            out = [c for c in by_callee.get(name, ()) if col.functions.get(name) is fn]
-        else:
-            out = [c for c in by_callee.get(f"self.{fn.name.value}", ()) if c.cls is cls]
-        callers_cache[fn] = out
-        return out
+    callers = facts.callers
 
     def bind_param(site: CallSite, fn: cst.FunctionDef, pname: str) -> Optional[cst.BaseExpression]:
-        params = params_of(fn)
-        if fn in col.methods and params and params[0] == "self":
-            params = params[1:]
-        if pname not in params:
+        if pname not in facts.params(fn):
             return None
-        a = arg(site.call, params.index(pname), pname)
-        return a.value if a is not None else None
+        return facts.bound_value(site.call, fn, pname)
 
     called_functions = [fn for fn in list(col.functions.values()) + list(col.methods) if callers(fn)]
 
@@ -932,6 +928,7 @@ def analyse(module: cst.Module) -> Anatomy:
         name_bindings=col.name_bindings,
         fors=col.fors,
         ifexps=col.ifexps,
+        facts=facts,
     )
 
 

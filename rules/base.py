@@ -143,13 +143,9 @@ class Context:
 
     # tree helpers ---------------------------------------------------------------------------
     def in_rank_guard(self, stmt: cst.CSTNode) -> bool:
-        """True when the statement already sits under an `if` that tests the rank."""
-        for parent in self.anatomy.stmt_parent.get(stmt, ()):
-            if isinstance(parent, cst.If):
-                test = self.code(parent.test).lower()
-                if any(k in test for k in ("rank", "main_process", "is_master", "is_main")):
-                    return True
-        return False
+        """True when the statement already sits under an `if` that tests the rank (the anatomy's
+        one notion of a rank condition, ``distify.facts.rank_dependent``)."""
+        return self.anatomy.in_rank_guard(stmt)
 
     def enclosing_if(self, stmt: cst.CSTNode) -> Optional[cst.If]:
         parents = self.anatomy.stmt_parent.get(stmt, ())

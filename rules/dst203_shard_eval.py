@@ -8,6 +8,7 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple, Union
 import libcst as cst
 
 from distify.anatomy import CallSite, Loader, arg, assigned_name, dotted, iterated_ref
+from distify.facts import all_nodes, header_names, names, uses
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, binds_locally, loader_stem
 from distify.rules.dst910_iterable_dataset import is_iterable_dataset
 
@@ -159,9 +160,7 @@ class _Planner:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.a = ctx.anatomy
-        self.order = {s: i for i, s in enumerate(self.a.stmt_parent)}
         self.loop_cache: Dict[int, EvalLoop] = {}
-        self.bindings_cache: Dict[int, Dict[str, List["_Binding"]]] = {}
         # (function, parameter) reached by following a loader into a call
         self.param_edges: Set[Tuple[cst.FunctionDef, str]] = set()
 
@@ -218,8 +217,8 @@ class _Planner:
         # every call of a function whose parameter reaches a loop must pass a known eval loader
         strays: Dict[Tuple[int, str], str] = {}
         for fn, param in self.param_edges:
-            for site in self.callers(fn):
-                value = self.bound_value(site, fn, param)
+            for site in self.a.callers(fn, any_receiver=True):
+                value = self.a.bound_value(site.call, fn, param)
                 name = dotted(value) if value is not None else None
                 if name is None or (id(site.scope), name) not in known:
                     spelled = self.ctx.code(value) if value is not None else f"no {param}"
@@ -262,7 +261,7 @@ class _Planner:
             start = [(m, target) for m, k in self.a.methods.items() if k is cls]
         elif isinstance(loader.call.scope, cst.Module):
             start = [(self.a.module, target)]
-            for fn in self._all_functions():
+            for fn in self.a.all_functions():
                 if not binds_locally(self.a, fn, target):
                     start.append((fn, target))
         else:
@@ -278,7 +277,7 @@ class _Planner:
             seen.add((id(scope), name))
             plan.refs.add((id(scope), name))
             iters = self._loop_iters(scope, name)
-            for use, parents, nested in _uses(scope, name):
+            for use, parents, nested in uses(scope, name):
                 why = None
                 found = next((f for f, ids in iters if id(use) in ids), None)
                 parent = parents[-1] if parents else None
@@ -294,8 +293,8 @@ class _Planner:
                 elif isinstance(parent, cst.AssignTarget) and any(p is loader.call.stmt for p in parents):
                     pass  # the construction itself
                 elif isinstance(parent, cst.Arg) and isinstance(grand, cst.Call) and parent.value is use:
-                    callee = self._callee(grand, scope)
-                    param = self._param_for(callee, grand, parent) if callee is not None else None
+                    callee = self.a.callee(grand, scope)
+                    param = self.a.param_for(callee, grand, parent) if callee is not None else None
                     if isinstance(grand.func, cst.Name) and grand.func.value == "len":
                         why = f"`{_short(self.ctx.code(grand))}` counts this rank's batches only"
                     elif param is None:
@@ -310,62 +309,12 @@ class _Planner:
                     reason = why
         return reason
 
-    def _all_functions(self) -> List[cst.FunctionDef]:
-        return [s for s in self.a.stmt_parent if isinstance(s, cst.FunctionDef)]
-
     def _loop_iters(self, scope: Scope, name: str) -> List[Tuple[cst.For, Set[int]]]:
         out = []
         for loop, sc, _cls, _outer in self.a.fors:
             if sc is scope and iterated_ref(loop.iter, self.a.qualname) == name:
-                out.append((loop, {id(n) for n in _all_nodes(loop.iter)}))
+                out.append((loop, {id(n) for n in all_nodes(loop.iter)}))
         return out
-
-    def _callee(self, call: cst.Call, scope: Scope) -> Optional[cst.FunctionDef]:
-        d = dotted(call.func)
-        if d is None:
-            return None
-        if d in self.a.functions:
-            return self.a.functions[d]
-        if d.startswith("self.") and d.count(".") == 1 and isinstance(scope, cst.FunctionDef):
-            cls = self.a.methods.get(scope)
-            for m, k in self.a.methods.items():
-                if k is cls and m.name.value == d[5:]:
-                    return m
-        return None
-
-    def _param_for(self, fn: cst.FunctionDef, call: cst.Call, a: cst.Arg) -> Optional[str]:
-        params = [p.name.value for p in fn.params.params]
-        if fn in self.a.methods and params and params[0] == "self":
-            params = params[1:]
-        if any(x.star for x in call.args):
-            return None
-        if a.keyword is not None:
-            kw = a.keyword.value
-            ok = kw in params or kw in [p.name.value for p in fn.params.kwonly_params]
-            return kw if ok else None
-        positional = [x for x in call.args if x.keyword is None]
-        i = next(i for i, x in enumerate(positional) if x is a)
-        return params[i] if i < len(params) else None
-
-    def bound_value(self, site: CallSite, fn: cst.FunctionDef, param: str) -> Optional[cst.BaseExpression]:
-        params = [p.name.value for p in fn.params.params]
-        if fn in self.a.methods and params and params[0] == "self":
-            params = params[1:]
-        a = arg(site.call, params.index(param) if param in params else None, param)
-        return a.value if a is not None else None
-
-    def callers(self, fn: cst.FunctionDef) -> List[CallSite]:
-        name = fn.name.value
-        if fn in self.a.methods:
-            return [
-                c for c in self.a.calls if isinstance(c.call.func, cst.Attribute) and c.call.func.attr.value == name
-            ]
-        home = self.a.stmt_scope.get(fn)
-        return [
-            c
-            for c in self.a.calls
-            if dotted(c.call.func) == name and (self.a.functions.get(name) is fn or c.scope is home)
-        ]
 
     # -------------------------------------------------------------------------- one loop
     def loop(self, ev: EvalLoop) -> EvalLoop:
@@ -384,11 +333,11 @@ class _Planner:
             return "its evaluation loop has an `else:` clause"
         if loop.asynchronous is not None:
             return "its evaluation loop is an `async for`"
-        for node in _all_nodes(loop.iter):
+        for node in all_nodes(loop.iter):
             if isinstance(node, cst.Call) and dotted(node.func) == "zip" and len(node.args) > 1:
                 return "its evaluation loop zips it with another iterable"
 
-        body_nodes = list(_all_nodes(loop.body, skip_nested=True))
+        body_nodes = list(all_nodes(loop.body, skip_nested=True))
         for node in body_nodes:
             if isinstance(node, (cst.Return, cst.Yield, cst.Await)):
                 return f"its evaluation loop can leave early (`{_short(code(node))}`)"
@@ -399,9 +348,9 @@ class _Planner:
                 if q.startswith(COLLECTIVE_PREFIXES):
                     return f"its evaluation loop already communicates between ranks (`{_short(code(node))}`)"
 
-        target_names = {n.value for n, how in _names(loop.target, "store") if how == "store"}
+        target_names = {n.value for n, how in names(loop.target, "store") if how == "store"}
         local = set(target_names)
-        for n, how in _names(loop.body):
+        for n, how in names(loop.body):
             if how == "store":
                 local.add(n.value)
 
@@ -435,7 +384,7 @@ class _Planner:
         if not metrics:
             return "its evaluation loop accumulates no per-sample sum"
 
-        for n, how in _names(loop):
+        for n, how in names(loop):
             if n.value in metrics and how != "aug":
                 return f"metric `{n.value}` is read inside the evaluation loop"
 
@@ -523,25 +472,11 @@ class _Planner:
         return False
 
     # -------------------------------------------------------------------------- flow around the loop
-    def _bindings(self, scope: Scope) -> Dict[str, List["_Binding"]]:
-        cached = self.bindings_cache.get(id(scope))
-        if cached is not None:
-            return cached
-        out: Dict[str, List[_Binding]] = {}
-        for stmt in self.a.stmt_parent:
-            if self.a.stmt_scope.get(stmt) is not scope:
-                continue
-            for name, literal, kind in _stmt_bindings(stmt):
-                out.setdefault(name, []).append(_Binding(stmt, kind, literal))
-        self.bindings_cache[id(scope)] = out
-        return out
-
     def _initialised(self, name: str, loop: cst.For, scope: Scope) -> Optional[str]:
         a = self.a
-        at = self.order[loop]
-        binds = self._bindings(scope).get(name, [])
-        before = [b for b in binds if self.order[b.stmt] < at]
-        init = before[-1] if before else None
+        at = self.a.order(loop)
+        binds = self.a.bindings(scope).get(name, [])
+        init = a.reaching_binding(scope, name, loop)
         if init is None or init.kind != "assign" or not init.literal:
             return f"metric `{name}` does not start from a number literal right before the evaluation loop"
         outer = a.stmt_parent.get(init.stmt, ())
@@ -552,12 +487,11 @@ class _Planner:
             return f"metric `{name}` is set outside a loop around the evaluation loop, so it adds up across its rounds"
         inside = lambda s: loop in a.stmt_parent.get(s, ())  # noqa: E731
         for b in binds:
-            if self.order[b.stmt] <= at or inside(b.stmt):
+            if self.a.order(b.stmt) <= at or inside(b.stmt):
                 continue
             if b.kind != "aug":
                 break  # set afresh: later sums start over
-            loops = [p for p in a.stmt_parent.get(b.stmt, ()) if isinstance(p, (cst.For, cst.While))]
-            if any(p not in around for p in loops):
+            if any(p not in around for p in a.loops_around(b.stmt)):
                 line = a.position(b.stmt)[0]
                 return f"metric `{name}` keeps adding up in another loop (line {line})"
         return None
@@ -567,14 +501,14 @@ class _Planner:
         if not local:
             return None
         a = self.a
-        at = self.order[loop]
+        at = self.a.order(loop)
         pending = set(local)
-        for stmt in a.stmt_parent:
+        for stmt in a.facts.statements(scope):
             if not pending:
                 break
-            if a.stmt_scope.get(stmt) is not scope or self.order[stmt] <= at or loop in a.stmt_parent.get(stmt, ()):
+            if self.a.order(stmt) <= at or loop in a.stmt_parent.get(stmt, ()):
                 continue
-            for n, how in _header_names(stmt):
+            for n, how in header_names(stmt):
                 if n.value not in pending:
                     continue
                 if how == "store":
@@ -594,7 +528,7 @@ class _Planner:
             if isinstance(fn, cst.Module) or id(fn) in seen or depth > 6:
                 continue
             seen.add(id(fn))
-            sites = self.callers(fn)
+            sites = self.a.callers(fn, any_receiver=True)
             if not sites:
                 return f"`{fn.name.value}` is not called where distify can see it"
             for site in sites:
@@ -614,7 +548,7 @@ class _Planner:
         if isinstance(scope, cst.FunctionDef):
             if any(self._no_grad_expr(d.decorator) for d in scope.decorators):
                 return True
-            sites = self.callers(scope)
+            sites = self.a.callers(scope, any_receiver=True)
             return bool(sites) and all(
                 any(self._no_grad_with(p) for p in self.a.stmt_parent.get(s.stmt, ())) for s in sites
             )
@@ -632,13 +566,6 @@ class _Planner:
             a = arg(e, 0, "mode")
             return a is not None and isinstance(a.value, cst.Name) and a.value.value == "False"
         return False
-
-
-@dataclass(eq=False)
-class _Binding:
-    stmt: cst.CSTNode
-    kind: str  # assign | aug | other
-    literal: bool
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -672,10 +599,6 @@ def _flatten(t: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
         yield from _flatten(t.value)
     else:
         yield t
-
-
-def _number(e: cst.BaseExpression) -> bool:
-    return isinstance(e, (cst.Integer, cst.Float))
 
 
 def _sum_reduction(call: cst.Call) -> bool:
@@ -735,174 +658,10 @@ def _inside_expression_statement(site: CallSite) -> bool:
         return False
     for small in stmt.body:
         if isinstance(small, cst.Expr) and small.value is not site.call and any(
-            n is site.call for n in _all_nodes(small)
+            n is site.call for n in all_nodes(small)
         ):
             return True
     return False
-
-
-def _all_nodes(node: cst.CSTNode, skip_nested: bool = False) -> Iterator[cst.CSTNode]:
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        if skip_nested and n is not node and isinstance(n, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
-            continue
-        stack.extend(reversed(n.children))
-
-
-def _names(node: cst.CSTNode, how: str = "load") -> Iterator[Tuple[cst.Name, str]]:
-    """Every variable name in `node` with how it is used: load, store, or aug (`x += ...`)."""
-    if isinstance(node, cst.Name):
-        yield node, how
-    elif isinstance(node, cst.Attribute):
-        yield from _names(node.value)
-    elif isinstance(node, cst.Subscript):
-        yield from _names(node.value)
-        for el in node.slice:
-            yield from _names(el)
-    elif isinstance(node, (cst.Tuple, cst.List)) and how == "store":
-        for el in node.elements:
-            yield from _names(el.value, how)
-    elif isinstance(node, cst.StarredElement) and how == "store":
-        yield from _names(node.value, how)
-    elif isinstance(node, cst.Assign):
-        yield from _names(node.value)
-        for t in node.targets:
-            yield from _names(t.target, "store")
-    elif isinstance(node, cst.AugAssign):
-        yield from _names(node.value)
-        yield from _names(node.target, "aug" if isinstance(node.target, cst.Name) else "load")
-    elif isinstance(node, cst.AnnAssign):
-        if node.value is not None:
-            yield from _names(node.value)
-        yield from _names(node.target, "store")
-    elif isinstance(node, (cst.For, cst.CompFor)):
-        yield from _names(node.iter)
-        yield from _names(node.target, "store")
-        for c in node.children:
-            if c is not node.iter and c is not node.target:
-                yield from _names(c)
-    elif isinstance(node, cst.WithItem):
-        yield from _names(node.item)
-        if node.asname is not None:
-            yield from _names(node.asname.name, "store")
-    elif isinstance(node, cst.NamedExpr):
-        yield from _names(node.value)
-        yield from _names(node.target, "store")
-    elif isinstance(node, cst.Del):
-        yield from _names(node.target, "store")
-    elif isinstance(node, cst.Arg):
-        yield from _names(node.value)
-    elif isinstance(node, cst.Param):
-        if node.default is not None:
-            yield from _names(node.default)
-    elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
-        for d in node.decorators:
-            yield from _names(d)
-        yield from _names(node.body)
-    elif isinstance(node, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)):
-        return
-    else:
-        for c in node.children:
-            yield from _names(c)
-
-
-def _header_names(stmt: cst.CSTNode) -> List[Tuple[cst.Name, str]]:
-    """Names a statement itself reads and binds, in order (not those of nested statements)."""
-    if isinstance(stmt, cst.SimpleStatementLine):
-        return list(_names(stmt))
-    if isinstance(stmt, cst.For):
-        return list(_names(stmt.iter)) + list(_names(stmt.target, "store"))
-    if isinstance(stmt, (cst.If, cst.While)):
-        return list(_names(stmt.test))
-    if isinstance(stmt, cst.With):
-        out: List[Tuple[cst.Name, str]] = []
-        for item in stmt.items:
-            out += list(_names(item))
-        return out
-    return []
-
-
-def _stmt_bindings(stmt: cst.CSTNode) -> Iterator[Tuple[str, bool, str]]:
-    """(name, bound to a number literal, kind) for each name the statement itself binds."""
-    if isinstance(stmt, cst.SimpleStatementLine):
-        for small in stmt.body:
-            if isinstance(small, cst.Assign):
-                for t in small.targets:
-                    tgt, val = t.target, small.value
-                    if isinstance(tgt, cst.Name):
-                        yield tgt.value, _number(val), "assign"
-                    elif isinstance(tgt, (cst.Tuple, cst.List)):
-                        values = (
-                            [el.value for el in val.elements] if isinstance(val, (cst.Tuple, cst.List)) else None
-                        )
-                        names = [el.value for el in tgt.elements]
-                        paired = values is not None and len(values) == len(names)
-                        for i, el in enumerate(names):
-                            for n, how in _names(el, "store"):
-                                literal = paired and el is n and _number(values[i])
-                                yield n.value, literal, "assign"
-            elif isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name):
-                literal = small.value is not None and _number(small.value)
-                yield small.target.value, literal, "assign" if small.value is not None else "other"
-            elif isinstance(small, cst.AugAssign) and isinstance(small.target, cst.Name):
-                yield small.target.value, False, "aug"
-            else:
-                for n, how in _names(small):
-                    if how == "store":
-                        yield n.value, False, "other"
-    else:
-        for n, how in _header_names(stmt):
-            if how == "store":
-                yield n.value, False, "other"
-        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-            yield stmt.name.value, False, "other"
-
-
-def _uses(scope: Scope, name: str) -> Iterator[Tuple[cst.CSTNode, Tuple[cst.CSTNode, ...], bool]]:
-    """Every expression spelling `name` in the scope: (node, its ancestors, inside a nested def).
-
-    A module scope skips function and class bodies (each function is a scope of its own); a
-    function scope reports what it finds in nested functions and lambdas as nested.
-    """
-    dotted_name = "." in name
-
-    def walk(node: cst.CSTNode, parents: Tuple[cst.CSTNode, ...], nested: bool):
-        if isinstance(node, cst.Attribute):
-            if dotted(node) == name:
-                yield node, parents, nested
-                return
-            yield from walk(node.value, parents + (node,), nested)
-            return
-        if isinstance(node, cst.Name):
-            if not dotted_name and node.value == name:
-                yield node, parents, nested
-            return
-        if isinstance(node, cst.Arg):
-            yield from walk(node.value, parents + (node,), nested)
-            return
-        if isinstance(node, cst.Param):
-            if node.default is not None:
-                yield from walk(node.default, parents + (node,), nested)
-            return
-        if isinstance(node, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)):
-            return
-        if node is not scope and isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            if isinstance(scope, cst.Module) and not isinstance(node, cst.Lambda):
-                return
-            for c in node.children:
-                if isinstance(c, cst.Name) and not isinstance(node, cst.Lambda):
-                    continue
-                yield from walk(c, parents + (node,), True)
-            return
-        if isinstance(node, cst.FunctionDef):  # the scope itself: its body, not its signature
-            yield from walk(node.body, parents + (node,), nested)
-            return
-        for c in node.children:
-            yield from walk(c, parents + (node,), nested)
-
-    yield from walk(scope, (), False)
 
 
 RULE = ShardEval()

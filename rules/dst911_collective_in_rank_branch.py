@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import re
-from typing import Dict, List, Optional, Set
+from typing import Dict, Set
 
 import libcst as cst
 
 from distify.anatomy import COLLECTIVES
+from distify.facts import branch_of, rank_dependent
 from distify.rules.base import Context, Rule
-from distify.walk import walk
-
-# identifiers that make a condition depend on which process evaluates it
-_RANK = re.compile(
-    r"(^|_)rank(_?0|_?zero)?$|^is_main(_process)?$|^main_process$|^is_master(_process)?$"
-    r"|^is_(global|local)_zero$|^is_rank_?(0|zero)$"
-)
 
 
 class CollectiveInRankBranch(Rule):
@@ -73,7 +66,7 @@ class CollectiveInRankBranch(Rule):
                 if not isinstance(parent, cst.If) or not rank_dependent(parent.test):
                     continue
                 # `if rank == 0: dist.barrier()` on one line: the call is part of the If statement
-                side = _side(parent, chain[i + 1] if i + 1 < len(chain) else c.call)
+                side = branch_of(parent, chain[i + 1] if i + 1 < len(chain) else c.call)
                 if side is None:
                     continue
                 branches.setdefault(parent, set()).add(side)
@@ -90,72 +83,6 @@ class CollectiveInRankBranch(Rule):
                 f"{ctx.code(c.call.func)}() inside {where} runs on some ranks only and every rank waits "
                 "for it (hang): call it on all ranks before the `if`, keep only the use of its result inside",
             )
-
-
-def rank_dependent(test: cst.BaseExpression) -> bool:
-    """True when a condition reads the rank (or asks "am I the main process?").
-
-    Comparisons of a rank with -1 alone (``local_rank != -1``) are skipped: they tell a
-    distributed launch from a plain one and are equal on every rank."""
-    hits: List[str] = []
-
-    class V(cst.CSTVisitor):
-        def visit_Comparison(self, node: cst.Comparison) -> Optional[bool]:
-            if _names(node.left) and all(
-                isinstance(t.operator, (cst.Equal, cst.NotEqual, cst.Is, cst.IsNot)) and _is_minus_one(t.comparator)
-                for t in node.comparisons
-            ):
-                return False  # `rank != -1`: do not look inside
-            return True
-
-        def visit_Name(self, node: cst.Name) -> None:
-            if _RANK.search(node.value.lower()):
-                hits.append(node.value)
-
-    walk(test, V())
-    return bool(hits)
-
-
-def _names(expr: cst.BaseExpression) -> bool:
-    """The left side of a comparison is a rank reference (name, attribute or call)."""
-    if isinstance(expr, cst.Call):
-        expr = expr.func
-    last = expr.attr if isinstance(expr, cst.Attribute) else expr
-    return isinstance(last, cst.Name) and bool(_RANK.search(last.value.lower()))
-
-
-def _is_minus_one(expr: cst.BaseExpression) -> bool:
-    return (
-        isinstance(expr, cst.UnaryOperation)
-        and isinstance(expr.operator, cst.Minus)
-        and isinstance(expr.expression, cst.Integer)
-        and expr.expression.value == "1"
-    )
-
-
-def _side(node: cst.If, target: cst.CSTNode) -> Optional[str]:
-    """Which branch of `node` holds `target`: "body", "orelse" (else or elif) or None (the test)."""
-    if _within(node.body, target):
-        return "body"
-    if node.orelse is not None and _within(node.orelse, target):
-        return "orelse"
-    return None
-
-
-def _within(tree: cst.CSTNode, target: cst.CSTNode) -> bool:
-    found = []
-
-    class V(cst.CSTVisitor):
-        def on_visit(self, n: cst.CSTNode) -> bool:
-            if found:
-                return False
-            if n is target:
-                found.append(n)
-                return False
-            return True
-
-    walk(tree, V())
-    return bool(found)
 
 
 RULE = CollectiveInRankBranch()

@@ -1,0 +1,458 @@
+"""Program facts the anatomy answers questions about: bindings, uses, callers, guards, loops.
+
+The anatomy (``distify.anatomy``) owns this module: it builds one ``Facts`` from its visitor pass
+and exposes the queries as its own methods. Rules, the output audit and ``distify lint`` ask these
+questions instead of carrying their own def-use machinery, so a new check is a question, not a new
+analyser. Everything here is read-only and works on the records the anatomy's single pass made
+(statements in source order with their enclosing statements and scope, every call site).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Tuple, Union
+
+import libcst as cst
+
+from distify.walk import walk
+
+Scope = Union[cst.Module, cst.FunctionDef]
+
+
+def dotted(expr: Optional[cst.CSTNode]) -> Optional[str]:
+    """'a.b.c' for Name/Attribute chains, else None."""
+    if isinstance(expr, cst.Name):
+        return expr.value
+    if isinstance(expr, cst.Attribute):
+        base = dotted(expr.value)
+        return f"{base}.{expr.attr.value}" if base else None
+    return None
+
+
+def arg(call: cst.Call, pos: Optional[int], kw: Optional[str]) -> Optional[cst.Arg]:
+    if kw is not None:
+        for a in call.args:
+            if a.keyword is not None and a.keyword.value == kw:
+                return a
+    if pos is not None:
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        if len(positional) > pos:
+            return positional[pos]
+    return None
+
+
+@dataclass(eq=False)
+class Binding:
+    """One statement binding a name in a scope."""
+
+    stmt: cst.CSTNode
+    kind: str  # assign (`x = ...`) | aug (`x += ...`) | other (for target, with-as, def, import...)
+    literal: bool  # bound to a number literal (`x = 0`, `a, b = 0, 0.0`)
+
+
+# ------------------------------------------------------------------------------ rank conditions
+
+# identifiers that make a condition depend on which process evaluates it
+_RANK = re.compile(
+    r"(^|_)rank(_?0|_?zero)?$|^is_main(_process)?$|^main_process$|^is_master(_process)?$"
+    r"|^is_(global|local)_zero$|^is_rank_?(0|zero)$"
+)
+
+
+def rank_dependent(test: cst.BaseExpression) -> bool:
+    """True when a condition reads the rank (or asks "am I the main process?"): the one notion of a
+    rank condition every rule and check uses.
+
+    Comparisons of a rank with -1 alone (``local_rank != -1``) are skipped: they tell a
+    distributed launch from a plain one and are equal on every rank."""
+    hits: List[str] = []
+
+    class V(cst.CSTVisitor):
+        def visit_Comparison(self, node: cst.Comparison) -> Optional[bool]:
+            if _rank_ref(node.left) and all(
+                isinstance(t.operator, (cst.Equal, cst.NotEqual, cst.Is, cst.IsNot)) and _is_minus_one(t.comparator)
+                for t in node.comparisons
+            ):
+                return False  # `rank != -1`: do not look inside
+            return True
+
+        def visit_Name(self, node: cst.Name) -> None:
+            if _RANK.search(node.value.lower()):
+                hits.append(node.value)
+
+    walk(test, V())
+    return bool(hits)
+
+
+def _rank_ref(expr: cst.BaseExpression) -> bool:
+    """The left side of a comparison is a rank reference (name, attribute or call)."""
+    if isinstance(expr, cst.Call):
+        expr = expr.func
+    last = expr.attr if isinstance(expr, cst.Attribute) else expr
+    return isinstance(last, cst.Name) and bool(_RANK.search(last.value.lower()))
+
+
+def _is_minus_one(expr: cst.BaseExpression) -> bool:
+    return (
+        isinstance(expr, cst.UnaryOperation)
+        and isinstance(expr.operator, cst.Minus)
+        and isinstance(expr.expression, cst.Integer)
+        and expr.expression.value == "1"
+    )
+
+
+def branch_of(node: cst.If, target: cst.CSTNode) -> Optional[str]:
+    """Which branch of `node` holds `target`: "body", "orelse" (else or elif) or None (the test)."""
+    if contains_node(node.body, target):
+        return "body"
+    if node.orelse is not None and contains_node(node.orelse, target):
+        return "orelse"
+    return None
+
+
+def contains_node(tree: cst.CSTNode, target: cst.CSTNode) -> bool:
+    found = []
+
+    class V(cst.CSTVisitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            if found:
+                return False
+            if n is target:
+                found.append(n)
+                return False
+            return True
+
+    walk(tree, V())
+    return bool(found)
+
+
+# ------------------------------------------------------------------------------ the queries
+
+
+class Facts:
+    """Queries over one analysed module (built by ``distify.anatomy.analyse``)."""
+
+    def __init__(self, module, calls, functions, methods, stmt_parent, stmt_scope) -> None:
+        self.module = module
+        self.calls = calls
+        self.functions = functions  # module-level functions by name
+        self.methods = methods  # method -> its class
+        self.stmt_parent = stmt_parent  # statement -> enclosing statements in its scope, outermost first
+        self.stmt_scope = stmt_scope
+        self._order: Optional[Dict[cst.CSTNode, int]] = None
+        self._by_callee: Optional[Dict[str, list]] = None
+        self._callers: Dict[Tuple[int, bool], list] = {}
+        self._bindings: Dict[int, Dict[str, List[Binding]]] = {}
+
+    # order and nesting -------------------------------------------------------------------
+    def order(self, stmt: cst.CSTNode) -> int:
+        """Source order of a statement (its index in the analysis pass), -1 when unknown."""
+        if self._order is None:
+            self._order = {s: i for i, s in enumerate(self.stmt_parent)}
+        return self._order.get(stmt, -1)
+
+    def statements(self, scope: Optional[Scope] = None) -> Iterator[cst.CSTNode]:
+        """Every statement in source order (of one scope when given; nested statements included)."""
+        for s in self.stmt_parent:
+            if scope is None or self.stmt_scope.get(s) is scope:
+                yield s
+
+    def all_functions(self) -> List[cst.FunctionDef]:
+        """Every function definition, nested ones and methods included, in source order."""
+        return [s for s in self.stmt_parent if isinstance(s, cst.FunctionDef)]
+
+    def loops_around(self, stmt: cst.CSTNode) -> List[cst.CSTNode]:
+        """The for/while statements enclosing `stmt` in its scope, outermost first."""
+        return [p for p in self.stmt_parent.get(stmt, ()) if isinstance(p, (cst.For, cst.While))]
+
+    def rank_guards(self, stmt: cst.CSTNode) -> List[Tuple[cst.If, str]]:
+        """The rank conditions enclosing `stmt` in its scope, outermost first, with the branch the
+        statement is in ("body" or "orelse"). A statement that is itself an `if` on the rank is
+        not under its own condition."""
+        out = []
+        parents = self.stmt_parent.get(stmt, ())
+        for i, parent in enumerate(parents):
+            if isinstance(parent, cst.If) and rank_dependent(parent.test):
+                inner = parents[i + 1] if i + 1 < len(parents) else stmt
+                side = branch_of(parent, inner)
+                if side is not None:
+                    out.append((parent, side))
+        return out
+
+    def in_rank_guard(self, stmt: cst.CSTNode) -> bool:
+        """The statement sits under an `if` on the rank (see ``rank_dependent``)."""
+        return any(
+            isinstance(p, cst.If) and rank_dependent(p.test) for p in self.stmt_parent.get(stmt, ())
+        )
+
+    # calls -------------------------------------------------------------------------------
+    def callers(self, fn: cst.FunctionDef, any_receiver: bool = False) -> list:
+        """Call sites of `fn`: a module-level function by its name, a nested function from the
+        scope that defines it, a method through ``self`` in its own class. ``any_receiver``: for a
+        method, every ``x.name(...)`` call (the sites that may call it, for checks that must see
+        every use)."""
+        key = (id(fn), any_receiver)
+        if key in self._callers:
+            return self._callers[key]
+        if self._by_callee is None:
+            self._by_callee = {}
+            for c in self.calls:
+                d = dotted(c.call.func)
+                if d is not None:
+                    self._by_callee.setdefault(d, []).append(c)
+        name = fn.name.value
+        cls = self.methods.get(fn)
+        if cls is None:
+            home = self.stmt_scope.get(fn)
+            out = [
+                c for c in self._by_callee.get(name, ()) if self.functions.get(name) is fn or c.scope is home
+            ]
+        elif any_receiver:
+            out = [c for c in self.calls if isinstance(c.call.func, cst.Attribute) and c.call.func.attr.value == name]
+        else:
+            out = [c for c in self._by_callee.get(f"self.{name}", ()) if c.cls is cls]
+        self._callers[key] = out
+        return out
+
+    def callee(self, call: cst.Call, scope: Scope) -> Optional[cst.FunctionDef]:
+        """The function of this module a call runs: `f(...)` of a module-level `f`, or
+        `self.m(...)` of a method of the enclosing class."""
+        d = dotted(call.func)
+        if d is None:
+            return None
+        if d in self.functions:
+            return self.functions[d]
+        if d.startswith("self.") and d.count(".") == 1 and isinstance(scope, cst.FunctionDef):
+            cls = self.methods.get(scope)
+            for m, k in self.methods.items():
+                if k is cls and m.name.value == d[5:]:
+                    return m
+        return None
+
+    def params(self, fn: cst.FunctionDef) -> List[str]:
+        """The positional parameters a call binds, in order (`self` of a method left out)."""
+        params = [p.name.value for p in fn.params.params]
+        if fn in self.methods and params and params[0] == "self":
+            params = params[1:]
+        return params
+
+    def param_for(self, fn: cst.FunctionDef, call: cst.Call, a: cst.Arg) -> Optional[str]:
+        """The parameter of `fn` that argument `a` of `call` binds (None when unsure: * or **)."""
+        params = self.params(fn)
+        if any(x.star for x in call.args):
+            return None
+        if a.keyword is not None:
+            kw = a.keyword.value
+            ok = kw in params or kw in [p.name.value for p in fn.params.kwonly_params]
+            return kw if ok else None
+        positional = [x for x in call.args if x.keyword is None]
+        i = next(i for i, x in enumerate(positional) if x is a)
+        return params[i] if i < len(params) else None
+
+    def bound_value(self, call: cst.Call, fn: cst.FunctionDef, param: str) -> Optional[cst.BaseExpression]:
+        """The expression `call` passes for `fn`'s parameter `param` (None when it passes none)."""
+        params = self.params(fn)
+        a = arg(call, params.index(param) if param in params else None, param)
+        return a.value if a is not None else None
+
+    # bindings and uses -------------------------------------------------------------------
+    def bindings(self, scope: Scope) -> Dict[str, List[Binding]]:
+        """Every name the statements of `scope` bind, each with its bindings in source order."""
+        cached = self._bindings.get(id(scope))
+        if cached is not None:
+            return cached
+        out: Dict[str, List[Binding]] = {}
+        for stmt in self.statements(scope):
+            for name, literal, kind in stmt_bindings(stmt):
+                out.setdefault(name, []).append(Binding(stmt, kind, literal))
+        self._bindings[id(scope)] = out
+        return out
+
+    def reaching_binding(self, scope: Scope, name: str, stmt: cst.CSTNode) -> Optional[Binding]:
+        """The last binding of `name` in `scope` written before `stmt` (source order)."""
+        at = self.order(stmt)
+        before = [b for b in self.bindings(scope).get(name, []) if self.order(b.stmt) < at]
+        return before[-1] if before else None
+
+    def uses(self, scope: Scope, name: str):
+        """Every expression spelling `name` in `scope` (see ``uses``)."""
+        return uses(scope, name)
+
+
+# ------------------------------------------------------------------------------ name walking
+
+
+def all_nodes(node: cst.CSTNode, skip_nested: bool = False) -> Iterator[cst.CSTNode]:
+    """`node` and everything below it (not below nested defs/lambdas/classes with skip_nested)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        if skip_nested and n is not node and isinstance(n, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            continue
+        stack.extend(reversed(n.children))
+
+
+def names(node: cst.CSTNode, how: str = "load") -> Iterator[Tuple[cst.Name, str]]:
+    """Every variable name in `node` with how it is used: load, store, or aug (`x += ...`)."""
+    if isinstance(node, cst.Name):
+        yield node, how
+    elif isinstance(node, cst.Attribute):
+        yield from names(node.value)
+    elif isinstance(node, cst.Subscript):
+        yield from names(node.value)
+        for el in node.slice:
+            yield from names(el)
+    elif isinstance(node, (cst.Tuple, cst.List)) and how == "store":
+        for el in node.elements:
+            yield from names(el.value, how)
+    elif isinstance(node, cst.StarredElement) and how == "store":
+        yield from names(node.value, how)
+    elif isinstance(node, cst.Assign):
+        yield from names(node.value)
+        for t in node.targets:
+            yield from names(t.target, "store")
+    elif isinstance(node, cst.AugAssign):
+        yield from names(node.value)
+        yield from names(node.target, "aug" if isinstance(node.target, cst.Name) else "load")
+    elif isinstance(node, cst.AnnAssign):
+        if node.value is not None:
+            yield from names(node.value)
+        yield from names(node.target, "store")
+    elif isinstance(node, (cst.For, cst.CompFor)):
+        yield from names(node.iter)
+        yield from names(node.target, "store")
+        for c in node.children:
+            if c is not node.iter and c is not node.target:
+                yield from names(c)
+    elif isinstance(node, cst.WithItem):
+        yield from names(node.item)
+        if node.asname is not None:
+            yield from names(node.asname.name, "store")
+    elif isinstance(node, cst.NamedExpr):
+        yield from names(node.value)
+        yield from names(node.target, "store")
+    elif isinstance(node, cst.Del):
+        yield from names(node.target, "store")
+    elif isinstance(node, cst.Arg):
+        yield from names(node.value)
+    elif isinstance(node, cst.Param):
+        if node.default is not None:
+            yield from names(node.default)
+    elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+        for d in node.decorators:
+            yield from names(d)
+        yield from names(node.body)
+    elif isinstance(node, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)):
+        return
+    else:
+        for c in node.children:
+            yield from names(c)
+
+
+def header_names(stmt: cst.CSTNode) -> List[Tuple[cst.Name, str]]:
+    """Names a statement itself reads and binds, in order (not those of nested statements)."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        return list(names(stmt))
+    if isinstance(stmt, cst.For):
+        return list(names(stmt.iter)) + list(names(stmt.target, "store"))
+    if isinstance(stmt, (cst.If, cst.While)):
+        return list(names(stmt.test))
+    if isinstance(stmt, cst.With):
+        out: List[Tuple[cst.Name, str]] = []
+        for item in stmt.items:
+            out += list(names(item))
+        return out
+    return []
+
+
+def _number(e: cst.BaseExpression) -> bool:
+    return isinstance(e, (cst.Integer, cst.Float))
+
+
+def stmt_bindings(stmt: cst.CSTNode) -> Iterator[Tuple[str, bool, str]]:
+    """(name, bound to a number literal, kind) for each name the statement itself binds."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        for small in stmt.body:
+            if isinstance(small, cst.Assign):
+                for t in small.targets:
+                    tgt, val = t.target, small.value
+                    if isinstance(tgt, cst.Name):
+                        yield tgt.value, _number(val), "assign"
+                    elif isinstance(tgt, (cst.Tuple, cst.List)):
+                        values = (
+                            [el.value for el in val.elements] if isinstance(val, (cst.Tuple, cst.List)) else None
+                        )
+                        targets = [el.value for el in tgt.elements]
+                        paired = values is not None and len(values) == len(targets)
+                        for i, el in enumerate(targets):
+                            for n, how in names(el, "store"):
+                                literal = paired and el is n and _number(values[i])
+                                yield n.value, literal, "assign"
+            elif isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name):
+                literal = small.value is not None and _number(small.value)
+                yield small.target.value, literal, "assign" if small.value is not None else "other"
+            elif isinstance(small, cst.AugAssign) and isinstance(small.target, cst.Name):
+                yield small.target.value, False, "aug"
+            else:
+                for n, how in names(small):
+                    if how == "store":
+                        yield n.value, False, "other"
+    else:
+        for n, how in header_names(stmt):
+            if how == "store":
+                yield n.value, False, "other"
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            yield stmt.name.value, False, "other"
+
+
+def uses(scope: Scope, name: str) -> Iterator[Tuple[cst.CSTNode, Tuple[cst.CSTNode, ...], bool]]:
+    """Every expression spelling `name` in the scope: (node, its ancestors, inside a nested def).
+
+    A module scope skips function and class bodies (each function is a scope of its own); a
+    function scope reports what it finds in nested functions and lambdas as nested.
+    """
+    dotted_name = "." in name
+
+    def visit(node: cst.CSTNode, parents: Tuple[cst.CSTNode, ...], nested: bool):
+        if isinstance(node, cst.Attribute):
+            if dotted(node) == name:
+                yield node, parents, nested
+                return
+            yield from visit(node.value, parents + (node,), nested)
+            return
+        if isinstance(node, cst.Name):
+            if not dotted_name and node.value == name:
+                yield node, parents, nested
+            return
+        if isinstance(node, cst.Arg):
+            yield from visit(node.value, parents + (node,), nested)
+            return
+        if isinstance(node, cst.Param):
+            if node.default is not None:
+                yield from visit(node.default, parents + (node,), nested)
+            return
+        if isinstance(node, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)):
+            return
+        if node is not scope and isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            if isinstance(scope, cst.Module) and not isinstance(node, cst.Lambda):
+                return
+            for c in node.children:
+                if isinstance(c, cst.Name) and not isinstance(node, cst.Lambda):
+                    continue
+                yield from visit(c, parents + (node,), True)
+            return
+        if isinstance(node, cst.FunctionDef):  # the scope itself: its body, not its signature
+            yield from visit(node.body, parents + (node,), nested)
+            return
+        for c in node.children:
+            yield from visit(c, parents + (node,), nested)
+
+    yield from visit(scope, (), False)
+
+
+__all__ = [
+    "Binding", "Facts", "all_nodes", "arg", "branch_of", "contains_node", "dotted", "header_names",
+    "names", "rank_dependent", "stmt_bindings", "uses",
+]
