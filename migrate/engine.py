@@ -16,12 +16,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
-import libcst as cst
+from distify.findings import Finding
+from distify.options import Options
 
-from distify.anatomy import analyse
-from distify.edits import ApplyEdits
-from distify.rules import selected
-from distify.rules.base import Context, Finding, Options
+# libcst, the anatomy and the rules are imported where a file is parsed (``_migrate``): a run whose
+# files all come from the cache (``distify.cache``) never loads them.
 
 
 class Mode(enum.Enum):
@@ -100,6 +99,13 @@ def _migrate(source: bytes, options: Options) -> MigrationResult:
     if _quick_skip(text):
         return MigrationResult(source, source, note="no torch code", encoding=encoding)
     _check_syntax(source)
+    import libcst as cst
+
+    from distify.anatomy import analyse
+    from distify.edits import ApplyEdits
+    from distify.rules import selected
+    from distify.rules.base import Context
+
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as e:
@@ -189,6 +195,9 @@ def _standalone(module: cst.Module, ctx: Context, findings: List[Finding]) -> cs
 def _advice(anatomy, options: Options) -> Tuple[Finding, ...]:
     """Warnings of the rules that also check a script already distributed (``checks_distributed``,
     e.g. DST911: a collective only some ranks reach); nothing is edited."""
+    from distify.rules import selected
+    from distify.rules.base import Context
+
     rules = [r for r in selected(options.backend, options.select, options.ignore) if getattr(r, "checks_distributed", False)]
     if not rules:
         return ()
@@ -270,7 +279,9 @@ def iter_python_files(paths: Sequence[str], exclude: Sequence[str] = ()) -> Iter
             yield p, "no such file or directory"
 
 
-def process_file(path: str, mode: Mode, options: Options) -> FileResult:
+def process_file(path: str, mode: Mode, options: Options, cache=None, parse: bool = True) -> Optional[FileResult]:
+    """Migrate one file. With a ``distify.cache.Cache``, a file already found clean is not parsed,
+    and one found clean now is stored; with ``parse=False`` a cache miss returns None."""
     try:
         real = os.path.realpath(path)  # rewrite a symlink's target, keep the link
         st = os.stat(real)
@@ -287,6 +298,11 @@ def process_file(path: str, mode: Mode, options: Options) -> FileResult:
             source = f.read()
     except OSError as e:
         return FileResult(path, Status.ERROR, message=f"cannot read: {e.strerror or e}")
+    hit = cache.get(source) if cache is not None else None
+    if hit is not None:
+        return FileResult(path, Status.UNCHANGED, hit.findings, hit.note, source, source, hit.encoding)
+    if not parse:
+        return None
     try:
         result = migrate_source(source, options)
     except InputError as e:
@@ -294,6 +310,8 @@ def process_file(path: str, mode: Mode, options: Options) -> FileResult:
     except Exception as e:  # noqa: BLE001 - reported as an internal failure, exit 123
         return FileResult(path, Status.FAILED, message=f"internal error: {type(e).__name__}: {e}", source=source)
     if not result.changed:
+        if cache is not None:
+            cache.put(source, result.findings, result.note, result.encoding)
         return FileResult(
             path, Status.UNCHANGED, result.findings, message=result.note, source=source, output=source,
             encoding=result.encoding,

@@ -14,22 +14,9 @@ import libcst as cst
 from distify.anatomy import COLLECTIVES, Anatomy, CallSite, arg, dotted
 from distify.edits import EditSet, parse_stmts
 
+from distify.findings import Finding  # import-light, so that a cached run can report without libcst
 from distify.options import BACKENDS, DDP_BACKEND, HOROVOD_BACKEND, Options
 from distify.walk import walk
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One line of the report: a change made (``fix``) or a problem left alone (``warning``)."""
-
-    code: str
-    line: int
-    col: int
-    message: str
-    kind: str = "fix"  # fix | warning | info
-
-    def format(self, path: str) -> str:
-        return f"{path}:{self.line}:{self.col}: {self.code} {self.message}"
 
 
 class Context:

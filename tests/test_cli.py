@@ -119,12 +119,12 @@ def test_quiet_still_reports_errors(cli, tmp_path):
 
 
 def test_internal_failure_exits_123(cli, train_py, monkeypatch):
-    import distify.engine
+    import distify.anatomy
 
     def boom(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(distify.engine, "analyse", boom)
+    monkeypatch.setattr(distify.anatomy, "analyse", boom)  # the engine imports it when it parses
     before = train_py.read_bytes()
     result = cli(train_py)
     assert result.exit_code == EXIT_INTERNAL
