@@ -1,4 +1,4 @@
-from distify.cli import main
+from distify.runner import main
 
 if __name__ == "__main__":
     main()

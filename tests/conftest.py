@@ -24,6 +24,13 @@ def launcher_free_env() -> dict:
 
 
 # --- CLI / IO tests -------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _own_cache_dir(tmp_path_factory, monkeypatch):
+    """Each test gets an empty distify cache of its own (inherited by the subprocesses it starts):
+    runs within a test use the cache, as a user's do; nothing leaks between tests or into ~/.cache."""
+    monkeypatch.setenv("DISTIFY_CACHE_DIR", str(tmp_path_factory.mktemp("distify-cache")))
+
+
 SCENARIOS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "scenarios")
 
 

@@ -1,0 +1,170 @@
+"""Files already found clean are not parsed again (as black and ruff keep a cache).
+
+What is cached: the result of a file that came out **unchanged** (its output is its input), with the
+warnings and the note the engine reported for it. Replaying them gives exactly what a fresh run
+prints, also under ``--verbose`` (the note) and ``--strict`` (exit 2 on a cached warning). A file
+that would change, or that fails (syntax error, undecodable, internal error), is never stored: it is
+parsed on every run.
+
+The key of an entry:
+- the file's bytes (sha256): the path, size and mtime do not matter, an edit that restores the
+  content finds its entry again;
+- the settings (one directory per settings hash): every field of ``Options`` (backend, select,
+  ignore, each flag, standalone, positions, the size limit), distify's version, a fingerprint of
+  distify's own code (path, size and mtime of every ``.py`` file of the ``distify`` and
+  ``distify.rules`` packages, so that an editable install whose rules change gets a new cache while
+  its version string stays the same), libcst's files and the Python version (its compiler judges
+  the syntax).
+
+Where: ``$DISTIFY_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/distify``, else ``~/.cache/distify``.
+Each entry is a small JSON file written to a temporary file and renamed into place, so concurrent
+runs (pre-commit starts several) never see half an entry; a file that cannot be read or parsed, or
+that does not describe the content it is named after, is a miss, never an error. Writing errors
+(read-only or full disk) are ignored. ``--no-cache`` turns it off.
+
+Import-light: no libcst, typer or rich.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, fields
+from typing import Optional, Tuple
+
+from distify.findings import Finding
+
+FORMAT = 1  # bump when the entry layout changes
+ENV_DIR = "DISTIFY_CACHE_DIR"
+
+
+def cache_root() -> str:
+    env = os.environ.get(ENV_DIR)
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "distify")
+
+
+def _package_dirs() -> list:
+    """The folders of distify's migration code: ``distify`` and ``distify.rules`` (separate
+    folders in an editable install), found without importing the rules (they import libcst)."""
+    import importlib.util
+
+    import distify
+
+    dirs = [os.path.dirname(os.path.abspath(distify.__file__))]
+    spec = importlib.util.find_spec("distify.rules")
+    for d in (spec.submodule_search_locations or []) if spec else []:
+        d = os.path.abspath(d)
+        if not any(d == p or d.startswith(p + os.sep) for p in dirs):
+            dirs.append(d)
+    return dirs
+
+
+def code_fingerprint() -> str:
+    """A hash of what produces distify's output besides the options; computed once per run."""
+    import distify
+
+    h = hashlib.sha256()
+    h.update(f"distify {distify.__version__}\0python {sys.version}\0format {FORMAT}\0".encode())
+    for top in _package_dirs():
+        for root, dirs, files in os.walk(top):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    path = os.path.join(root, name)
+                    st = os.stat(path)
+                    h.update(f"{os.path.relpath(path, top)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    try:  # libcst's parser decides what parses and how; an upgrade rewrites its files
+        import importlib.util
+
+        spec = importlib.util.find_spec("libcst")
+        origin = spec.origin if spec else None
+        if origin:
+            for name in ("__init__.py", "_version.py"):
+                path = os.path.join(os.path.dirname(origin), name)
+                if os.path.exists(path):
+                    st = os.stat(path)
+                    h.update(f"libcst/{name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    except (ImportError, ValueError, OSError):
+        h.update(b"libcst ?")
+    return h.hexdigest()
+
+
+def settings_key(options) -> str:
+    """Every field of the options (a field added later is in the key without anyone thinking of it)."""
+    items = [(f.name, repr(getattr(options, f.name))) for f in fields(options)]
+    return hashlib.sha256(repr((code_fingerprint(), items)).encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Entry:
+    findings: Tuple[Finding, ...]
+    note: str
+    encoding: str
+
+
+@dataclass(frozen=True)
+class Cache:
+    """The entries for one settings key. Picklable (a folder name), for the worker processes."""
+
+    directory: str
+
+    @classmethod
+    def for_options(cls, options, root: Optional[str] = None) -> "Cache":
+        return cls(os.path.join(root or cache_root(), settings_key(options)))
+
+    @staticmethod
+    def digest(source: bytes) -> str:
+        return hashlib.sha256(source).hexdigest()
+
+    def get(self, source: bytes) -> Optional[Entry]:
+        digest = self.digest(source)
+        try:
+            with open(os.path.join(self.directory, digest), "rb") as f:
+                data = json.loads(f.read())
+            if data["format"] != FORMAT or data["sha256"] != digest or data["size"] != len(source):
+                return None
+            findings = tuple(_finding(x) for x in data["findings"])
+            note, encoding = data["note"], data["encoding"]
+            if not isinstance(note, str) or not isinstance(encoding, str):
+                return None
+            return Entry(findings, note, encoding)
+        except (OSError, ValueError, KeyError, TypeError):  # missing, truncated, corrupt: a miss
+            return None
+
+    def put(self, source: bytes, findings, note: str, encoding: str) -> None:
+        """Store the result of a file that came out unchanged (the caller's promise)."""
+        digest = self.digest(source)
+        data = {
+            "format": FORMAT, "sha256": digest, "size": len(source), "note": note, "encoding": encoding,
+            "findings": [[f.code, f.line, f.col, f.message, f.kind] for f in findings],
+        }
+        tmp = None
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{digest[:16]}.", suffix=".tmp", dir=self.directory)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(data, f)
+            os.replace(tmp, os.path.join(self.directory, digest))
+            tmp = None
+        except OSError:  # a cache that cannot be written is no cache, never an error
+            pass
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+
+
+def _finding(x) -> Finding:
+    code, line, col, message, kind = x
+    if not (isinstance(code, str) and isinstance(message, str) and isinstance(kind, str)
+            and type(line) is int and type(col) is int):
+        raise TypeError("bad finding")
+    return Finding(code, line, col, message, kind)

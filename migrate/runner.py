@@ -1,0 +1,329 @@
+"""The start-up path of the ``distify`` command: a plain migration run without typer.
+
+typer (0.29) builds a pydantic adapter per option while it parses, which costs more than parsing a
+training script. ``main`` parses the arguments of a plain run (paths and the migration options)
+itself and calls ``execute``, the same function typer's ``distify.cli.run`` calls; anything else
+(``--help``, ``--version``, ``--launch``, ``--list-rules``, a subcommand, an option it does not know
+or a malformed one) goes to typer, which parses and reports it as before. Nothing here imports
+typer, rich, libcst or torch: the engine imports libcst when a file is parsed, the reporter rich on
+a terminal, so a run whose files all come from the cache (``distify.cache``) loads neither.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import List, Optional
+
+from distify.options import BACKENDS, Options
+
+EXIT_OK, EXIT_CHANGED, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 123
+
+
+def _split(values: Optional[List[str]]) -> List[str]:
+    out: List[str] = []
+    for v in values or []:
+        out += [p.strip() for p in v.split(",") if p.strip()]
+    return out
+
+
+def execute(paths, backend=None, diff=False, check=False, select=None, ignore=None, strict=False, scale_lr=None,
+            fp16_allreduce=None, adasum=None, seed_per_rank=None, standalone=None, max_size=2.0, quiet=False,
+            verbose=False, list_rules=False, explain=None, launch=False, nproc=None, nodes=None, port=None,
+            version=None, no_cache=False) -> int:
+    """One ``distify`` run from its parsed arguments (the parameters of ``distify.cli.run``); the exit code."""
+    from distify import config
+    from distify.report import Reporter
+
+    reporter = Reporter(quiet=quiet, verbose=verbose)
+
+    if list_rules or explain:
+        from distify.cli import _rules_info  # --list-rules, --explain: reached through typer only
+
+        return _rules_info(explain)
+
+    if not paths:
+        reporter.error("distify", "no path given (try 'distify --help')")
+        return EXIT_INPUT
+
+    try:
+        cfg = config.load(paths)
+    except config.ConfigError as e:
+        reporter.error("distify", str(e))
+        return EXIT_INPUT
+    backend = (backend or cfg.get("backend") or "ddp").lower()
+    if backend not in BACKENDS:
+        reporter.error("distify", f"unknown backend {backend!r}: choose ddp or horovod")
+        return EXIT_INPUT
+    launch_defaults = (nproc if nproc is not None else cfg.get("nproc"), _split(nodes) or _as_list(cfg.get("nodes")),
+                       port if port is not None else cfg.get("port"))
+    if launch:
+        from distify.cli import _launch  # reached through typer only
+
+        return _launch(paths, backend, *launch_defaults, reporter)
+    options = Options(
+        backend=backend,
+        select=tuple(_split(select) or _as_list(cfg.get("select"))),
+        ignore=tuple(_split(ignore) or _as_list(cfg.get("ignore"))),
+        scale_lr=bool(scale_lr if scale_lr is not None else cfg.get("scale_lr", False)),
+        fp16_allreduce=bool(fp16_allreduce if fp16_allreduce is not None else cfg.get("fp16_allreduce", False)),
+        adasum=bool(adasum if adasum is not None else cfg.get("adasum", False)),
+        seed_per_rank=bool(seed_per_rank if seed_per_rank is not None else cfg.get("seed_per_rank", False)),
+        standalone=bool(standalone if standalone is not None else cfg.get("standalone", False)),
+        max_bytes=int(max_size * 2**20),
+        positions=not quiet or strict,
+    )
+    if options.adasum and backend != "horovod":
+        reporter.error("distify", "--adasum is a Horovod feature: use it with --backend horovod")
+        return EXIT_INPUT
+    from distify.engine import Mode
+
+    mode = Mode.CHECK if check and not diff else Mode.DIFF if diff else Mode.WRITE
+    cache = None
+    if not no_cache:
+        from distify.cache import Cache
+
+        cache = Cache.for_options(options)
+    if "-" in paths:
+        if len(paths) != 1:
+            reporter.error("distify", "'-' (stdin) cannot be combined with other paths")
+            return EXIT_INPUT
+        return _run_stdin(options, mode, check, reporter, strict, cache)
+    return _run_paths(paths, options, mode, check, reporter, strict, _as_list(cfg.get("exclude")), hint=launch_defaults,
+                      cache=cache)
+
+
+
+
+def _as_list(value) -> List[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return _split([value])
+    return [str(v) for v in value]
+
+
+def _run_stdin(options: Options, mode, check: bool, reporter, strict: bool, cache=None) -> int:
+    from distify.engine import FileResult, InputError, MigrationResult, Status, migrate_source
+
+    source = sys.stdin.buffer.read()
+    if len(source) > options.max_bytes:
+        reporter.error("<stdin>", f"input is over the {options.max_bytes / 2**20:g} MiB limit (raise it with --max-size)")
+        return EXIT_INPUT
+    hit = cache.get(source) if cache is not None else None
+    try:
+        result = MigrationResult(source, source, hit.findings, hit.note, hit.encoding) if hit is not None else migrate_source(source, options)
+    except InputError as e:
+        reporter.error("<stdin>", str(e))
+        return EXIT_INPUT
+    except Exception as e:  # noqa: BLE001
+        reporter.error("<stdin>", f"internal error: {type(e).__name__}: {e}")
+        return EXIT_INTERNAL
+    if cache is not None and hit is None and not result.changed:
+        cache.put(source, result.findings, result.note, result.encoding)
+    status = Status.CHANGED if result.changed else Status.UNCHANGED
+    fr = FileResult("<stdin>", status, result.findings, result.note, source, result.output, result.encoding)
+    if mode.name == "DIFF":
+        reporter.diff(fr)
+    elif not check:
+        sys.stdout.buffer.write(result.output)
+        sys.stdout.buffer.flush()
+    reporter.file(fr, "would rewrite" if check or mode.name == "DIFF" else "rewrote")
+    if strict and any(f.kind == "warning" for f in result.findings):
+        return EXIT_INPUT
+    return EXIT_CHANGED if result.changed else EXIT_OK
+
+
+def _run_paths(paths, options: Options, mode, check: bool, reporter, strict: bool, exclude, hint=None, cache=None) -> int:
+    from distify.engine import FileResult, Status, iter_python_files, process_file
+
+    results: List[FileResult] = []
+    todo: List[str] = []
+    for path, problem in iter_python_files(paths, exclude):
+        if problem:
+            results.append(FileResult(path, Status.ERROR, message=problem))
+        else:
+            todo.append(path)
+    with reporter.progress(len(todo)) as progress:
+        results += _process_all(todo, mode, options, progress.advance, cache)
+
+    word = "would rewrite" if mode.name in ("CHECK", "DIFF") else "rewrote"
+    changed = unchanged = errors = 0
+    for r in results:
+        if r.status is Status.CHANGED and mode.name == "DIFF":
+            reporter.diff(r)
+        reporter.file(r, word)
+        if r.status is Status.CHANGED:
+            changed += 1
+        elif r.status in (Status.ERROR, Status.FAILED):
+            errors += 1
+        else:
+            unchanged += 1
+    if len(results) > 1:
+        reporter.table(results, word)
+        reporter.summary(changed, unchanged, errors, word)
+    if hint is not None and mode.name == "WRITE" and not reporter.quiet and len(results) == 1 and changed == 1:
+        _run_hint(results[0].path, options.backend, *hint, reporter)
+
+    if any(r.status is Status.FAILED for r in results):
+        return EXIT_INTERNAL
+    if errors:
+        return EXIT_INPUT
+    if strict and any(f.kind == "warning" for r in results for f in r.findings):
+        return EXIT_INPUT
+    return EXIT_CHANGED if changed else EXIT_OK
+
+
+def _process_all(files: List[str], mode, options: Options, advance=lambda: None, cache=None):
+    """Results in input order; ``advance`` is called once per finished file (for the progress bar).
+    The cache's answers come first, from this process; only the files it does not know are parsed."""
+    from distify.engine import process_file
+
+    results = [None] * len(files)
+    if cache is not None:
+        for i, f in enumerate(files):
+            results[i] = process_file(f, mode, options, cache, parse=False)
+            if results[i] is not None:
+                advance()
+    todo = [i for i, r in enumerate(results) if r is None]
+    workers = min(len(todo), os.cpu_count() or 1)
+    if workers <= 1 or len(todo) < 8:
+        for i in todo:
+            results[i] = process_file(files[i], mode, options, cache)
+            advance()
+        return results
+    from concurrent.futures import ProcessPoolExecutor
+
+    n = len(todo)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for i, result in zip(todo, pool.map(process_file, [files[i] for i in todo], [mode] * n, [options] * n, [cache] * n,
+                                            chunksize=4)):
+            results[i] = result
+            advance()
+    return results
+
+
+def _launch_plan(script: str, script_args, backend: str, nproc, nodes, port):
+    """A LaunchPlan from flags/config; raises distify.launch.LaunchError on bad values."""
+    from distify.launch import LaunchError, LaunchPlan, detect_gpus, parse_nodes
+
+    if nproc is None:
+        nproc = detect_gpus() or 1
+    for name, value in (("nproc", nproc), ("port", port)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise LaunchError(f"{name} must be an integer, not {value!r}")
+    return LaunchPlan(script, backend, nproc, parse_nodes(nodes), port, tuple(script_args))
+
+
+def _run_hint(path: str, backend: str, nproc, nodes, port, reporter) -> None:
+    """After rewriting exactly one script: the command that runs it on this machine."""
+    import shlex
+
+    from distify.launch import LaunchError, run_hint
+
+    try:
+        plan = _launch_plan(path, (), backend, nproc, (), port)
+    except LaunchError:
+        return  # bad launch settings: --launch reports them; a rewrite does not fail over a hint
+    more = f"distify --launch {shlex.quote(path)} --nproc {plan.nproc} --nodes HOST1,HOST2"
+    reporter.err.write(f"Run it with: {run_hint(plan)}\n  (several nodes, horovodrun, SLURM, Kubeflow: {more})\n")
+
+
+
+# the arguments of a plain run, without typer ------------------------------------------------
+
+_FLAGS = {
+    "--check": "check", "--diff": "diff", "--strict": "strict", "--quiet": "quiet", "-q": "quiet",
+    "--verbose": "verbose", "-v": "verbose", "--scale-lr": "scale_lr", "--fp16-allreduce": "fp16_allreduce",
+    "--adasum": "adasum", "--seed-per-rank": "seed_per_rank", "--standalone": "standalone", "--no-cache": "no_cache",
+}
+_VALUES = {"--backend": "backend", "-b": "backend", "--select": "select", "--ignore": "ignore", "--max-size": "max_size"}
+_SIZE = re.compile(r"\d+(\.\d*)?|\.\d+")
+# words a subcommand of distify.cli may claim: never taken for paths here (typer decides)
+SUBCOMMANDS = frozenset({"lint", "verify", "run", "check", "help"})
+
+
+def parse_fast(argv: List[str]) -> Optional[dict]:
+    """``execute``'s arguments for a plain migration run, as typer would pass them; None when the
+    command line holds anything else, which is then typer's to parse and report."""
+    args: dict = {"paths": []}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if token == "-" or not token.startswith("-"):
+            args["paths"].append(token)
+            continue
+        name, eq, value = token.partition("=") if token.startswith("--") else (token, "", "")
+        if name in _FLAGS and not eq:
+            args[_FLAGS[name]] = True
+            continue
+        if name not in _VALUES:
+            return None  # --help, --version, --launch, "--", -qv, an unknown option...
+        if not eq:
+            if i >= len(argv) or argv[i].startswith("-"):
+                return None
+            value = argv[i]
+            i += 1
+        key = _VALUES[name]
+        if key in ("select", "ignore"):
+            args.setdefault(key, []).append(value)
+        elif key == "backend":
+            args[key] = value
+        elif _SIZE.fullmatch(value) and float(value) >= 0.001:
+            args[key] = float(value)
+        else:
+            return None
+    if not args["paths"] or SUBCOMMANDS.intersection(args["paths"]):
+        return None
+    return args
+
+
+def main() -> None:
+    """The console entry point: a plain run starts here; everything else goes to typer."""
+    args = parse_fast(sys.argv[1:])
+    if args is None:
+        from distify.cli import main as typer_main
+
+        typer_main()
+        return
+    guarded(lambda: execute(**args))
+
+
+def guarded(run) -> None:
+    """Run the command and end the process with its exit code: never a bare traceback."""
+    try:
+        code = run()
+    except SystemExit as e:
+        code = e.code
+    except KeyboardInterrupt:
+        sys.stderr.write("distify: interrupted\n")
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - last resort: never a bare traceback
+        sys.stderr.write(f"distify: internal error: {type(e).__name__}: {e}\n")
+        sys.exit(EXIT_INTERNAL)
+    _fast_exit(code)
+
+
+def _fast_exit(code) -> None:
+    """End the process without tearing the interpreter down.
+
+    Freeing libcst's trees and then every imported module (libcst, typer, pydantic) one object at a
+    time takes 60-100 ms, as long as migrating a 300-line script. Nothing needs that teardown here:
+    files are written and closed, the worker pool is shut down, and the output is flushed below.
+    The exit status follows ``SystemExit``'s rules. Used by the console entry point only (tests
+    call ``app`` in-process and are not affected)."""
+    if code is None:
+        status = EXIT_OK
+    elif isinstance(code, int):
+        status = code
+    else:  # sys.exit("message"): printed, status 1
+        sys.stderr.write(f"{code}\n")
+        status = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (distify --diff | head): nothing left to say
+            pass
+    os._exit(status)
