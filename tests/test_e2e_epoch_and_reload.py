@@ -15,7 +15,6 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -42,12 +41,11 @@ CORPUS = REPO_ROOT / "fixtures" / "corpus"
 NPROC = 2
 B = 16
 EPOCHS = 3
-HAVE_HOROVOD = importlib.util.find_spec("horovod") is not None
 BACKENDS = [
     "ddp",
     pytest.param(
         "horovod",
-        marks=[pytest.mark.horovod, pytest.mark.skipif(not HAVE_HOROVOD, reason="horovod is not installed")],
+        marks=pytest.mark.horovod,
     ),
 ]
 

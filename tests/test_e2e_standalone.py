@@ -11,7 +11,6 @@ run shows the same block stops the default output, which imports distify.runtime
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -125,10 +124,8 @@ def test_ddp_standalone_runs_with_plain_python(no_distify, originals, tmp_path):
     assert sorted(p.name for p in (run_dir / "ckpts").iterdir()) == ["epoch_000.pt", "epoch_001.pt"]
 
 
-needs_horovod = pytest.mark.skipif(importlib.util.find_spec("horovod") is None, reason="horovod is not installed")
 
 
-@needs_horovod
 @pytest.mark.horovod
 def test_horovod_standalone_two_ranks_match_big_batch_and_plain_python(no_distify, originals, tmp_path):
     name = "examples_style"

@@ -6,7 +6,6 @@ horovodrun line of a Horovod script) is executed and must train to the reference
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shlex
 import shutil
@@ -377,8 +376,6 @@ def test_printed_torchrun_command_trains_like_the_original(tmp_path, reference):
 @pytest.mark.e2e
 @pytest.mark.horovod
 def test_printed_horovodrun_command_trains_like_the_original(tmp_path, reference):
-    if importlib.util.find_spec("horovod") is None:
-        pytest.skip("Horovod is not installed")
     run_dir = tmp_path / "run"
     migrate(SCENARIOS / "module_level.in.py", run_dir / "train.py", backend="horovod")
     (argv,) = _printed(run_dir, "horovod", "horovodrun", "--nproc", str(NPROC))

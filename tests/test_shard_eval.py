@@ -8,7 +8,6 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import sys
@@ -32,7 +31,6 @@ from distify.engine import migrate_source  # noqa: E402
 from distify.rules.base import Options  # noqa: E402
 
 FIXTURES = REPO_ROOT / "fixtures" / "DST203"
-HAVE_HOROVOD = importlib.util.find_spec("horovod") is not None
 
 
 def _findings(name: str, backend: str = "ddp", **options):
@@ -302,7 +300,6 @@ def test_torchrun_reports_the_single_process_metrics(original, tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.horovod
-@pytest.mark.skipif(not HAVE_HOROVOD, reason="horovod is not installed")
 def test_horovodrun_reports_the_single_process_metrics(original, tmp_path):
     script = tmp_path / "sharded_sums.py"
     migrate(FIXTURES / "sharded_sums.in.py", script, backend="horovod")
