@@ -1,13 +1,15 @@
 """The ``distify`` command.
 
     distify train.py --backend ddp          rewrite in place, summary on stderr
-    distify train.py --diff                 show the change, write nothing
+    distify train.py --diff                 show the change, write nothing (exit 0: a preview)
     distify src/ --check                    exit 1 if any file would change, write nothing
     distify - < train.py                    stdin -> stdout
     distify --launch train.py --nproc 4 --nodes h1,h2   print torchrun/horovodrun/srun/Kubeflow commands
 
-Exit codes (black/pyupgrade): 0 nothing to change, 1 changed or would change, 2 usage or input
-error, 123 internal failure. Nothing here imports torch.
+Exit codes (black/pyupgrade): 0 nothing to change, 1 changed (or would change, with --check), 2
+usage or input error, 123 internal failure. Like black's, a --diff preview without --check exits 0
+when it shows changes: it only answers "what would change?", and the README's first command is one.
+Nothing here imports torch.
 """
 
 from __future__ import annotations

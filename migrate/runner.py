@@ -132,7 +132,7 @@ def _run_stdin(options: Options, mode, check: bool, reporter, strict: bool, cach
     reporter.file(fr, "would rewrite" if check or mode.name == "DIFF" else "rewrote")
     if strict and any(f.kind == "warning" for f in result.findings):
         return EXIT_INPUT
-    return EXIT_CHANGED if result.changed else EXIT_OK
+    return _changed_status(result.changed, mode, check)
 
 
 def _run_paths(paths, options: Options, mode, check: bool, reporter, strict: bool, exclude, hint=None, cache=None) -> int:
@@ -172,7 +172,12 @@ def _run_paths(paths, options: Options, mode, check: bool, reporter, strict: boo
         return EXIT_INPUT
     if strict and any(f.kind == "warning" for r in results for f in r.findings):
         return EXIT_INPUT
-    return EXIT_CHANGED if changed else EXIT_OK
+    return _changed_status(changed, mode, check)
+
+
+def _changed_status(changed, mode, check: bool) -> int:
+    """1 when files were rewritten, or would be under --check; a --diff preview alone exits 0 (black)."""
+    return EXIT_CHANGED if changed and (check or mode.name != "DIFF") else EXIT_OK
 
 
 def _process_all(files: List[str], mode, options: Options, advance=lambda: None, cache=None):

@@ -141,7 +141,7 @@ def test_internal_failure_exits_123(cli, train_py, monkeypatch):
 def test_diff_prints_unified_diff_and_writes_nothing(cli, train_py):
     before = train_py.read_bytes()
     result = cli(train_py, "--diff")
-    assert result.exit_code == EXIT_CHANGED, result.stderr
+    assert result.exit_code == EXIT_OK, result.stderr  # a preview, like black's --diff; 1 is --check's
     assert train_py.read_bytes() == before
     diff = result.stdout_bytes.decode()
     assert diff.startswith(f"--- {train_py}\n+++ {train_py}\n")  # absolute paths as they are
@@ -158,7 +158,7 @@ def test_diff_with_form_feeds_stays_a_valid_patch(cli, tmp_path, train_py):
     src = src.replace("dataset = TensorDataset", "\f\ndataset = TensorDataset", 1)
     train_py.write_text(src)
     result = cli(train_py, "--diff")
-    assert result.exit_code == EXIT_CHANGED
+    assert result.exit_code == EXIT_OK
     diff = result.stdout_bytes.decode()
     assert "No newline at end of file" not in diff
     cli(train_py)
@@ -267,7 +267,8 @@ def test_stdin_modes_in_process(cli, train_py, infer_py):
     check = cli("-", "--check", input=src)
     assert (check.exit_code, check.stdout_bytes) == (EXIT_CHANGED, b"")
     diff = cli("-", "--diff", input=src)
-    assert diff.exit_code == EXIT_CHANGED
+    assert diff.exit_code == EXIT_OK
+    assert cli("-", "--diff", "--check", input=src).exit_code == EXIT_CHANGED
     assert diff.stdout_bytes.startswith(b"--- a/<stdin>\n+++ b/<stdin>\n")
     bad = cli("-", input=b"import torch\ndef f(:\n")
     assert bad.exit_code == EXIT_INPUT

@@ -169,7 +169,7 @@ def test_latin1_with_cookie(cli, train_py):
     train_py.write_bytes(src)
 
     diff = cli("--diff", train_py)
-    assert diff.exit_code == EXIT_CHANGED, diff.stderr
+    assert diff.exit_code == EXIT_OK, diff.stderr
     # the diff is in the file's encoding (fit for `patch`), not mojibake or U+FFFD
     assert b'+    print(f"saved {args.checkpoint} \xe9t\xe9")' in diff.stdout_bytes
     assert "\ufffd".encode() not in diff.stdout_bytes and b"\xc3\xa9" not in diff.stdout_bytes
@@ -313,8 +313,8 @@ def test_user_code_is_never_executed(cli, tmp_path, train_py):
     )
     text = train_py.read_text().replace("import argparse\n", "import argparse\n" + payload, 1)
     train_py.write_text(text)
-    for args in (("--check",), ("--diff",), ()):
-        assert cli(*args, train_py).exit_code == EXIT_CHANGED
+    for args, status in ((("--check",), EXIT_CHANGED), (("--diff",), EXIT_OK), ((), EXIT_CHANGED)):
+        assert cli(*args, train_py).exit_code == status
     proc = subprocess.run(
         [sys.executable, "-m", "distify", "-"], input=text.encode(), capture_output=True, cwd=tmp_path, timeout=120
     )
