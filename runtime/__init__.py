@@ -50,7 +50,7 @@ __all__ = [
     "world_size",
 ]
 
-BACKENDS = ("nccl", "gloo", "mpi", "ucc")
+BACKENDS = ("nccl", "gloo", "mpi", "ucc", "xccl", "hccl")
 DEFAULT_TIMEOUT_S = 1800.0  # torch's default for gloo; NCCL gets the same instead of its 10 min
 CLEANUP_JOIN_S = 5.0
 
@@ -114,11 +114,85 @@ def _loopback_ifname() -> Optional[str]:
     return next((n for n in names if n.startswith("lo")), None)
 
 
+def _accelerator_api() -> Any:
+    """``torch.accelerator`` where torch has it with the distributed lookup that goes with it
+    (torch >= 2.6), else None: older torch takes the CUDA-or-CPU path. So does a script that
+    imported ``horovod.torch``: Horovod reduces CPU and CUDA tensors only."""
+    api = getattr(torch, "accelerator", None)
+    dist = _dist()
+    if api is None or dist is None or not hasattr(dist, "get_default_backend_for_device"):
+        return None
+    if "horovod.torch" in sys.modules:
+        return None
+    if not all(hasattr(api, name) for name in ("is_available", "current_accelerator", "device_count")):
+        return None
+    return api
+
+
+def _accelerator() -> Optional[tuple]:
+    """``(device type, collective backend)`` of the accelerator this process trains on, or None
+    for the CPU.
+
+    With torch.accelerator (torch >= 2.6): whichever accelerator torch found -- ``("cuda",
+    "nccl")``, ``("xpu", "xccl")``, ``("npu", "hccl")`` once ``torch_npu`` is imported -- with the
+    backend ``torch.distributed.get_default_backend_for_device`` names for it. Without it (and
+    under Horovod): CUDA or nothing. CUDA without NCCL (Windows builds) keeps the GPU and reduces
+    on gloo, which handles CUDA tensors; any other accelerator without a backend of its own
+    (``mps`` maps to gloo, which cannot reduce its tensors) trains on the CPU, as it did before.
+    """
+    dist = _dist()
+    api = _accelerator_api()
+    if api is None:
+        if not torch.cuda.is_available():
+            return None
+        kind, backend = "cuda", "nccl"
+    else:
+        if not api.is_available():
+            return None
+        kind = api.current_accelerator().type
+        try:
+            backend = dist.get_default_backend_for_device(kind)
+        except (ValueError, RuntimeError):  # an accelerator no backend is registered for
+            return None
+    if kind == "cuda" and backend == "nccl" and (dist is None or not dist.is_nccl_available()):
+        return kind, "gloo"
+    if backend == "gloo" and kind != "cuda":
+        return None
+    return kind, backend
+
+
+def _device_count() -> int:
+    api = _accelerator_api()
+    if api is not None:
+        return int(api.device_count())
+    return torch.cuda.device_count()
+
+
+def _set_device(index: int) -> None:
+    api = _accelerator_api()
+    setter = None
+    if api is not None:
+        # set_device_index since torch 2.7; torch 2.6 spelled it set_device_idx
+        setter = getattr(api, "set_device_index", None) or getattr(api, "set_device_idx", None)
+    (setter or torch.cuda.set_device)(index)
+
+
+def _local_index(kind: str) -> int:
+    """This process's local rank, checked against the devices of ``kind`` it can see."""
+    lr = local_rank()
+    count = _device_count()
+    if lr >= count:
+        noun = "device is" if count == 1 else "devices are"
+        raise DistifyEnvError(f"LOCAL_RANK={lr} but only {count} {kind.upper()} {noun} visible")
+    return lr
+
+
 # ---------------------------------------------------------------------------- public API
 
 
 def choose_backend(environ: Optional[Mapping[str, str]] = None) -> str:
-    """"nccl" when CUDA (and NCCL) is available, else "gloo"; ``DISTIFY_BACKEND`` overrides."""
+    """The collective backend of this machine's accelerator (nccl for CUDA, xccl for Intel XPU,
+    hccl for Ascend NPU), else "gloo"; ``DISTIFY_BACKEND`` overrides."""
     env = os.environ if environ is None else environ
     override = (env.get("DISTIFY_BACKEND") or "").strip()
     if override:
@@ -127,10 +201,8 @@ def choose_backend(environ: Optional[Mapping[str, str]] = None) -> str:
                 f"DISTIFY_BACKEND={override!r} is not one of {', '.join(BACKENDS)}"
             )
         return override.lower()
-    dist = _dist()
-    if torch.cuda.is_available() and dist is not None and dist.is_nccl_available():
-        return "nccl"
-    return "gloo"
+    accelerator = _accelerator()
+    return accelerator[1] if accelerator is not None else "gloo"
 
 
 def _timeout(timeout: Optional[float], environ: Mapping[str, str]) -> datetime.timedelta:
@@ -163,16 +235,27 @@ def init_kwargs(timeout: Optional[float] = None) -> dict:
       on an in-memory ``HashStore`` -- no rendezvous socket at all -- and gloo/NCCL pinned to the
       loopback interface, so nothing listens beyond 127.0.0.1.
 
+    On an accelerator the backend is ``"cpu:gloo,<device>:<its backend>"`` (CPU tensors still
+    reduce), and with torch.accelerator (torch >= 2.6) ``device_id`` names this process's device,
+    made current: NCCL then connects at init, so a bad GPU or network fails there, clearly. Never
+    on the CPU (torch rejects a CPU ``device_id``), nor when ``DISTIFY_BACKEND`` picks a backend
+    other than the accelerator's.
+
     An inconsistent environment exits with one line, ``distify: <sentence>``.
     """
     global _atexit_registered, _peers_to_release
     try:
         env = discover()
         backend = choose_backend()
-        if backend == "nccl" and not os.environ.get("DISTIFY_BACKEND"):
-            # NCCL for CUDA tensors, gloo for CPU ones: a script that keeps the model on the CPU
-            # (a --no-cuda flag) or reduces CPU metrics still works on a GPU machine.
-            backend = "cpu:gloo,cuda:nccl"
+        accelerator = _accelerator()
+        device_id = None
+        if accelerator is not None and backend == accelerator[1] != "gloo":
+            if not (os.environ.get("DISTIFY_BACKEND") or "").strip():
+                # NCCL (xccl, hccl) for accelerator tensors, gloo for CPU ones: a script that keeps
+                # the model on the CPU (a --no-cuda flag) or reduces CPU metrics still works.
+                backend = f"cpu:gloo,{accelerator[0]}:{backend}"
+            if _accelerator_api() is not None:
+                device_id = torch.device(accelerator[0], _local_index(accelerator[0]))
         td = _timeout(timeout, os.environ)
         if env.source == "torchrun" or env.world_size > 1:
             if env.master_addr is None:
@@ -213,6 +296,9 @@ def init_kwargs(timeout: Optional[float] = None) -> dict:
                 "world_size": 1,
                 "timeout": td,
             }
+        if device_id is not None:
+            _set_device(device_id.index)
+            kwargs["device_id"] = device_id
     except DistifyEnvError as error:
         raise _fail(error) from None
     with _state_lock:
@@ -247,22 +333,25 @@ def _check_port_free(addr: str, port: int) -> None:
 
 
 def device(enabled: bool = True) -> torch.device:
-    """``cuda:<local_rank>`` (and make it current) when CUDA is usable and ``enabled``, else cpu.
+    """The accelerator's device ``<type>:<local_rank>`` (made current) when one is usable and
+    ``enabled`` -- ``cuda``, ``xpu``, ``npu``, whichever torch.accelerator finds (CUDA only on
+    torch < 2.6) -- else cpu. ``enabled`` is the script's own switch (``device(use_cuda)``).
 
-    Cached per process. A local rank with no matching visible GPU exits with one line.
+    Cached per process. A local rank with no matching visible device exits with one line.
     """
     enabled = bool(enabled)
     cached = _device_cache.get(enabled)
     if cached is not None:
         return cached
-    if enabled and torch.cuda.is_available():
-        lr = local_rank()
-        count = torch.cuda.device_count()
-        if lr >= count:
-            noun = "device is" if count == 1 else "devices are"
-            raise _fail(DistifyEnvError(f"LOCAL_RANK={lr} but only {count} CUDA {noun} visible"))
-        torch.cuda.set_device(lr)
-        result = torch.device("cuda", lr)
+    accelerator = _accelerator() if enabled else None
+    if accelerator is not None:
+        kind = accelerator[0]
+        try:
+            lr = _local_index(kind)
+        except DistifyEnvError as error:
+            raise _fail(error) from None
+        _set_device(lr)
+        result = torch.device(kind, lr)
     else:
         result = torch.device("cpu")
     _device_cache[enabled] = result
@@ -275,13 +364,14 @@ _last_device: Optional[torch.device] = None
 
 
 def device_ids() -> Optional[list]:
-    """What ``DistributedDataParallel(device_ids=...)`` wants: ``[local_rank]`` on CUDA, else None.
+    """What ``DistributedDataParallel(device_ids=...)`` wants: ``[local_rank]`` on an accelerator,
+    else None.
 
     It follows the device the script picked last with :func:`device` – ``device(use_cuda)`` with
     ``use_cuda=False`` on a GPU machine gives ``None`` – and the default device otherwise.
     """
     dev = _last_device if _last_device is not None else device()
-    return [dev.index] if dev.type == "cuda" else None
+    return [dev.index] if dev.type != "cpu" else None
 
 
 def rank() -> int:
@@ -356,7 +446,7 @@ def all_reduce(value: Union[int, float, torch.Tensor], op: str = "sum") -> Any:
         dist = torch.distributed
         home = tensor.device
         work = tensor
-        if dist.get_backend() == "nccl" and home.type != "cuda":
+        if dist.get_backend() in ("nccl", "xccl", "hccl") and home.type == "cpu":
             work = tensor.to(device())
         red = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM,
                "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -62,6 +63,58 @@ def pytest_runtest_setup(item) -> None:
 def launcher_free_env() -> dict:
     """Environment for subprocesses that must look like a plain ``python train.py`` run."""
     return launcher_free_environ()
+
+
+# --- devices: torch.accelerator faked, or absent -------------------------------------------
+# The runtime and the --standalone class pick the device through torch.accelerator (torch >= 2.6)
+# and fall back to CUDA-or-CPU without it; these stand in for either on a CPU-only machine.
+
+@pytest.fixture
+def no_accelerator_api(monkeypatch):
+    """torch as it was before torch.accelerator (torch < 2.6): the runtime's fallback path."""
+    import torch
+
+    monkeypatch.delattr(torch, "accelerator", raising=False)
+
+
+class FakeAccelerator:
+    """Stands in for ``torch.accelerator`` on a machine with ``count`` devices of type ``kind``."""
+
+    def __init__(self, kind, count, old_spelling=False):
+        self.kind, self.count, self.current = kind, count, None
+        if old_spelling:  # torch 2.6 named it set_device_idx
+            self.set_device_idx = self._set
+        else:
+            self.set_device_index = self._set
+
+    def is_available(self):
+        return self.count > 0
+
+    def current_accelerator(self, check_available=False):
+        return SimpleNamespace(type=self.kind) if self.count else None
+
+    def device_count(self):
+        return self.count
+
+    def _set(self, index):
+        self.current = index
+
+
+@pytest.fixture
+def fake_accelerator(monkeypatch):
+    """``fake_accelerator(kind, count)`` installs a FakeAccelerator and returns it; CUDA's own
+    functions fail the test if the accelerator path calls them."""
+
+    import torch
+
+    def install(kind, count, old_spelling=False):
+        fake = FakeAccelerator(kind, count, old_spelling)
+        monkeypatch.setattr(torch, "accelerator", fake)
+        monkeypatch.setattr(torch.cuda, "set_device", lambda i: pytest.fail("torch.cuda.set_device called"))
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("torch.cuda.is_available called"))
+        return fake
+
+    return install
 
 
 # --- CLI / IO tests -------------------------------------------------------------------------

@@ -286,9 +286,36 @@ def test_expand_nodelist_roundtrip(prefix, width, ranges):
 
 
 # --------------------------------------------------------------------------- choose_backend
+# Two paths pick the device and backend: torch.accelerator (torch >= 2.6), tested with a fake
+# accelerator module in its place, and the CUDA-or-CPU fallback of older torch, tested with
+# torch.accelerator removed.
 
 
-def test_choose_backend_follows_cuda(monkeypatch):
+@pytest.mark.parametrize("kind, backend", [("cuda", "nccl"), ("xpu", "xccl"), ("npu", "hccl")])
+def test_choose_backend_asks_torch_for_the_accelerators_backend(monkeypatch, fake_accelerator, kind, backend):
+    if kind == "npu":  # what importing torch_npu does: "npu" becomes a device type, with hccl
+        real = torch.distributed.get_default_backend_for_device
+        monkeypatch.setattr(torch.distributed, "get_default_backend_for_device",
+                            lambda device: "hccl" if str(device) == "npu" else real(device))
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    fake_accelerator(kind, 2)
+    assert runtime.choose_backend({}) == backend
+    assert runtime.choose_backend({"DISTIFY_BACKEND": "gloo"}) == "gloo"
+
+
+def test_accelerators_without_a_backend_of_their_own_train_on_the_cpu(monkeypatch, fake_accelerator):
+    fake_accelerator("mps", 1)  # torch maps mps to gloo, which cannot reduce mps tensors
+    assert runtime.choose_backend({}) == "gloo" and runtime._accelerator() is None
+    fake_accelerator("hpu", 1)  # no backend registered for it at all
+    assert runtime._accelerator() is None
+    fake_accelerator("cuda", 0)  # a CUDA build on a machine without a GPU
+    assert runtime._accelerator() is None
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: False)
+    fake_accelerator("cuda", 1)  # CUDA without NCCL (Windows): gloo reduces CUDA tensors
+    assert runtime._accelerator() == ("cuda", "gloo")
+
+
+def test_choose_backend_follows_cuda(monkeypatch, no_accelerator_api):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert runtime.choose_backend({}) == "gloo"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -299,7 +326,7 @@ def test_choose_backend_follows_cuda(monkeypatch):
 
 
 @pytest.mark.parametrize("value, backend", [("gloo", "gloo"), ("NCCL", "nccl"), (" ucc ", "ucc"),
-                                             ("mpi", "mpi"), ("", "gloo")])
+                                             ("mpi", "mpi"), ("XCCL", "xccl"), ("hccl", "hccl"), ("", "gloo")])
 def test_choose_backend_override(monkeypatch, value, backend):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert runtime.choose_backend({"DISTIFY_BACKEND": value}) == backend
@@ -308,7 +335,7 @@ def test_choose_backend_override(monkeypatch, value, backend):
 def test_choose_backend_rejects_unknown(monkeypatch):
     with pytest.raises(DistifyEnvError) as info:
         runtime.choose_backend({"DISTIFY_BACKEND": "nvlink"})
-    assert str(info.value) == "DISTIFY_BACKEND='nvlink' is not one of nccl, gloo, mpi, ucc"
+    assert str(info.value) == "DISTIFY_BACKEND='nvlink' is not one of nccl, gloo, mpi, ucc, xccl, hccl"
     monkeypatch.setattr(os, "environ", {"DISTIFY_BACKEND": "nvlink"})
     with pytest.raises(SystemExit, match="^distify: DISTIFY_BACKEND='nvlink'"):
         runtime.init_kwargs()
@@ -316,6 +343,45 @@ def test_choose_backend_rejects_unknown(monkeypatch):
 
 # ------------------------------------------------------------------- init_kwargs in-process
 # os.environ is swapped for a plain dict so that what init_kwargs exports is thrown away.
+
+
+def test_init_kwargs_on_an_accelerator_pass_its_device(monkeypatch, fake_accelerator):
+    fake = fake_accelerator("xpu", 2)
+    monkeypatch.setattr(os, "environ", dict(TORCHRUN))  # local rank 1
+    kwargs = runtime.init_kwargs()
+    assert kwargs["backend"] == "cpu:gloo,xpu:xccl"  # CPU tensors still reduce, on gloo
+    assert kwargs["device_id"] == torch.device("xpu", 1) and fake.current == 1
+    monkeypatch.setattr(os, "environ", {})  # plain python: the group of one gets it too
+    assert runtime.init_kwargs()["device_id"] == torch.device("xpu", 0)
+    monkeypatch.setattr(os, "environ", {"DISTIFY_BACKEND": "gloo"})  # not the accelerator's backend
+    assert "device_id" not in runtime.init_kwargs()
+    monkeypatch.setattr(os, "environ", {"DISTIFY_BACKEND": "xccl"})
+    assert runtime.init_kwargs()["backend"] == "xccl"
+
+
+def test_init_kwargs_never_pass_a_cpu_device_id(monkeypatch, fake_accelerator):
+    fake_accelerator("cuda", 0)
+    monkeypatch.setattr(os, "environ", dict(TORCHRUN))
+    kwargs = runtime.init_kwargs()
+    assert kwargs["backend"] == "gloo" and "device_id" not in kwargs
+
+
+def test_init_kwargs_with_more_ranks_than_devices_exit_with_one_line(monkeypatch, fake_accelerator):
+    fake = fake_accelerator("xpu", 1)
+    monkeypatch.setattr(os, "environ", dict(TORCHRUN))
+    with pytest.raises(SystemExit) as info:
+        runtime.init_kwargs()
+    assert info.value.code == "distify: LOCAL_RANK=1 but only 1 XPU device is visible"
+    assert fake.current is None
+
+
+def test_init_kwargs_without_the_accelerator_api_pass_no_device_id(monkeypatch, no_accelerator_api):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(os, "environ", dict(TORCHRUN))
+    kwargs = runtime.init_kwargs()
+    assert kwargs["backend"] == "cpu:gloo,cuda:nccl" and "device_id" not in kwargs
 
 
 def test_init_kwargs_torchrun_uses_env_init(monkeypatch):
@@ -404,13 +470,49 @@ def fresh_device_cache(monkeypatch):
     monkeypatch.setattr(runtime, "_device_cache", {})
 
 
-def test_device_on_cpu(monkeypatch, fresh_device_cache):
+def test_device_on_cpu(monkeypatch, fresh_device_cache, no_accelerator_api):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert runtime.device() == torch.device("cpu")
     assert runtime.device_ids() is None
 
 
-def test_device_picks_local_rank_gpu(monkeypatch, fresh_device_cache):
+def test_device_on_cpu_with_the_accelerator_api(monkeypatch, fresh_device_cache, fake_accelerator):
+    fake_accelerator("cuda", 0)
+    assert runtime.device() == torch.device("cpu")
+    assert runtime.device_ids() is None
+
+
+@pytest.mark.parametrize("kind", ["cuda", "xpu"])
+@pytest.mark.parametrize("old_spelling", [False, True])
+def test_device_picks_the_local_ranks_accelerator(monkeypatch, fresh_device_cache, fake_accelerator, kind, old_spelling):
+    fake = fake_accelerator(kind, 2, old_spelling)
+    monkeypatch.setattr(os, "environ", dict(TORCHRUN))
+    assert runtime.device() == torch.device(kind, 1)
+    assert fake.current == 1
+    assert runtime.device_ids() == [1]
+    assert runtime.device(enabled=False) == torch.device("cpu")
+    assert runtime.device_ids() is None  # follows the device picked last
+
+
+def test_device_with_too_few_accelerators(monkeypatch, fresh_device_cache, fake_accelerator):
+    fake = fake_accelerator("xpu", 2)
+    monkeypatch.setattr(os, "environ", {**TORCHRUN, "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4"})
+    with pytest.raises(SystemExit) as info:
+        runtime.device()
+    assert info.value.code == "distify: LOCAL_RANK=3 but only 2 XPU devices are visible"
+    assert fake.current is None
+
+
+def test_horovod_scripts_stay_on_cuda(monkeypatch, fresh_device_cache, fake_accelerator):
+    """Horovod reduces CPU and CUDA tensors only: a script that imported horovod.torch never gets
+    another accelerator's device."""
+    fake_accelerator("xpu", 2)
+    monkeypatch.setitem(sys.modules, "horovod.torch", types.SimpleNamespace(is_initialized=lambda: False))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert runtime.device() == torch.device("cpu")
+
+
+def test_device_picks_local_rank_gpu(monkeypatch, fresh_device_cache, no_accelerator_api):
     calls = []
     monkeypatch.setattr(os, "environ", dict(TORCHRUN))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -423,7 +525,7 @@ def test_device_picks_local_rank_gpu(monkeypatch, fresh_device_cache):
     assert runtime.device(enabled=False) == torch.device("cpu")
 
 
-def test_device_with_too_few_gpus(monkeypatch, fresh_device_cache):
+def test_device_with_too_few_gpus(monkeypatch, fresh_device_cache, no_accelerator_api):
     monkeypatch.setattr(os, "environ", {**TORCHRUN, "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4"})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
