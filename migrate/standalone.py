@@ -89,23 +89,56 @@ _RENDEZVOUS = Helper(
     modules=("os",),
 )
 
+_ACCELERATOR = Helper(
+    '''
+    @staticmethod
+    def _accelerator():
+        """(device type, backend) of the accelerator -- cuda/nccl, xpu/xccl, npu/hccl (torch_npu) --
+        or None for the CPU: through torch.accelerator where torch has it (2.7+), else CUDA only."""
+        api = getattr(torch, "accelerator", None)
+        if hasattr(api, "set_device_index") and hasattr(dist, "get_default_backend_for_device"):
+            if not api.is_available():
+                return None
+            kind = api.current_accelerator().type
+            try:
+                backend = dist.get_default_backend_for_device(kind)
+            except (ValueError, RuntimeError):  # no backend registered for this device
+                return None
+        elif torch.cuda.is_available():
+            kind, backend = "cuda", "nccl"
+        else:
+            return None
+        if kind == "cuda" and not dist.is_nccl_available():
+            return kind, "gloo"  # gloo reduces CUDA tensors too
+        return None if backend == "gloo" and kind != "cuda" else (kind, backend)  # mps: the CPU
+''',
+    modules=("torch", "dist"),
+)
+
 _INIT_KWARGS = Helper(
     '''
     @staticmethod
     def init_kwargs():
-        """Arguments for dist.init_process_group: env:// under a launcher, else a group of one."""
+        """Arguments for dist.init_process_group: env:// under a launcher, else a group of one. On an
+        accelerator its backend (CPU tensors on gloo) and, with torch.accelerator, device_id: NCCL
+        connects at init and fails there, clearly. Never a device_id on the CPU: torch rejects it."""
         import atexit
         import datetime
         import socket
 
         rank, world_size, local_rank = runtime._environment()
-        nccl = torch.cuda.is_available() and dist.is_nccl_available()
+        accelerator = runtime._accelerator()
+        own_backend = accelerator is not None and accelerator[1] != "gloo"
         kwargs = dict(
-            backend="cpu:gloo,cuda:nccl" if nccl else "gloo",  # CUDA tensors on NCCL, CPU ones on gloo
+            backend="cpu:gloo,%s:%s" % accelerator if own_backend else "gloo",  # CPU tensors on gloo
             rank=rank,
             world_size=world_size,
             timeout=datetime.timedelta(minutes=30),
         )
+        api = getattr(torch, "accelerator", None)
+        if own_backend and hasattr(api, "set_device_index"):
+            api.set_device_index(local_rank)
+            kwargs["device_id"] = torch.device(accelerator[0], local_rank)
         atexit.register(runtime.cleanup)
         if world_size > 1 or "TORCHELASTIC_RUN_ID" in os.environ:  # started by a launcher
             addr, port = runtime._rendezvous()
@@ -120,7 +153,7 @@ _INIT_KWARGS = Helper(
             os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
         return dict(kwargs, store=dist.HashStore())
 ''',
-    needs=("_environment", "_rendezvous", "cleanup"),
+    needs=("_environment", "_rendezvous", "_accelerator", "cleanup"),
     modules=("os", "torch", "dist"),
 )
 
@@ -192,13 +225,37 @@ _IS_MAIN_PROCESS = Helper(
     needs=("rank",),
 )
 
-_DEVICE = Helper(
-    '''
+_DEVICE = {
+    "ddp": Helper(
+        '''
     _last_device = None  # the device device() picked last
 
     @staticmethod
     def device(use_cuda=True):
-        """cuda:<local rank>, made the current device, when CUDA is usable; else the CPU."""
+        """<accelerator>:<local rank> (cuda, xpu, npu), made the current device, when one is usable
+        and use_cuda; else the CPU."""
+        accelerator = runtime._accelerator() if use_cuda else None
+        runtime._last_device = torch.device("cpu")
+        if accelerator is not None:
+            runtime._last_device = torch.device(accelerator[0], runtime.local_rank())
+            api = getattr(torch, "accelerator", None)
+            if hasattr(api, "set_device_index"):
+                api.set_device_index(runtime.local_rank())
+            else:
+                torch.cuda.set_device(runtime.local_rank())
+        return runtime._last_device
+''',
+        needs=("local_rank", "_accelerator"),
+        modules=("torch",),
+    ),
+    "horovod": Helper(
+        '''
+    _last_device = None  # the device device() picked last
+
+    @staticmethod
+    def device(use_cuda=True):
+        """cuda:<local rank>, made the current device, when CUDA is usable; else the CPU (Horovod
+        reduces CPU and CUDA tensors only)."""
         if use_cuda and torch.cuda.is_available():
             torch.cuda.set_device(runtime.local_rank())
             runtime._last_device = torch.device("cuda", runtime.local_rank())
@@ -206,17 +263,18 @@ _DEVICE = Helper(
             runtime._last_device = torch.device("cpu")
         return runtime._last_device
 ''',
-    needs=("local_rank",),
-    modules=("torch",),
-)
+        needs=("local_rank",),
+        modules=("torch",),
+    ),
+}
 
 _DEVICE_IDS = Helper(
     '''
     @staticmethod
     def device_ids():
-        """DDP's device_ids: [the GPU] for a model on the GPU device() picked, None on the CPU."""
+        """DDP's device_ids: [the index of the accelerator device() picked], None on the CPU."""
         device = runtime._last_device or runtime.device()
-        return [device.index] if device.type == "cuda" else None
+        return [device.index] if device.type != "cpu" else None
 ''',
     needs=("device",),
 )
@@ -411,13 +469,14 @@ def _both(helper: Helper) -> Dict[str, Helper]:
 HELPERS: Dict[str, Dict[str, Helper]] = {
     "_environment": _both(_ENVIRONMENT),
     "_rendezvous": {"ddp": _RENDEZVOUS},
+    "_accelerator": {"ddp": _ACCELERATOR},
     "init_kwargs": {"ddp": _INIT_KWARGS},
     "cleanup": {"ddp": _CLEANUP},
     "rank": _RANK,
     "world_size": _WORLD_SIZE,
     "local_rank": _LOCAL_RANK,
     "is_main_process": _both(_IS_MAIN_PROCESS),
-    "device": _both(_DEVICE),
+    "device": _DEVICE,
     "device_ids": _both(_DEVICE_IDS),
     "barrier": _BARRIER,
     "all_reduce": _ALL_REDUCE,

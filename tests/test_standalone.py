@@ -230,3 +230,57 @@ def test_cli_flag_and_pyproject_key(cli, tmp_path, train_py):
     assert cli(other, "-q").exit_code == 1
     assert other.read_text() == text
     assert cli(other, "-q").exit_code == 0  # nothing left to do
+
+
+# --- devices: torch.accelerator (faked) and the CUDA-or-CPU fallback -------------------------------
+
+LAUNCHED = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1234"}
+
+
+def test_inline_class_picks_the_accelerator_and_passes_its_device_id(fake_accelerator):
+    import torch
+
+    fake = fake_accelerator("xpu", 2)
+    runtime = inline_runtime("ddp", LAUNCHED)
+    kwargs = runtime.init_kwargs()
+    assert kwargs["backend"] == "cpu:gloo,xpu:xccl" and kwargs["init_method"] == "env://"
+    assert kwargs["device_id"] == torch.device("xpu", 1) and fake.current == 1
+    fake.current = None
+    assert runtime.device() == torch.device("xpu", 1) and fake.current == 1
+    assert runtime.device_ids() == [1]
+    assert runtime.device(False) == torch.device("cpu") and runtime.device_ids() is None
+
+
+def test_inline_class_on_the_cpu_passes_no_device_id(fake_accelerator):
+    import torch
+
+    fake_accelerator("cuda", 0)  # a CUDA build without a GPU
+    runtime = inline_runtime("ddp", LAUNCHED)
+    kwargs = runtime.init_kwargs()
+    assert kwargs["backend"] == "gloo" and "device_id" not in kwargs
+    assert runtime.device() == torch.device("cpu") and runtime.device_ids() is None
+    fake_accelerator("mps", 1)  # gloo cannot reduce mps tensors: the CPU, as before
+    assert "device_id" not in inline_runtime("ddp", LAUNCHED).init_kwargs()
+
+
+def test_inline_class_without_the_accelerator_api_uses_cuda(monkeypatch, no_accelerator_api):
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    runtime = inline_runtime("ddp", LAUNCHED)
+    kwargs = runtime.init_kwargs()
+    assert kwargs["backend"] == "cpu:gloo,cuda:nccl" and "device_id" not in kwargs
+    assert runtime.device() == torch.device("cuda", 1) and calls == [1]
+    assert runtime.device_ids() == [1]
+
+
+def test_inline_horovod_class_stays_on_cuda(monkeypatch, fake_accelerator):
+    """Horovod reduces CPU and CUDA tensors only: its device() never picks another accelerator."""
+    import torch
+
+    fake_accelerator("xpu", 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert inline_runtime("horovod", LAUNCHED).device() == torch.device("cpu")
