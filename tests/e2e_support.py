@@ -425,3 +425,102 @@ def read_fs_log(log_path, under=None) -> list:
             continue
         events.append(FsEvent(kind, int(pid), rank, path))
     return events
+
+
+# --- deprecation warnings, and whose code provoked them -----------------------------------------
+
+# Records every DeprecationWarning and FutureWarning of the process, with the call stack that raised
+# it, as one JSON line in $DISTIFY_E2E_WARN_DIR/<pid>.jsonl. Those two categories are recorded instead
+# of printed; every other warning is printed as usual.
+DEPRECATION_SPY = '''\
+import os as _os
+
+_WARN_DIR = _os.environ.get("DISTIFY_E2E_WARN_DIR")
+
+if _WARN_DIR:
+    import json as _json
+    import sys as _sys
+    import warnings as _warnings
+
+    _shown = _warnings.showwarning
+
+    def _record_deprecation(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, (DeprecationWarning, FutureWarning)):
+            return _shown(message, category, filename, lineno, file, line)
+        stack, frame = [], _sys._getframe(1)
+        while frame is not None:
+            stack.append((frame.f_code.co_filename, frame.f_lineno))
+            frame = frame.f_back
+        entry = {"category": category.__name__, "message": str(message), "filename": filename,
+                 "lineno": lineno, "stack": stack}
+        with open(_os.path.join(_WARN_DIR, "%d.jsonl" % _os.getpid()), "a") as fh:
+            fh.write(_json.dumps(entry) + "\\n")
+
+    _warnings.showwarning = _record_deprecation
+    _warnings.simplefilter("always", DeprecationWarning)
+    _warnings.simplefilter("always", FutureWarning)
+'''
+
+
+def deprecation_spy_env(spy_dir, warn_dir) -> dict:
+    """Environment additions that make every Python process record its deprecation warnings into
+    warn_dir (see DEPRECATION_SPY); read them with :func:`deprecations_by_author`."""
+    Path(warn_dir).mkdir(parents=True, exist_ok=True)
+    return sitecustomize_env(spy_dir, DEPRECATION_SPY, {"DISTIFY_E2E_WARN_DIR": str(warn_dir)})
+
+
+def _written_lines(original: str, migrated: str) -> set:
+    """1-based numbers of the lines of `migrated` that distify wrote (not in `original`)."""
+    import difflib
+
+    a, b = original.splitlines(), migrated.splitlines()
+    written = set()
+    for tag, _, _, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag in ("replace", "insert"):
+            written.update(range(j1 + 1, j2 + 1))
+    return written
+
+
+def deprecations_by_author(warn_dir, original, migrated) -> dict:
+    """The recorded deprecation warnings, sorted by who provoked them: ``{"distify": [...], "user":
+    [...], "other": [...]}``, each entry ``"Category: message (file:line)"``.
+
+    The author is read off the first frame of the warning's call stack, innermost first, that is
+    neither torch nor the machinery between a call and the warning (warnings, typing_extensions,
+    importlib, the spy itself): distify when that frame is in the ``distify`` package (the
+    runtime) or on a line of the migrated script that distify wrote (compared with `original`), the
+    user on any other line of the script, "other" elsewhere (a launcher, Horovod's own code).
+    """
+    import importlib.util
+    import json
+
+    torch_dir = os.path.dirname(importlib.util.find_spec("torch").origin) + os.sep
+    distify_dirs = tuple(
+        os.path.dirname(importlib.util.find_spec(name).origin) + os.sep
+        for name in ("distify", "distify.runtime", "distify.rules")
+    )
+    migrated = os.path.realpath(str(migrated))
+    written = _written_lines(Path(original).read_text(), Path(migrated).read_text())
+
+    def machinery(path: str) -> bool:
+        name = os.path.basename(path)
+        return (path.startswith(torch_dir) or path.startswith("<frozen ") or name == "sitecustomize.py"
+                or name in ("warnings.py", "typing_extensions.py") or "/importlib/" in path)
+
+    found: dict = {"distify": [], "user": [], "other": []}
+    for log in sorted(Path(warn_dir).glob("*.jsonl")):
+        for line in log.read_text().splitlines():
+            entry = json.loads(line)
+            author, where = "other", f"{entry['filename']}:{entry['lineno']}"
+            for path, lineno in entry["stack"]:
+                if machinery(path):
+                    continue
+                real = os.path.realpath(path)
+                if real == migrated:
+                    author = "distify" if lineno in written else "user"
+                elif real.startswith(distify_dirs):
+                    author = "distify"
+                where = f"{path}:{lineno}"
+                break
+            found[author].append(f"{entry['category']}: {entry['message']} ({where})")
+    return found

@@ -31,8 +31,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e_support import (  # noqa: E402
+    DEPRECATION_SPY,
     REPO_ROOT,
     assert_same_weights,
+    deprecations_by_author,
     load_state,
     migrate,
     original_weights,
@@ -133,25 +135,33 @@ if _DIR:
 
 
 def _spy_env(root: Path):
-    dumps = root / "dumps"
+    """The parameter spy and the deprecation spy (e2e_support.DEPRECATION_SPY) in one sitecustomize."""
+    dumps, warnings = root / "dumps", root / "warnings"
     dumps.mkdir(parents=True, exist_ok=True)
-    return sitecustomize_env(root / "spy", _PARAM_SPY, {"DISTIFY_E2E_PARAM_DIR": str(dumps)}), dumps
+    warnings.mkdir(parents=True, exist_ok=True)
+    env = sitecustomize_env(root / "spy", _PARAM_SPY + "\n\n" + DEPRECATION_SPY,
+                            {"DISTIFY_E2E_PARAM_DIR": str(dumps), "DISTIFY_E2E_WARN_DIR": str(warnings)})
+    return env, dumps, warnings
 
 
-def _launch(launcher, script, workdir: Path):
-    """Run `script` on NPROC ranks in a fresh `workdir/run`; returns (run dir, per-rank params, result)."""
+def _launch(launcher, script, workdir: Path, original: Path = None):
+    """Run `script` on NPROC ranks in a fresh `workdir/run`; returns (run dir, per-rank params, result).
+    Fails if a line distify wrote into `script` (compared with `original`, by default the corpus
+    script of the same name) or the runtime provoked a deprecation warning in any process."""
     run_dir = workdir / "run"
     spy = {}
 
     def launch(attempt: int):
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
-        env, spy["dumps"] = _spy_env(workdir / f"spy{attempt}")
+        env, spy["dumps"], spy["warnings"] = _spy_env(workdir / f"spy{attempt}")
         if launcher == "torchrun":
             return run_torchrun(script, train_args(B), nproc=NPROC, env=env, cwd=run_dir, check=False)
         return run_horovodrun(script, train_args(B), env=env, cwd=run_dir, check=False)
 
     result = relaunch_on_exit_abort(launch, launcher, script.name)
+    deprecations = deprecations_by_author(spy["warnings"], original or CORPUS / f"{script.stem}.in.py", script)
+    assert deprecations["distify"] == [], "distify's code provoked:\n" + "\n".join(deprecations["distify"])
     dumps = spy["dumps"]
     import torch
 
@@ -227,7 +237,7 @@ def test_rank_check_detects_divergence(tmp_path):
     wrap = "student = runtime.DDP(MLP(20, 16, 5).to(device), device_ids=runtime.device_ids())"
     assert wrap in text, text
     script.write_text(text.replace(wrap, "student = MLP(20, 16, 5).to(device)").replace("student.module.", "student."))
-    _, ranks, _ = _launch("torchrun", script, tmp_path)
+    _, ranks, _ = _launch("torchrun", script, tmp_path, CORPUS / "distill_kd.in.py")
     with pytest.raises(AssertionError, match="differs between rank 0 and rank 1"):
         assert_ranks_identical(ranks, "control")
 
@@ -245,6 +255,6 @@ def test_horovod_gan_ranks_need_the_averaging(tmp_path):
     assert len(averaging) == 2, "".join(lines)
     assert "DistributedOptimizer" not in "".join(lines)
     script.write_text("".join(ln for ln in lines if ln not in averaging))
-    _, ranks, _ = _launch("horovodrun", script, tmp_path)
+    _, ranks, _ = _launch("horovodrun", script, tmp_path, CORPUS / "dcgan_toy.in.py")
     with pytest.raises(AssertionError, match="differs between rank 0 and rank 1"):
         assert_ranks_identical(ranks, "control")
