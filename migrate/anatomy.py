@@ -18,7 +18,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from distify.facts import Binding, Facts, arg, dotted, rank_dependent  # noqa: F401 - re-exported
+from distify.facts import Binding, Facts, arg, dotted, keeps_object, rank_dependent  # noqa: F401 - re-exported
 from distify.walk import walk
 from distify.standalone import find_block, is_standalone_block
 
@@ -677,6 +677,12 @@ class Anatomy:
 
     def uses(self, scope: Scope, name: str):
         return self.facts.uses(scope, name)
+
+    def rebindings(self, scope: Scope, name: str) -> List[cst.CSTNode]:
+        return self.facts.rebindings(scope, name)
+
+    def holds(self, scope: Scope, name: str, since: cst.CSTNode, use: cst.CSTNode) -> str:
+        return self.facts.holds(scope, name, since, use)
 
 
 def analyse(module: cst.Module) -> Anatomy:

@@ -280,6 +280,66 @@ class Facts:
         return uses(scope, name)
 
 
+    # rebinding (#14): what a name holds lasts from one binding to the next ------------------
+    def rebindings(self, scope: Scope, name: str) -> List[cst.CSTNode]:
+        """Statements of `scope` (source order) that bind `name`; a dotted name (``self.model``)
+        by assignment."""
+        if "." not in name:
+            return [b.stmt for b in self.bindings(scope).get(name, [])]
+        return [
+            s for s in self.statements(scope)
+            if isinstance(s, cst.SimpleStatementLine)
+            and any(
+                isinstance(small, cst.Assign) and any(dotted(t.target) == name for t in small.targets)
+                or isinstance(small, (cst.AnnAssign, cst.AugAssign)) and dotted(small.target) == name
+                for small in s.body
+            )
+        ]
+
+    def holds(self, scope: Scope, name: str, since: cst.CSTNode, use: cst.CSTNode) -> str:
+        """Whether `name` at statement `use` still holds the object statement `since` gave it:
+        "yes" (no binding in between), "no" (a binding in between runs on every path to `use`),
+        or "maybe" (one runs on some paths only: under an ``if``, in a ``try``, or later in a loop
+        around both). ``model = model.to(device)`` keeps the object (see ``keeps_object``); an
+        assignment's own right-hand side still reads the old value."""
+        answer = "yes"
+        use_parents = self.stmt_parent.get(use, ())
+        since_parents = self.stmt_parent.get(since, ())
+        for stmt in self.rebindings(scope, name):
+            if stmt is since or self.order(stmt) < self.order(since) or keeps_object(stmt, name):
+                continue
+            if stmt in use_parents:
+                return "no"  # `for model in ...:` / `with ... as model:` around the use
+            parents = self.stmt_parent.get(stmt, ())
+            if stmt is not use and self.order(stmt) < self.order(use):
+                if parents == use_parents[: len(parents)]:
+                    return "no"  # its block encloses the use: it runs on every path to the use
+                answer = "maybe"
+            elif any(isinstance(p, (cst.For, cst.While)) and p in parents and p not in since_parents for p in use_parents):
+                answer = "maybe"  # later in a loop around both: the next pass sees it
+        return answer
+
+
+# nn.Module methods that return the module itself: `model = model.to(device)` keeps the object
+SELF_RETURNING = frozenset({
+    "to", "cuda", "cpu", "train", "eval", "float", "double", "half", "bfloat16", "type", "apply",
+    "requires_grad_", "to_empty", "share_memory",
+})
+
+
+def keeps_object(stmt: cst.CSTNode, name: str) -> bool:
+    """`name = name.to(device)` (or .cuda(), .train(), ... chained): the name holds the same object."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+        return False
+    small = stmt.body[0]
+    if not isinstance(small, cst.Assign) or len(small.targets) != 1 or dotted(small.targets[0].target) != name:
+        return False
+    v = small.value
+    while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and v.func.attr.value in SELF_RETURNING:
+        v = v.func.value
+    return v is not small.value and dotted(v) == name
+
+
 # ------------------------------------------------------------------------------ name walking
 
 
@@ -454,5 +514,5 @@ def uses(scope: Scope, name: str) -> Iterator[Tuple[cst.CSTNode, Tuple[cst.CSTNo
 
 __all__ = [
     "Binding", "Facts", "all_nodes", "arg", "branch_of", "contains_node", "dotted", "header_names",
-    "names", "rank_dependent", "stmt_bindings", "uses",
+    "keeps_object", "names", "rank_dependent", "stmt_bindings", "uses",
 ]

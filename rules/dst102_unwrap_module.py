@@ -6,7 +6,7 @@ from typing import List, Tuple
 
 import libcst as cst
 
-from distify.anatomy import MODULE_API, STATE_API, dotted
+from distify.anatomy import MODULE_API, STATE_API, dotted, keeps_object
 from distify.rules.base import DDP_BACKEND, Context, Rule, reaching_scopes
 from distify.walk import walk
 
@@ -55,6 +55,9 @@ class UnwrapModule(Rule):
                     continue
                 if attr.attr.value.startswith("__"):
                     continue
+                mode = _still_wrapped(a, model, anchor, scope, name, stmt, mode)
+                if mode is None:
+                    continue
                 if mode == "module":
                     new_value = lambda n: cst.Attribute(value=n.value, attr=cst.Name("module"))
                 else:
@@ -82,6 +85,9 @@ class UnwrapModule(Rule):
                     after, mode = how
                     if after is not None and not a.is_before(after, site.stmt):
                         continue
+                    mode = _still_wrapped(a, model, anchor, site.scope, dotted(x.value), site.stmt, mode)
+                    if mode is None:
+                        continue
                     fn = _callee(a, site)
                     if fn is None:
                         continue
@@ -98,6 +104,26 @@ class UnwrapModule(Rule):
                         new_value = lambda n, rt=rt: cst.parse_expression(f"{rt}.unwrap()").with_changes(args=[cst.Arg(n)])
                     ctx.edits.replace(x.value, new_value)
                     ctx.report(self.code, x.value, f"{dotted(site.call.func)}() gets the unwrapped model: it only reads or copies it")
+
+
+def _still_wrapped(a, model, anchor, scope, name, stmt, mode):
+    """How a use of the wrapped name reaches the module, now that the name may have been rebound
+    since the wrap (`model = NeuralNetwork()` to reload a checkpoint): None when it holds another
+    object there, "unwrap" (works for both) when it may, else `mode`."""
+    if scope is model.scope and name == model.name:
+        held = a.holds(model.scope, model.name, anchor, stmt)
+        if held == "no":
+            return None
+        return "unwrap" if held == "maybe" else mode
+    if mode == "module" and not name.startswith("self."):
+        # a function reading the global may run before or after a later rebinding
+        if any(
+            a.is_before(anchor, s) and not keeps_object(s, model.name)
+            for s in a.rebindings(model.scope, model.name)
+            if s is not anchor
+        ):
+            return "unwrap"
+    return mode
 
 
 def _callee(a, site):
