@@ -16,7 +16,7 @@ equality), and the engine applies everything in a single pass:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 
 import libcst as cst
 
@@ -288,8 +288,54 @@ def _is_docstring(stmt: cst.CSTNode) -> bool:
     )
 
 
-def import_anchor(body: Sequence[cst.CSTNode]) -> int:
-    """Index after which new imports go: after the last import of the leading import block."""
+def import_anchor(body: Sequence[cst.CSTNode], needed: Iterable[str] = ()) -> int:
+    """Index after which new imports go: after the last import of the leading import block, but
+    before the first statement that reads one of the `needed` names (the names the new imports
+    bind). A notebook-style script imports again mid-file with plain statements in between
+    (``x = ...``, ``import matplotlib.pyplot as plt``): what distify added to those statements
+    (``dist.init_process_group(...)``, ``runtime.device()``) runs before that later import."""
+    anchor = _leading_import_block(body)
+    needed = frozenset(needed)
+    if needed:
+        for i in range(anchor + 1):
+            if not _is_import(body[i]) and names_read(body[i]) & needed:
+                return i - 1
+    return anchor
+
+
+def names_read(node: cst.CSTNode) -> FrozenSet[str]:
+    """Names a statement mentions as variables (attribute names after a dot are not variables)."""
+    found: set = set()
+
+    class V(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            found.add(n.value)
+
+        def visit_Attribute(self, n: cst.Attribute) -> bool:
+            walk(n.value, self)
+            return False
+
+    walk(node, V())
+    return frozenset(found)
+
+
+def bound_by_import(line: str) -> FrozenSet[str]:
+    """The local names an import line binds (``import a.b`` binds ``a``)."""
+    out = set()
+    for stmt in parse_stmts(line):
+        for small in getattr(stmt, "body", ()):
+            if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+                for alias in small.names:
+                    if alias.asname is not None:
+                        out.add(cst.ensure_type(alias.asname.name, cst.Name).value)
+                    elif isinstance(small, cst.Import):
+                        out.add(_code(alias.name).split(".")[0])
+                    else:
+                        out.add(_code(alias.name))
+    return frozenset(out)
+
+
+def _leading_import_block(body: Sequence[cst.CSTNode]) -> int:
     anchor = -1
     for i, stmt in enumerate(body):
         if _is_import(stmt):
@@ -330,9 +376,14 @@ def _import_order(line: str) -> tuple:
     return (line.startswith("from distify") or line.startswith("import distify"), line.startswith("from "), line)
 
 
-def _insert_imports(body: List[cst.CSTNode], lines: Sequence[str]) -> List[cst.CSTNode]:
+def _insert_imports(
+    body: List[cst.CSTNode], lines: Sequence[str], also_needed: Iterable[str] = ()
+) -> List[cst.CSTNode]:
+    """`body` with the import `lines` added after its import block, bound before the first statement
+    that reads what they bind (or any of `also_needed`: names defined next to the imports)."""
     new = parse_stmts("\n".join(sorted(lines, key=_import_order)))
-    anchor = import_anchor(body)
+    needed = frozenset(also_needed).union(*(bound_by_import(line) for line in lines))
+    anchor = import_anchor(body, needed)
     # keep distify's own imports last: new torch imports go above an existing `from distify ...`
     while anchor > 0 and _is_import(body[anchor]) and _import_order(_code(body[anchor]))[0] and not all(
         _import_order(line)[0] for line in lines

@@ -694,7 +694,7 @@ def finish(module: cst.Module, backend: str, name: Optional[str], fresh) -> Outc
                 lines.append(f"import {qualified} as {local}")
         names[template] = local
     if lines:
-        body = _insert_imports(body, lines)
+        body = _insert_imports(body, lines, also_needed={name})  # the class reads them where it stands
 
     if block is not None:
         methods = _parse("class _:\n" + source(wanted, backend, header=False), names)[0].body.body
@@ -703,7 +703,7 @@ def finish(module: cst.Module, backend: str, name: Optional[str], fresh) -> Outc
         return Outcome(module.with_changes(body=body))
 
     cls = _parse("\n\n" + source(wanted, backend), names)[0]
-    at = import_anchor(body) + 1
+    at = import_anchor(body, {name}) + 1  # bound before the first statement that calls it
     if at < len(body):  # two blank lines after the class, as after any top-level class
         nxt = body[at]
         blanks = 0
