@@ -15,8 +15,10 @@ class LocalRankDevice(Rule):
 
     What it does:
         Rewrites ``torch.device("cuda")``, ``torch.device("cuda:0")``,
-        ``torch.device("cuda" if torch.cuda.is_available() else "cpu")`` (and the same conditional
-        as a plain string) to ``runtime.device()``, and ``x.cuda()`` to ``x.to(device)``.
+        ``torch.device("cuda" if torch.cuda.is_available() else "cpu")`` to ``runtime.device()``,
+        the same conditional as a plain string to ``runtime.device().type`` (still the string
+        "cuda" or "cpu", now naming the local rank's GPU, which ``runtime.device()`` makes current),
+        and ``x.cuda()`` to ``x.to(device)``.
 
     Why:
         With N processes on one machine every process must use its own GPU – ``cuda:<local_rank>``
@@ -50,9 +52,15 @@ class LocalRankDevice(Rule):
                 ctx.edits.replace(site.call, lambda n, new=new: cst.parse_expression(new))
                 ctx.report(self.code, site.call, f"device is now the local rank's: {new}")
         for node, stmt in _string_device_idioms(a):
-            new = f"{ctx.runtime}.device()"
+            # the idiom is a str, and stays one: `torch.autocast(device_type=device)` and
+            # `device == "cuda"` want "cuda"/"cpu". runtime.device() makes the local rank's GPU the
+            # current one, so "cuda" means that GPU; "cuda:0" names it with its index
+            if _string_value(node.body) == "cuda":
+                new = f"{ctx.runtime}.device().type"
+            else:
+                new = f"str({ctx.runtime}.device())"
             ctx.edits.replace(node, lambda n, new=new: cst.parse_expression(new))
-            ctx.report(self.code, node, f"device is now the local rank's: {new}")
+            ctx.report(self.code, node, f"device is now the local rank's: {new} (a string, as before)")
 
         # x.cuda() -> x.to(device)
         cuda_calls = [
