@@ -128,6 +128,33 @@ class Context:
             return f"{self.hvd}.rank() == 0"
         return f"{self.runtime}.is_main_process()"
 
+    def main_process_at(self, stmt: cst.CSTNode) -> str:
+        """`main_process` for code at `stmt`. With Horovod, code that may run before ``hvd.init()``
+        (the ``__main__`` block of a script whose ``main()`` initialises Horovod) cannot ask
+        ``hvd.rank()`` ("Horovod has not been initialized"): it asks the runtime, which reads the
+        launcher's environment until a process group or Horovod exists."""
+        if self.backend == HOROVOD_BACKEND and self.before_setup(stmt):
+            return f"{self.runtime}.is_main_process()"
+        return self.main_process
+
+    def before_setup(self, stmt: cst.CSTNode) -> bool:
+        """True when `stmt` may run before the process group / Horovod is initialised: it is at
+        module level while the initialisation is in a function, or above it at the same level."""
+        a = self.anatomy
+        init = self.state.get("setup_anchor")
+        if init is None:
+            sites = a.calls_to({"horovod.torch.init", "torch.distributed.init_process_group"})
+            init = sites[0].stmt if sites else None
+        if init is None:
+            return False
+        scope = a.stmt_scope.get(stmt)
+        init_scope = a.stmt_scope.get(init)
+        if not isinstance(scope, cst.Module):
+            return False
+        if isinstance(init_scope, cst.Module):
+            return a.is_before(stmt, init)
+        return True
+
     # tree helpers ---------------------------------------------------------------------------
     def in_rank_guard(self, stmt: cst.CSTNode) -> bool:
         """True when the statement already sits under an `if` that tests the rank (the anatomy's
@@ -165,7 +192,7 @@ class Context:
                 "ranks (no rank-0 guard); compute the value on every rank first, then guard only its use",
             )
             return False
-        self.edits.guard(stmt, self.main_process)
+        self.edits.guard(stmt, self.main_process_at(stmt))
         return True
 
     def finish(self) -> None:

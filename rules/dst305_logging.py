@@ -59,7 +59,7 @@ class Rank0Logging(Rule):
             if level is None or "main_process" in ctx.code(level) or "rank" in ctx.code(level):
                 continue
             logging_name = dotted(site.call.func).rsplit(".", 1)[0]
-            new_src = f"{ctx.code(level)} if {cond} else {logging_name}.WARNING"
+            new_src = f"{ctx.code(level)} if {ctx.main_process_at(site.stmt)} else {logging_name}.WARNING"
 
             def rewrite(node: cst.Call, new_src=new_src) -> cst.Call:
                 return node.with_changes(
