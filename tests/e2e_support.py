@@ -358,28 +358,45 @@ def sitecustomize_env(spy_dir, body: str, extra_env: Optional[Mapping[str, str]]
 
 # --- recording which process writes what --------------------------------------------------------
 
-# Records torch.save targets and os.mkdir calls per process into $DISTIFY_E2E_FS_LOG.
+# Records, per process, into $DISTIFY_E2E_FS_LOG: torch.save targets ("save"), os.mkdir calls
+# ("mkdir") and every file opened for writing ("write": open(path, "w"/"a"/"x"/"+"), which is also
+# how torch.save, torchvision's save_image, matplotlib's savefig, json.dump and csv writers reach a
+# file). The rank is the launcher's (RANK for torchrun, HOROVOD_RANK for horovodrun; "-" for none).
 _FS_SPY = '''\
 import os
 import sys
+import threading
 
 _LOG = os.environ.get("DISTIFY_E2E_FS_LOG")
+_busy = threading.local()
 
 
 def _record(kind, path):
+    if getattr(_busy, "on", False):
+        return
     try:
         path = os.path.realpath(os.fsdecode(os.fspath(path)))
-    except TypeError:
+    except (TypeError, ValueError):
         return
-    line = "%s\\t%d\\t%s\\t%s\\n" % (kind, os.getpid(), os.environ.get("RANK", "-"), path)
-    with open(_LOG, "a") as fh:
-        fh.write(line)
+    if path == os.path.realpath(_LOG):
+        return
+    rank = os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or "-"
+    line = "%s\\t%d\\t%s\\t%s\\n" % (kind, os.getpid(), rank, path)
+    _busy.on = True
+    try:
+        with open(_LOG, "a") as fh:
+            fh.write(line)
+    finally:
+        _busy.on = False
 
 
 if _LOG:
     def _audit(event, args):
         if event == "os.mkdir" and args and args[-1] in (-1, None):
             _record("mkdir", args[0])
+        elif event == "open" and len(args) >= 2 and isinstance(args[1], str) and set(args[1]) & set("wax+"):
+            if isinstance(args[0], (str, bytes, os.PathLike)):
+                _record("write", args[0])
 
     sys.addaudithook(_audit)
 
@@ -395,6 +412,106 @@ if _LOG:
         torch.save = save
 
     _after_torch_import(_patch)
+'''
+
+# Records every parameter passed to a torch.optim.Optimizer (deduplicated: hvd.DistributedOptimizer
+# re-runs __init__ on the same params) and saves them at exit as <dir>/rank<RANK or HOROVOD_RANK>.pt.
+PARAM_SPY = '''\
+import os
+
+_DIR = os.environ.get("DISTIFY_E2E_PARAM_DIR")
+
+if _DIR:
+    import atexit
+
+    def _patch(torch):
+        optimizer_cls = torch.optim.Optimizer
+        real_init = optimizer_cls.__init__
+        params, seen = [], set()
+
+        def __init__(self, *args, **kwargs):
+            real_init(self, *args, **kwargs)
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        params.append(p)
+
+        optimizer_cls.__init__ = __init__
+
+        def dump():
+            rank = os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or "single"
+            tensors = [p.detach().cpu().clone() for p in params]
+            torch.save(tensors, os.path.join(_DIR, "rank%s.pt" % rank))
+
+        atexit.register(dump)
+
+    _after_torch_import(_patch)
+'''
+
+
+# Stand-ins for torchvision and matplotlib where they are not installed (the test machine has
+# neither). A script imports them as users do (`from torchvision.utils import save_image`,
+# `import matplotlib.pyplot as plt`); save_image and savefig write a small file through open(),
+# everything else of the stand-in accepts any call and does nothing. Installed packages are used
+# as they are.
+MODULE_STANDINS = '''\
+import importlib.util as _ilu
+import sys as _sys
+import types as _types
+
+
+def _anything(attr):
+    if attr.startswith("__"):
+        raise AttributeError(attr)
+    return lambda *a, **k: None
+
+
+def _standin(name, attrs):
+    mod = _types.ModuleType(name)
+    mod.__dict__.update(attrs)
+    mod.__getattr__ = _anything
+    mod.__path__ = []
+    _sys.modules[name] = mod
+    return mod
+
+
+def _write(fp, data):
+    if hasattr(fp, "write"):
+        fp.write(data)
+    else:
+        with open(fp, "wb") as fh:
+            fh.write(data)
+
+
+if _ilu.find_spec("torchvision") is None:
+    def save_image(tensor, fp, *args, **kwargs):
+        _write(fp, b"\\x89PNG stand-in: " + repr(tuple(tensor.shape)).encode())
+
+    def make_grid(tensor, *args, **kwargs):
+        return tensor
+
+    _tv = _standin("torchvision", {})
+    _tv.utils = _standin("torchvision.utils", {"save_image": save_image, "make_grid": make_grid})
+
+if _ilu.find_spec("matplotlib") is None:
+    def savefig(fname, *args, **kwargs):
+        _write(fname, b"%PDF stand-in")
+
+    class _Figure:
+        def savefig(self, fname, *args, **kwargs):
+            savefig(fname)
+
+        def __getattr__(self, attr):
+            return _anything(attr)
+
+    def subplots(*args, **kwargs):
+        return _Figure(), _Figure()
+
+    _mpl = _standin("matplotlib", {"use": lambda *a, **k: None})
+    _mpl.pyplot = _standin(
+        "matplotlib.pyplot", {"savefig": savefig, "figure": lambda *a, **k: _Figure(), "subplots": subplots}
+    )
 '''
 
 

@@ -41,6 +41,7 @@ from e2e_support import (  # noqa: E402
     relaunch_on_exit_abort,
     run_horovodrun,
     run_torchrun,
+    PARAM_SPY,
     sitecustomize_env,
 )
 
@@ -98,48 +99,12 @@ def train_args(batch):
     return ["--batch-size", batch, "--epochs", EPOCHS, "--checkpoint", "final.pt"]
 
 
-# Records every parameter passed to a torch.optim.Optimizer (deduplicated: hvd.DistributedOptimizer
-# re-runs __init__ on the same params) and saves them at exit as <dir>/rank<RANK or HOROVOD_RANK>.pt.
-_PARAM_SPY = '''\
-import os
-
-_DIR = os.environ.get("DISTIFY_E2E_PARAM_DIR")
-
-if _DIR:
-    import atexit
-
-    def _patch(torch):
-        optimizer_cls = torch.optim.Optimizer
-        real_init = optimizer_cls.__init__
-        params, seen = [], set()
-
-        def __init__(self, *args, **kwargs):
-            real_init(self, *args, **kwargs)
-            for group in self.param_groups:
-                for p in group["params"]:
-                    if id(p) not in seen:
-                        seen.add(id(p))
-                        params.append(p)
-
-        optimizer_cls.__init__ = __init__
-
-        def dump():
-            rank = os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or "single"
-            tensors = [p.detach().cpu().clone() for p in params]
-            torch.save(tensors, os.path.join(_DIR, "rank%s.pt" % rank))
-
-        atexit.register(dump)
-
-    _after_torch_import(_patch)
-'''
-
-
 def _spy_env(root: Path):
     """The parameter spy and the deprecation spy (e2e_support.DEPRECATION_SPY) in one sitecustomize."""
     dumps, warnings = root / "dumps", root / "warnings"
     dumps.mkdir(parents=True, exist_ok=True)
     warnings.mkdir(parents=True, exist_ok=True)
-    env = sitecustomize_env(root / "spy", _PARAM_SPY + "\n\n" + DEPRECATION_SPY,
+    env = sitecustomize_env(root / "spy", PARAM_SPY + "\n\n" + DEPRECATION_SPY,
                             {"DISTIFY_E2E_PARAM_DIR": str(dumps), "DISTIFY_E2E_WARN_DIR": str(warnings)})
     return env, dumps, warnings
 

@@ -1,0 +1,89 @@
+"""Rebinding facts (a name's value lasts from one binding to the next) and where added imports go
+(bound before every use distify adds). Executed versions: tests/test_e2e_real_scripts.py."""
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+import pytest
+
+from distify.anatomy import analyse
+from distify.engine import migrate_source
+from distify.rules.base import Options
+
+
+def _stmt(module: cst.Module, text: str) -> cst.CSTNode:
+    for stmt in analyse(module).stmt_parent:
+        if module.code_for_node(stmt).strip().startswith(text):
+            return stmt
+    raise AssertionError(text)
+
+
+@pytest.mark.parametrize(
+    "source,expected",
+    [
+        ("model = Net()\nmodel = Other()\nuse(model)\n", "no"),
+        ("model = Net()\nmodel = model.to(device).train()\nuse(model)\n", "yes"),
+        ("model = Net()\nif reload:\n    model = Other()\nuse(model)\n", "maybe"),
+        ("model = Net()\nfor epoch in range(3):\n    use(model)\n    model = Other()\n", "maybe"),
+        ("model = Net()\nfor model in models:\n    use(model)\n", "no"),
+        ("model = Net()\nuse(model)\nmodel = Other()\n", "yes"),
+    ],
+)
+def test_holds(source, expected):
+    module = cst.parse_module(source)
+    a = analyse(module)
+    since = _stmt(module, "model = Net()")
+    use = _stmt(module, "use(model)")
+    assert a.holds(module, "model", since, use) == expected
+
+
+QUICKSTART = textwrap.dedent(
+    '''\
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,)))
+    import json
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    loader = DataLoader(data, batch_size=16, shuffle=True)
+    model = nn.Linear(8, 3).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for epoch in range(2):
+        for xb, yb in loader:
+            with torch.autocast(device_type=device, enabled=False):
+                loss = nn.functional.cross_entropy(model(xb.to(device)), yb.to(device))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    torch.save(model.state_dict(), "model.pt")
+    model = nn.Linear(8, 3).to(device)
+    model.load_state_dict(torch.load("model.pt"))
+    print(model.weight.sum())
+    '''
+)
+
+
+@pytest.mark.parametrize("backend", ["ddp", "horovod"])
+@pytest.mark.parametrize("standalone", [False, True])
+def test_added_imports_come_before_their_first_use(backend, standalone):
+    out = migrate_source(QUICKSTART.encode(), Options(backend=backend, standalone=standalone)).output.decode()
+    lines = out.splitlines()
+    setup = "dist.init_process_group" if backend == "ddp" else "hvd.init()"
+    first_use = next(i for i, line in enumerate(lines) if setup in line)
+    own = "import torch.distributed as dist" if backend == "ddp" else "import horovod.torch as hvd"
+    assert lines.index(own) < first_use, out
+    runtime = "class runtime:" if standalone else "from distify import runtime"
+    runtime_use = next(i for i, line in enumerate(lines) if "runtime." in line and not line.startswith("#"))
+    assert lines.index(runtime) < runtime_use, out
+    assert lines.index("import json") > first_use  # the script's own late import stays where it was
+
+
+def test_reloaded_model_is_not_unwrapped_and_device_stays_a_string():
+    out = migrate_source(QUICKSTART.encode(), Options(backend="ddp")).output.decode()
+    assert "torch.save(model.module.state_dict()" in out
+    assert "model.load_state_dict(torch.load(" in out  # the fresh model is no DDP
+    assert "print(model.weight.sum())" in out
+    assert 'device = runtime.device().type' in out
