@@ -125,6 +125,10 @@ class BatchLoop:
     cls: Optional[cst.ClassDef]
     ref: str  # the dotted name iterated (e.g. "train_loader", "self.train_loader", a parameter)
     trains: bool  # body contains backward() / optimizer step
+    # "for": `loop` iterates `ref` (maybe through zip/enumerate/tqdm); "next": `loop` draws from `ref`
+    # with next(); "pass": `loop` is a generator's pass over its parameter `ref`, whose batches are
+    # drawn by a training loop elsewhere
+    via: str = "for"
 
 
 @dataclass(eq=False)
@@ -135,6 +139,9 @@ class EpochLoop:
     var: Optional[str]
     # how the epoch loop's scope refers to the loader: dotted expression source
     loader_ref: Optional[str]
+    # a generator's endless loop around one pass over the loader (`while True: for b in loader: yield
+    # b`): there is no epoch variable, the passes must be counted (`loop` is the pass loop)
+    counted: Optional[cst.CSTNode] = None
 
 
 @dataclass(eq=False)
@@ -517,18 +524,145 @@ def bound_from_return(stmt: cst.CSTNode, call: cst.Call, slot: tuple) -> Optiona
 
 def iterated_ref(expr: cst.BaseExpression, aliases_q) -> Optional[str]:
     """The reference a for-loop iterates over (see `ref_text`), looking through
-    enumerate()/tqdm()/iter()/zip()."""
+    enumerate()/tqdm()/iter()/zip(); the first one when several are iterated together."""
+    refs = iterated_refs(expr, aliases_q)
+    return refs[0] if refs else None
+
+
+# --- data flow: what a loop consumes, through wrappers and generators (issue 13) -------------------
+# Calls whose iteration yields the items of their first argument (enumerate, a progress bar, ...) and
+# calls that iterate all their positional arguments together (zip, chain): a loop over such a call
+# consumes every loader it is given, and `pbar = tqdm(loader)` makes `pbar` another name for it.
+ITER_FIRST = {"enumerate", "iter", "reversed", "itertools.cycle", "itertools.islice"}
+ITER_ALL = {"zip", "itertools.chain", "itertools.zip_longest", "itertools.product"}
+
+
+def iterated_refs(expr: cst.BaseExpression, aliases_q) -> List[str]:
+    """Every reference (see `ref_text`) whose items a loop over `expr` consumes: the iterable itself,
+    or the iterables handed to enumerate()/iter()/tqdm()/itertools.cycle()/islice() (first argument)
+    and zip()/itertools.chain()/zip_longest() (all positional arguments), nested in any order."""
     d = ref_text(expr)
     if d is not None:
-        return d
-    if isinstance(expr, cst.Call):
-        fname = dotted(expr.func) or ""
-        q = aliases_q(expr.func) or ""
-        if fname in ("enumerate", "iter", "zip") or q in TQDM or fname.endswith("tqdm"):
-            a = arg(expr, 0, "iterable")
-            if a is not None:
-                return iterated_ref(a.value, aliases_q)
-    return None
+        return [d]
+    if not isinstance(expr, cst.Call):
+        return []
+    fname = dotted(expr.func) or ""
+    q = aliases_q(expr.func) or ""
+    if fname in ITER_ALL or q in ITER_ALL:
+        out: List[str] = []
+        for a in expr.args:
+            if a.keyword is None and not a.star:
+                out += [r for r in iterated_refs(a.value, aliases_q) if r not in out]
+        return out
+    if fname in ITER_FIRST or q in ITER_FIRST or q in TQDM or fname.endswith("tqdm"):
+        a = arg(expr, 0, "iterable")
+        if a is not None and not a.star:
+            return iterated_refs(a.value, aliases_q)
+    return []
+
+
+def _trains_directly(node: cst.CSTNode) -> bool:
+    return _is_training_body(node)
+
+
+def training_functions(functions: Mapping[str, cst.FunctionDef], methods: Mapping[cst.FunctionDef, cst.ClassDef]) -> Set[cst.FunctionDef]:
+    """Functions and methods whose body reaches backward()/optimizer.step(), directly or through a
+    call of another such module-level function (`name(...)`) or method of the same class
+    (`self.name(...)`): `_run_epoch` trains when the `_run_batch` it calls does."""
+    all_fns = list(functions.values()) + [m for m in methods if m not in functions.values()]
+    by_class: Dict[cst.ClassDef, Dict[str, cst.FunctionDef]] = {}
+    for m, k in methods.items():
+        by_class.setdefault(k, {})[m.name.value] = m
+    callees: Dict[cst.FunctionDef, Set[cst.FunctionDef]] = {}
+    trains: Set[cst.FunctionDef] = set()
+    for fn in all_fns:
+        if _trains_directly(fn.body):
+            trains.add(fn)
+        own = by_class.get(methods.get(fn), {}) if fn in methods else {}
+        found: Set[cst.FunctionDef] = set()
+
+        class V(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                d = dotted(node.func)
+                if d is None:
+                    return
+                if d in functions:
+                    found.add(functions[d])
+                elif d.startswith("self.") and d[5:] in own:
+                    found.add(own[d[5:]])
+
+        walk(fn.body, V())
+        callees[fn] = found
+    changed = True
+    while changed:
+        changed = False
+        for fn in all_fns:
+            if fn not in trains and callees[fn] & trains:
+                trains.add(fn)
+                changed = True
+    return trains
+
+
+def body_trains(node: cst.CSTNode, trainers: Set[cst.FunctionDef], functions, methods, cls) -> bool:
+    """`node` reaches backward()/step() itself or calls a function in `trainers` (see
+    `training_functions`): by name for module-level functions, through self for methods of `cls`."""
+    if _trains_directly(node):
+        return True
+    if not trainers:
+        return False
+    own = {m.name.value: m for m, k in methods.items() if k is cls} if cls is not None else {}
+
+    def pred(n):
+        if not isinstance(n, cst.Call):
+            return False
+        d = dotted(n.func)
+        if d is None:
+            return False
+        if d in functions and functions[d] in trainers:
+            return True
+        return d.startswith("self.") and own.get(d[5:]) in trainers
+
+    return _contains(node, pred)
+
+
+def generator_passes(fn: cst.FunctionDef) -> List[Tuple[str, cst.For]]:
+    """(parameter, loop) for each `for ... in <parameter>:` in `fn` whose body yields: `fn` is a
+    generator that hands out the batches of the loader it is given, one pass per run of that loop
+    (`def forever(loader): while True: for b in loader: yield b`)."""
+    params = {p.name.value for p in fn.params.params}
+    out: List[Tuple[str, cst.For]] = []
+
+    class V(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is fn
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
+        def visit_For(self, node: cst.For) -> None:
+            if isinstance(node.iter, cst.Name) and node.iter.value in params:
+                if _contains(node.body, lambda n: isinstance(n, (cst.Yield,))):
+                    out.append((node.iter.value, node))
+
+    walk(fn, V())
+    return out
+
+
+def next_consumers(calls: Sequence["CallSite"]) -> List[Tuple["CallSite", str]]:
+    """(call site, reference) for each `next(<ref>)` / `next(iter(<ref>))` inside a for-loop: the loop
+    draws its batches one at a time from <ref> (an endless generator, an iterator over a loader)."""
+    out = []
+    for c in calls:
+        if dotted(c.call.func) != "next" or not c.loops or not c.call.args:
+            continue
+        v = c.call.args[0].value
+        if isinstance(v, cst.Call) and dotted(v.func) == "iter" and v.args:
+            v = v.args[0].value
+        r = ref_text(v)
+        if r is not None:
+            out.append((c, r))
+    return out
+# --- end of data flow -------------------------------------------------------------------------------
 
 
 @dataclass(eq=False)
@@ -555,6 +689,9 @@ class Anatomy:
     fors: List[Tuple[cst.For, Scope, Optional[cst.ClassDef], Tuple[cst.For, ...]]]
     ifexps: List[cst.IfExp] = field(default_factory=list)
     facts: Optional[Facts] = None  # the queries below answer from it
+    # (scope, name) -> the other (scope, name) pairs its value flows to: arguments to parameters (also
+    # through `Cls(...)` into `__init__`), returns to the caller's names, `self.x = name(.to(dev))`
+    flow_from: Optional[object] = None
     want_positions: bool = True  # False when nothing will show them (--quiet): skips a costly pass
     _positions: Optional[dict] = None
     _order: Optional[dict] = None
@@ -714,13 +851,24 @@ def analyse(module: cst.Module) -> Anatomy:
 
     # batch loops ----------------------------------------------------------------------------
     batch_loops: List[BatchLoop] = []
+    trainers = training_functions(col.functions, col.methods)
     for loop, scope, cls, _outer in col.fors:
-        ref = iterated_ref(loop.iter, q)
-        if ref is None:
-            continue
-        batch_loops.append(
-            BatchLoop(loop=loop, scope=scope, cls=cls, ref=ref, trains=_is_training_body(loop.body))
-        )
+        trains = None
+        for ref in iterated_refs(loop.iter, q):
+            if trains is None:
+                trains = body_trains(loop.body, trainers, col.functions, col.methods, cls)
+            batch_loops.append(BatchLoop(loop=loop, scope=scope, cls=cls, ref=ref, trains=trains))
+    for c, ref in next_consumers(col.calls):
+        loop = c.loops[-1]
+        trains = body_trains(loop.body, trainers, col.functions, col.methods, c.cls)
+        batch_loops.append(BatchLoop(loop=loop, scope=c.scope, cls=c.cls, ref=ref, trains=trains, via="next"))
+    passes: Dict[cst.For, cst.FunctionDef] = {}
+    for fn in _all_functions(col):
+        for _param, loop in generator_passes(fn):
+            passes[loop] = fn
+    for bl in batch_loops:
+        if bl.loop in passes and bl.scope is passes[bl.loop]:
+            bl.via = "pass"
 
     facts = Facts(module, col.calls, col.functions, col.methods, col.stmt_parent, col.stmt_scope)
 
@@ -769,6 +917,21 @@ def analyse(module: cst.Module) -> Anatomy:
                 out += placed(site, name, origin if origin is not None else site)
         return out
 
+    def wrapped_refs(value: cst.BaseExpression) -> List[str]:
+        """References whose items iterating `value` yields: through wrappers (see iterated_refs) and
+        calls of a generator over its parameter (see generator_passes)."""
+        refs = iterated_refs(value, q)
+        if not refs and isinstance(value, cst.Call):
+            fn = col.functions.get(dotted(value.func) or "")
+            if fn is not None:
+                for pname, loop in generator_passes(fn):
+                    if loop in passes:
+                        site = next((c for c in col.calls if c.call is value), None)
+                        v = bind_param(site, fn, pname) if site is not None else None
+                        if v is not None and ref_text(v) is not None:
+                            refs.append(ref_text(v))
+        return refs
+
     def refs_of(loader: Loader) -> List[Ref]:
         out: List[Ref] = []
         if loader.target is not None:
@@ -779,6 +942,13 @@ def analyse(module: cst.Module) -> Anatomy:
         elif isinstance(loader.call.scope, cst.FunctionDef):
             # `return DataLoader(...)`: the loader is only known by the names its callers bind
             out = returned(loader.call.scope, lambda e, c=loader.call.call: e is c, None)
+        return spread(out)
+
+    def spread(out: List[Ref]) -> List[Ref]:
+        """`out` and every reference the values it names flow to: parameters of the functions they
+        are passed to (also `Cls(...)` to `__init__`), plain-name aliases and wrappers, `self.`
+        attributes set from them, and the names callers bind a returned value to."""
+        out = list(out)
         frontier = list(out)
         seen = {(id(s), r) for s, r, _ in out}
 
@@ -801,12 +971,33 @@ def analyse(module: cst.Module) -> Anatomy:
                             add((fn, pname, origin))
             for a_node in assigns_in.get(id(scope), ()):
                 if len(a_node.targets) == 1 and isinstance(a_node.targets[0].target, cst.Name):
-                    if ref_text(a_node.value) == name:
+                    if ref_text(a_node.value) == name or (
+                        ref_text(a_node.value) is None and name in wrapped_refs(a_node.value)
+                    ):
+                        # `loader = loaders["train"]`, `pbar = tqdm(loader)`, `batches = forever(loader)`
                         add((scope, a_node.targets[0].target.value, origin))
+                elif (
+                    len(a_node.targets) == 1
+                    and scope in col.methods
+                    and (dotted(a_node.targets[0].target) or "").startswith("self.")
+                    and (
+                        ref_text(a_node.value) == name
+                        or (moves_to_device(a_node.value) and dotted(a_node.value.func.value) == name)
+                    )
+                ):
+                    # `self.train_data = train_data` in a method: every method of the class sees it
+                    attr = dotted(a_node.targets[0].target)
+                    for m, k in col.methods.items():
+                        if k is col.methods[scope]:
+                            add((m, attr, origin))
             if isinstance(scope, cst.FunctionDef) and not name.startswith("self."):
                 for ref in returned(scope, lambda e, name=name: ref_text(e) == name, origin):
                     add(ref)
         return out
+
+    def flow_from(scope: Scope, name: str) -> List[Tuple[Scope, str]]:
+        """Where the value `name` holds in `scope` is also reachable (see `spread`), itself excluded."""
+        return [(s, r) for s, r, _ in spread([(scope, name, None)]) if not (s is scope and r == name)]
 
     for loader in loaders:
         refs = refs_of(loader)
@@ -815,6 +1006,13 @@ def analyse(module: cst.Module) -> Anatomy:
             hit = [o for s, r, o in refs if bl.scope is s and bl.ref == r]
             if hit:
                 loader.batch_loops.append(bl)
+        if any(bl.trains for bl in loader.batch_loops if bl.via != "pass"):
+            for bl in loader.batch_loops:
+                if bl.via == "pass":
+                    bl.trains = True  # the generator hands this loader's batches to training
+        for bl in loader.batch_loops:
+            hit = [o for s, r, o in refs if bl.scope is s and bl.ref == r]
+            if hit:
                 for o in hit:
                     origins[o] = origins[o] or bl.trains
         loader.bound = sorted({r for s, r, o in refs if o is not None and s is o.scope})
@@ -849,9 +1047,13 @@ def analyse(module: cst.Module) -> Anatomy:
             continue
         found: List[EpochLoop] = []
         for bl in loader.batch_loops:
-            if not bl.trains:
-                continue
+            if not bl.trains or bl.via == "next":
+                continue  # a loop drawing with next() has no passes of its own
             outer = [f for f in enclosing_fors(bl.loop) if f is not bl.loop]
+            if bl.via == "pass" and not outer:
+                # `while True: for b in loader: yield b`: count the passes in the generator
+                found.append(EpochLoop(bl.loop, bl.scope, bl.cls, None, bl.ref, counted=bl.loop))
+                continue
             if outer:
                 ep = outer[-1]
                 found.append(EpochLoop(ep, bl.scope, bl.cls, _loop_var(ep), bl.ref))
@@ -935,6 +1137,7 @@ def analyse(module: cst.Module) -> Anatomy:
         fors=col.fors,
         ifexps=col.ifexps,
         facts=facts,
+        flow_from=flow_from,
     )
 
 

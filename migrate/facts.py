@@ -212,6 +212,8 @@ class Facts:
             out = [c for c in self.calls if isinstance(c.call.func, cst.Attribute) and c.call.func.attr.value == name]
         else:
             out = [c for c in self._by_callee.get(f"self.{name}", ()) if c.cls is cls]
+            if name == "__init__" and isinstance(self.stmt_scope.get(cls), cst.Module):
+                out += self._by_callee.get(cls.name.value, [])  # `Trainer(model, loader)` runs __init__
         self._callers[key] = out
         return out
 

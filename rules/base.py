@@ -335,6 +335,11 @@ def reaching_scopes(ctx: Context, model, anchor) -> dict:
             v = arg(site.call, i, p)
             if v is not None and dotted(v.value) == model.name:
                 out[(id(fn), p)] = (None, "unwrap")
+    # further: returned by a helper and bound by its caller, handed to a constructor and kept as
+    # `self.model` (the anatomy's flow facts); runtime.unwrap works whether the value is wrapped or not
+    if a.flow_from is not None:
+        for scope, name in a.flow_from(model.scope, model.name):
+            out.setdefault((id(scope), name), (None, "unwrap"))
     return out
 
 

@@ -45,7 +45,11 @@ class SetEpoch(Rule):
         done = set()
         for loader, sname in ctx.state.get("samplers", {}).items():
             for ep in ctx.anatomy.epoch_loops.get(loader, []):
-                if ep.loop in done or ep.var is None:
+                if ep.counted is not None and ep.loop not in done:
+                    done.add(ep.loop)
+                    self._count_passes(ctx, loader, ep, samplers=ctx.state.get("samplers", {}))
+                    continue
+                if ep.var is None:
                     continue
                 same_place = ep.scope is loader.call.scope or (
                     loader.target is not None and loader.target.startswith("self.") and ep.cls is loader.call.cls
@@ -57,6 +61,8 @@ class SetEpoch(Rule):
                 else:
                     continue
                 body = ep.loop.body
+                if (ep.loop, obj) in done:
+                    continue  # several batch loops of one loader in one epoch loop
                 if not isinstance(body, cst.IndentedBlock) or not body.body or _calls_set_epoch(ep.loop):
                     continue
                 first = body.body[0]
@@ -71,8 +77,48 @@ class SetEpoch(Rule):
                     ctx.edits.insert_after(binding, line)
                 else:
                     ctx.edits.insert_before(first, line)
-                done.add(ep.loop)
+                done.add((ep.loop, obj))
                 ctx.report(self.code, ep.loop, f"{obj}.set_epoch({ep.var}) reshuffles the shards every epoch")
+
+
+    def _count_passes(self, ctx: Context, loader, ep, samplers) -> None:
+        """A generator hands out the loader's batches pass after pass (`while True: for b in loader:
+        yield b`): number the passes and give each one its epoch, where the generator starts a pass."""
+        a = ctx.anatomy
+        fn = ep.scope
+        whiles = [p for p in a.stmt_parent.get(ep.loop, ()) if isinstance(p, cst.While)]
+        if not isinstance(fn, cst.FunctionDef) or not whiles or _calls_set_epoch(whiles[-1]):
+            return
+        # every caller must hand the generator a loader that now has a DistributedSampler, else
+        # `.sampler.set_epoch` would fail on the others (an evaluation loader's SequentialSampler)
+        sharded = set()
+        for other in samplers:
+            sharded.update(r for r in (other.target, *other.bound) if r)
+        params = [p.name.value for p in fn.params.params]
+        index = params.index(ep.loader_ref) if ep.loader_ref in params else None
+        sites = [c for c in a.calls if c.call.func is not None and isinstance(c.call.func, cst.Name) and c.call.func.value == fn.name.value]
+        handed = []
+        for c in sites:
+            arg_node = next((x for x in c.call.args if x.keyword is not None and x.keyword.value == ep.loader_ref), None)
+            if arg_node is None and index is not None:
+                positional = [x for x in c.call.args if x.keyword is None and not x.star]
+                arg_node = positional[index] if index < len(positional) else None
+            handed.append(ctx.code(arg_node.value) if arg_node is not None else None)
+        if not sites or not all(h in sharded for h in handed):
+            ctx.warn(
+                "DST903",
+                ep.loop,
+                f"{fn.name.value}() hands out batches pass after pass, but not only from sharded training "
+                f"loaders: call {ep.loader_ref}.sampler.set_epoch(<pass number>) before each pass",
+            )
+            return
+        counter = ctx.fresh("epoch")
+        obj = f"{ep.loader_ref}.sampler"
+        ctx.edits.insert_before(whiles[-1], ctx.stmts(f"{counter} = 0"))
+        ctx.edits.insert_before(ep.loop, ctx.stmts(f"{obj}.set_epoch({counter})\n{counter} += 1"))
+        ctx.report(
+            self.code, ep.loop, f"{obj}.set_epoch({counter}) before each pass of {fn.name.value}() reshuffles the shards"
+        )
 
 
 def _binding_in(body: cst.IndentedBlock, name: str):

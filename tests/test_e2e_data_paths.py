@@ -1,0 +1,357 @@
+"""Executed: every way a real script feeds its training data (issue 13), migrated and launched on 2 ranks.
+
+The scripts are `fixtures/corpus/*.in.py` tagged `# distify-e2e: data` (and `equivalent` when they
+train shuffle-free and deterministically with a mean-reduced loss). Each is run unmigrated with plain
+python (batch B and 2B), then migrated with the real CLI and launched under `torchrun
+--nproc-per-node 2` (ddp) and `horovodrun --gloo -np 2` (horovod, skipped when Horovod is missing).
+
+A test-only sitecustomize (the *loader spy*) numbers the DataLoaders each process builds (creation
+order) and records, for every pass over each of them (every iterator it hands out), the dataset
+indices it yields; a second spy records the parameters every optimizer steps. Per script the test
+checks, from those records and the output:
+
+* each rank read a disjoint shard of every training loader in every pass, and the shards together
+  cover the dataset (padding and `drop_last` aside); loaders that are evaluated whole are read whole
+  by every rank;
+* a shuffling training loader hands out a new order on every full pass (`set_epoch` reached it);
+* every rank ends with the same parameters; scripts marked `equivalent` end where the original ends
+  with batch 2B;
+* the log lines the script prints appear as often as in the original one-process run at batch 2B
+  (once, not once per rank);
+* the checkpoint has the original's keys (no `module.` prefix).
+
+`test_control_*` break one fix in a migrated script on purpose (a sampler removed, set_epoch
+removed) and show the same checks fail.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from e2e_support import (  # noqa: E402
+    REPO_ROOT,
+    assert_same_weights,
+    load_state,
+    migrate,
+    relaunch_on_exit_abort,
+    run_horovodrun,
+    run_python,
+    run_torchrun,
+    sitecustomize_env,
+)
+
+pytestmark = pytest.mark.e2e
+
+CORPUS = REPO_ROOT / "fixtures" / "corpus"
+B = 16
+NPROC = 2
+EPOCHS = 2
+HAVE_HOROVOD = importlib.util.find_spec("horovod") is not None
+
+# Per script: which loaders (by creation order in one process) train, which of those shuffle, which
+# are evaluated whole on every rank, and the regular expression of its log lines.
+SPEC = {
+    "zip_two_loaders": dict(train=[0, 1], shuffled=[], whole=[], log=r"^epoch \d+"),
+    "tqdm_bar_in_epoch": dict(train=[0], shuffled=[], whole=[], log=r"^epoch \d+"),
+    "trainer_run_epoch": dict(train=[0], shuffled=[0], whole=[], log=r"^(epoch|Epoch) \d+"),
+    "endless_generator": dict(train=[0], shuffled=[0], whole=[1], log=r"^iter \d+"),
+}
+
+
+def _tags(path: Path) -> set:
+    first = path.read_text().splitlines()[0]
+    m = re.match(r"#\s*distify-e2e:\s*(.*)", first)
+    return {t.strip() for t in m.group(1).split(",")} if m else set()
+
+
+# Loader spy: numbers DataLoaders by construction, logs each pass's indices as JSON lines to
+# <dir>/loaders-rank<R>.jsonl; optimizer spy: dumps stepped parameters to <dir>/params-rank<R>.pt.
+_SPY = '''\
+import os
+
+_DIR = os.environ.get("DISTIFY_E2E_DATA_DIR")
+
+if _DIR:
+    import atexit
+    import json
+
+    def _rank():
+        return os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or "single"
+
+    def _patch(torch):
+        from torch.utils.data import dataloader as dl
+
+        counter = [0]
+        real_init = dl.DataLoader.__init__
+
+        def __init__(self, *args, **kwargs):
+            real_init(self, *args, **kwargs)
+            self.__dict__["_spy_id"] = counter[0]
+            self.__dict__["_spy_passes"] = 0
+            counter[0] += 1
+
+        dl.DataLoader.__init__ = __init__
+        records = []
+        real_iter_init = dl._BaseDataLoaderIter.__init__
+
+        def iter_init(self, loader):
+            real_iter_init(self, loader)
+            lid = loader.__dict__.get("_spy_id", -1)
+            npass = loader.__dict__.get("_spy_passes", 0)
+            loader.__dict__["_spy_passes"] = npass + 1
+            rec = {"loader": lid, "pass": npass, "size": len(loader.dataset), "indices": []}
+            records.append(rec)
+            self._spy_record = rec
+
+        dl._BaseDataLoaderIter.__init__ = iter_init
+        real_next_index = dl._BaseDataLoaderIter._next_index
+
+        def _next_index(self):
+            index = real_next_index(self)
+            rec = getattr(self, "_spy_record", None)
+            if rec is not None:
+                rec["indices"].extend(int(i) for i in (index if isinstance(index, (list, tuple)) else [index]))
+            return index
+
+        dl._BaseDataLoaderIter._next_index = _next_index
+
+        optimizer_cls = torch.optim.Optimizer
+        real_opt_init = optimizer_cls.__init__
+        params, seen = [], set()
+
+        def opt_init(self, *args, **kwargs):
+            real_opt_init(self, *args, **kwargs)
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        params.append(p)
+
+        optimizer_cls.__init__ = opt_init
+
+        def dump():
+            with open(os.path.join(_DIR, "loaders-rank%s.jsonl" % _rank()), "w") as fh:
+                for rec in records:
+                    fh.write(json.dumps(rec) + "\\n")
+            torch.save([p.detach().cpu().clone() for p in params], os.path.join(_DIR, "params-rank%s.pt" % _rank()))
+
+        atexit.register(dump)
+
+    _after_torch_import(_patch)
+'''
+
+
+def train_args(batch):
+    return ["--batch-size", batch, "--epochs", EPOCHS, "--checkpoint", "final.pt"]
+
+
+def _run(launcher, script, workdir: Path, batch=B):
+    """Launch `script`; returns (run dir, {rank: loader records}, {rank: params}, result)."""
+    run_dir = workdir / "run"
+    spy = {}
+
+    def launch(attempt: int):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True)
+        dumps = workdir / f"dumps{attempt}"
+        dumps.mkdir(parents=True, exist_ok=True)
+        spy["dumps"] = dumps
+        env = sitecustomize_env(workdir / f"spy{attempt}", _SPY, {"DISTIFY_E2E_DATA_DIR": str(dumps)})
+        if launcher == "python":
+            return run_python(script, train_args(batch), env=env, cwd=run_dir)
+        if launcher == "torchrun":
+            return run_torchrun(script, train_args(batch), nproc=NPROC, env=env, cwd=run_dir, check=False)
+        return run_horovodrun(script, train_args(batch), env=env, cwd=run_dir, check=False)
+
+    if launcher == "python":
+        result = launch(1)
+    else:
+        result = relaunch_on_exit_abort(launch, launcher, script.name)
+    import torch
+
+    ranks = ["single"] if launcher == "python" else [str(r) for r in range(NPROC)]
+    loaders, params = {}, {}
+    for r in ranks:
+        path = spy["dumps"] / f"loaders-rank{r}.jsonl"
+        assert path.is_file(), f"rank {r} left no loader records\n" + result.describe()
+        loaders[r] = [json.loads(line) for line in path.read_text().splitlines()]
+        params[r] = torch.load(spy["dumps"] / f"params-rank{r}.pt")
+    return run_dir, loaders, params, result
+
+
+def _passes(records, loader):
+    out = {}
+    for rec in records:
+        if rec["loader"] == loader:
+            out[rec["pass"]] = rec
+    return out
+
+
+def check_shards(name, loaders: dict, spec: dict) -> None:
+    """The shard checks described in the module docstring; raises AssertionError with a reason."""
+    ranks = sorted(loaders)
+    for lid in spec["train"]:
+        per_rank = {r: _passes(loaders[r], lid) for r in ranks}
+        counts = {r: len(p) for r, p in per_rank.items()}
+        assert all(counts.values()), f"{name}: training loader #{lid} was never iterated: {counts}"
+        assert len(set(counts.values())) == 1, f"{name}: ranks made different numbers of passes over loader #{lid}: {counts}"
+        size = per_rank[ranks[0]][0]["size"]
+        full = []
+        for k in per_rank[ranks[0]]:
+            shards = [set(per_rank[r][k]["indices"]) for r in ranks]
+            for i in range(len(ranks)):
+                for j in range(i + 1, len(ranks)):
+                    both = shards[i] & shards[j]
+                    assert not both, (
+                        f"{name}: ranks {ranks[i]} and {ranks[j]} both read samples {sorted(both)[:8]} of training "
+                        f"loader #{lid} in pass {k}: the loader is not sharded"
+                    )
+            union = set().union(*shards)
+            if len(union) >= size - NPROC * B:
+                full.append(k)
+                assert union <= set(range(size)), f"{name}: loader #{lid} read indices outside its dataset"
+        assert full, f"{name}: no full pass over training loader #{lid}"
+        if lid in spec["shuffled"]:
+            for r in ranks:
+                orders = [tuple(per_rank[r][k]["indices"]) for k in full]
+                assert len(orders) >= 2, f"{name}: fewer than two full passes over shuffled loader #{lid}"
+                for a, b in zip(orders, orders[1:]):
+                    assert a != b, f"{name}: rank {r} read shuffled loader #{lid} in the same order in two passes (set_epoch missing)"
+    for lid in spec["whole"]:
+        # evaluated whole: by every rank, or by rank 0 alone when its result is only printed there
+        assert _passes(loaders[ranks[0]], lid), f"{name}: rank {ranks[0]} never evaluated loader #{lid}"
+        for r in ranks:
+            passes = _passes(loaders[r], lid)
+            for k, rec in passes.items():
+                assert sorted(rec["indices"]) == list(range(rec["size"])), (
+                    f"{name}: rank {r} did not read evaluation loader #{lid} whole in pass {k}"
+                )
+
+
+def check_ranks_identical(name, params: dict) -> None:
+    import torch
+
+    base = params["0"]
+    assert base, f"{name}: no optimizer parameters were recorded"
+    for r, ps in params.items():
+        assert len(ps) == len(base)
+        for i, (a, b) in enumerate(zip(base, ps)):
+            assert torch.equal(a, b), f"{name}: parameter {i} differs between rank 0 and rank {r}"
+
+
+def _log_lines(output: str, pattern: str) -> list:
+    return [ln for ln in re.split(r"[\r\n]+", output) if re.match(pattern, ln.strip())]
+
+
+@pytest.fixture(scope="module")
+def original(tmp_path_factory):
+    cache = {}
+
+    def get(name, batch):
+        if (name, batch) not in cache:
+            workdir = tmp_path_factory.mktemp(f"{name}-orig-{batch}")
+            run_dir, loaders, params, result = _run("python", CORPUS / f"{name}.in.py", workdir, batch)
+            cache[name, batch] = (load_state(run_dir / "final.pt"), result.output)
+        return cache[name, batch]
+
+    return get
+
+
+def _migrated(name, backend, tmp_path) -> Path:
+    target = tmp_path / "script" / f"{name}.py"
+    migrate(CORPUS / f"{name}.in.py", target, backend=backend)
+    assert target.read_bytes() != (CORPUS / f"{name}.in.py").read_bytes(), f"distify left {name} unchanged"
+    return target
+
+
+def _check(name, backend, launcher, original, tmp_path):
+    spec = SPEC[name]
+    script = _migrated(name, backend, tmp_path)
+    run_dir, loaders, params, result = _run(launcher, script, tmp_path)
+    check_shards(f"{name} ({backend})", loaders, spec)
+    check_ranks_identical(f"{name} ({backend})", params)
+    weights_b, _ = original(name, B)
+    # 2 ranks at batch B take the steps of one process at batch 2B (an iteration count derived from
+    # len(loader) halves): compare the log with that run
+    _, output_2b = original(name, NPROC * B)
+    lines = _log_lines(result.output, spec["log"])
+    expected = _log_lines(output_2b, spec["log"])
+    assert expected, f"{name}: the original printed no log lines matching {spec['log']!r}"
+    assert len(lines) == len(expected), f"{name} ({backend}): {len(lines)} log lines, the original printed {len(expected)}"
+    saved = load_state(run_dir / "final.pt")
+    assert set(saved) == set(weights_b), f"{name} ({backend}): checkpoint keys {sorted(saved)} != original {sorted(weights_b)}"
+    if "equivalent" in _tags(CORPUS / f"{name}.in.py"):
+        assert_same_weights(original(name, NPROC * B)[0], saved, atol=1e-5, label=f"{name} {backend} vs batch {NPROC * B}")
+
+
+def test_every_data_script_has_a_spec():
+    tagged = {p.name[: -len(".in.py")] for p in CORPUS.glob("*.in.py") if "data" in _tags(p)}
+    assert tagged == set(SPEC), sorted(tagged ^ set(SPEC))
+
+
+@pytest.mark.parametrize("name", sorted(SPEC))
+def test_ddp_data_path(name, original, tmp_path):
+    _check(name, "ddp", "torchrun", original, tmp_path)
+
+
+@pytest.mark.horovod
+@pytest.mark.skipif(not HAVE_HOROVOD, reason="horovod is not installed (run .ci/install-horovod.sh)")
+@pytest.mark.parametrize("name", sorted(SPEC))
+def test_horovod_data_path(name, original, tmp_path):
+    _check(name, "horovod", "horovodrun", original, tmp_path)
+
+
+# --- controls: undo one fix in the migrated script, the checks must fail ---------------------------
+
+
+def _broken(name, tmp_path, edit):
+    script = _migrated(name, "ddp", tmp_path)
+    text = script.read_text()
+    new = edit(text)
+    assert new != text, "the control's edit did not apply:\n" + text
+    script.write_text(new)
+    return script
+
+
+def test_control_second_zip_loader_unsharded(tmp_path):
+    """zip(source, target): with target_loader's sampler removed, rank 0 and 1 read the same target
+    samples, and the spy says so."""
+    script = _broken("zip_two_loaders", tmp_path, lambda t: t.replace(", sampler=target_sampler)", ")"))
+    _, loaders, _, _ = _run("torchrun", script, tmp_path)
+    with pytest.raises(AssertionError, match="loader #1 in pass 0: the loader is not sharded"):
+        check_shards("control", loaders, SPEC["zip_two_loaders"])
+
+
+def test_control_generator_without_set_epoch(tmp_path):
+    """forever(loader): without the per-pass set_epoch in the generator, each rank reads its shard in
+    the same order on every pass."""
+    script = _broken("endless_generator", tmp_path, lambda t: t.replace("loader.sampler.set_epoch(epoch)\n", "pass\n"))
+    _, loaders, _, _ = _run("torchrun", script, tmp_path)
+    with pytest.raises(AssertionError, match="same order in two passes"):
+        check_shards("control", loaders, SPEC["endless_generator"])
+
+
+def test_control_trainer_without_set_epoch(tmp_path):
+    """Trainer._run_epoch: without set_epoch in train()'s epoch loop the order repeats."""
+    script = _broken(
+        "trainer_run_epoch", tmp_path, lambda t: t.replace("self.train_data.sampler.set_epoch(epoch)\n", "pass\n")
+    )
+    _, loaders, _, _ = _run("torchrun", script, tmp_path)
+    with pytest.raises(AssertionError, match="same order in two passes"):
+        check_shards("control", loaders, SPEC["trainer_run_epoch"])
+
+
+def test_control_tqdm_loader_unsharded(tmp_path):
+    """pbar = tqdm(dataloader): the loader built without its sampler is read whole by each rank."""
+    script = _broken("tqdm_bar_in_epoch", tmp_path, lambda t: t.replace(", sampler=data_sampler)", ")"))
+    _, loaders, _, _ = _run("torchrun", script, tmp_path)
+    with pytest.raises(AssertionError, match="not sharded"):
+        check_shards("control", loaders, SPEC["tqdm_bar_in_epoch"])
