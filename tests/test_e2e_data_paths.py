@@ -248,7 +248,9 @@ def check_ranks_identical(name, params: dict) -> None:
 
 
 def _log_lines(output: str, pattern: str) -> list:
-    return [ln for ln in re.split(r"[\r\n]+", output) if re.match(pattern, ln.strip())]
+    """Lines matching `pattern`, with horovodrun's '[rank]<stdout>:' prefixes removed."""
+    lines = (re.sub(r"^\[[\d,]+\]<std(out|err)>:", "", ln.strip()) for ln in re.split(r"[\r\n]+", output))
+    return [ln for ln in lines if re.match(pattern, ln)]
 
 
 @pytest.fixture(scope="module")
