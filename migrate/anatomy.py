@@ -662,6 +662,80 @@ def next_consumers(calls: Sequence["CallSite"]) -> List[Tuple["CallSite", str]]:
         if r is not None:
             out.append((c, r))
     return out
+
+
+# Draws of random indices/batches from a process-wide generator: identical on every rank that was
+# seeded alike (and torch's default seed is a constant).
+RNG_DRAWS = {
+    "torch.randint", "torch.randperm", "torch.multinomial",
+    "numpy.random.randint", "numpy.random.choice", "numpy.random.permutation",
+    "random.sample", "random.randint", "random.randrange", "random.choice", "random.choices",
+}
+
+
+@dataclass(eq=False)
+class GlobalDraw:
+    """A training loop whose batches come from a global random stream rather than a DataLoader."""
+
+    loop: cst.For  # the training loop
+    scope: Scope
+    draw: "CallSite"  # the torch.randint(...)-like call
+    via: Optional[cst.FunctionDef]  # the function (called from the loop) that draws, None: the loop itself
+    first_use: cst.CSTNode  # the first statement of `scope` that draws (the loop, or a prefetch before it)
+
+
+def global_draws(anatomy: "Anatomy") -> List[GlobalDraw]:
+    """Training loops (a body reaching backward()/step()) that consume no DataLoader and draw their
+    data with torch.randint/randperm/numpy/random calls without a `generator=`/seeded RandomState:
+    directly, or through a function of this module they call (also one nested in the same scope, as
+    nanoGPT-style `get_batch(split)` is)."""
+    a = anatomy
+    loader_loops = {bl.loop for l in a.loaders for bl in l.batch_loops}
+    draws_by_fn: Dict[cst.FunctionDef, CallSite] = {}
+    loose: List[CallSite] = []
+    for c in a.calls:
+        if c.qualname not in RNG_DRAWS or arg(c.call, None, "generator") is not None:
+            continue
+        if isinstance(c.scope, cst.FunctionDef):
+            draws_by_fn.setdefault(c.scope, c)
+        loose.append(c)
+    if not loose:
+        return []
+    defs: Dict[str, List[cst.FunctionDef]] = {}
+    for stmt in a.stmt_scope:
+        if isinstance(stmt, cst.FunctionDef):
+            defs.setdefault(stmt.name.value, []).append(stmt)
+
+    def drawing_fn(call: cst.Call, scope: Scope) -> Optional[cst.FunctionDef]:
+        d = dotted(call.func)
+        for fn in defs.get(d or "", ()):
+            home = a.stmt_scope.get(fn)
+            if fn in draws_by_fn and (home is scope or isinstance(home, cst.Module)):
+                return fn
+        return None
+
+    out: List[GlobalDraw] = []
+    for loop, scope, cls, outer in a.fors:
+        if loop in loader_loops or outer or not _is_training_body(loop.body):
+            continue
+        direct = [c for c in loose if c.scope is scope and loop in c.loops]
+        if direct:
+            out.append(GlobalDraw(loop, scope, direct[0], None, loop))
+            continue
+        for c in a.calls:
+            if c.scope is scope and loop in c.loops:
+                fn = drawing_fn(c.call, scope)
+                if fn is not None:
+                    # a prefetch before the loop (`X, Y = get_batch("train")`) draws first
+                    first = loop
+                    for p in a.calls:
+                        if p.scope is scope and dotted(p.call.func) == fn.name.value and not p.loops:
+                            top = (*a.stmt_parent.get(p.stmt, ()), p.stmt)[0]
+                            if a.is_before(top, first):
+                                first = top
+                    out.append(GlobalDraw(loop, scope, draws_by_fn[fn], fn, first))
+                    break
+    return out
 # --- end of data flow -------------------------------------------------------------------------------
 
 

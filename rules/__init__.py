@@ -27,6 +27,7 @@ _MODULES = (
     "dst201_distributed_sampler",
     "dst202_set_epoch",
     "dst203_shard_eval",
+    "dst204_data_rng",
     "dst301_rank0_save",
     "dst302_rank0_print",
     "dst303_tqdm",

@@ -63,6 +63,7 @@ SPEC = {
     "tqdm_bar_in_epoch": dict(train=[0], shuffled=[], whole=[], log=r"^epoch \d+"),
     "trainer_run_epoch": dict(train=[0], shuffled=[0], whole=[], log=r"^(epoch|Epoch) \d+"),
     "endless_generator": dict(train=[0], shuffled=[0], whole=[1], log=r"^iter \d+"),
+    "randint_get_batch": dict(train=[], shuffled=[], whole=[], draws=True, log=r"^step \d+"),
 }
 
 
@@ -123,9 +124,19 @@ if _DIR:
 
         dl._BaseDataLoaderIter._next_index = _next_index
 
+        real_randint = torch.randint
+
+        def randint(*args, **kwargs):
+            out = real_randint(*args, **kwargs)
+            if kwargs.get("generator") is None:
+                records.append({"draw": out.flatten().tolist()})
+            return out
+
+        torch.randint = randint
+
         optimizer_cls = torch.optim.Optimizer
         real_opt_init = optimizer_cls.__init__
-        params, seen = [], set()
+        params, seen, initial = [], set(), []
 
         def opt_init(self, *args, **kwargs):
             real_opt_init(self, *args, **kwargs)
@@ -134,6 +145,7 @@ if _DIR:
                     if id(p) not in seen:
                         seen.add(id(p))
                         params.append(p)
+                        initial.append(p.detach().cpu().clone())
 
         optimizer_cls.__init__ = opt_init
 
@@ -142,6 +154,7 @@ if _DIR:
                 for rec in records:
                     fh.write(json.dumps(rec) + "\\n")
             torch.save([p.detach().cpu().clone() for p in params], os.path.join(_DIR, "params-rank%s.pt" % _rank()))
+            torch.save(initial, os.path.join(_DIR, "initial-rank%s.pt" % _rank()))
 
         atexit.register(dump)
 
@@ -184,13 +197,14 @@ def _run(launcher, script, workdir: Path, batch=B):
         assert path.is_file(), f"rank {r} left no loader records\n" + result.describe()
         loaders[r] = [json.loads(line) for line in path.read_text().splitlines()]
         params[r] = torch.load(spy["dumps"] / f"params-rank{r}.pt")
+        params["initial", r] = torch.load(spy["dumps"] / f"initial-rank{r}.pt")
     return run_dir, loaders, params, result
 
 
 def _passes(records, loader):
     out = {}
     for rec in records:
-        if rec["loader"] == loader:
+        if rec.get("loader") == loader:
             out[rec["pass"]] = rec
     return out
 
@@ -236,15 +250,33 @@ def check_shards(name, loaders: dict, spec: dict) -> None:
                 )
 
 
+def check_draws(name, loaders: dict) -> None:
+    """Batches drawn with torch.randint (no loader): each rank draws its own, position by position."""
+    draws = {r: [rec["draw"] for rec in recs if "draw" in rec] for r, recs in loaders.items()}
+    ranks = sorted(draws)
+    assert draws[ranks[0]], f"{name}: no torch.randint draws were recorded"
+    for r in ranks[1:]:
+        assert len(draws[r]) == len(draws[ranks[0]]), f"{name}: ranks drew different numbers of batches"
+        same = sum(a == b for a, b in zip(draws[ranks[0]], draws[r]))
+        assert same == 0, f"{name}: rank {r} drew the same batch as rank {ranks[0]} {same} of {len(draws[r])} times"
+
+
 def check_ranks_identical(name, params: dict) -> None:
+    """Every rank starts from the same weights (recorded when its optimizer is built) and ends
+    with the same weights."""
     import torch
 
-    base = params["0"]
-    assert base, f"{name}: no optimizer parameters were recorded"
-    for r, ps in params.items():
-        assert len(ps) == len(base)
-        for i, (a, b) in enumerate(zip(base, ps)):
-            assert torch.equal(a, b), f"{name}: parameter {i} differs between rank 0 and rank {r}"
+    for key in ("initial", None):
+        get = (lambda r: params["initial", r]) if key else (lambda r: params[r])
+        ranks = [r for r in params if isinstance(r, str)]
+        base = get("0")
+        assert base, f"{name}: no optimizer parameters were recorded"
+        for r in ranks:
+            ps = get(r)
+            assert len(ps) == len(base)
+            for i, (a, b) in enumerate(zip(base, ps)):
+                when = "at the start" if key else "at the end"
+                assert torch.equal(a, b), f"{name}: parameter {i} differs between rank 0 and rank {r} {when}"
 
 
 def _log_lines(output: str, pattern: str) -> list:
@@ -279,6 +311,8 @@ def _check(name, backend, launcher, original, tmp_path):
     script = _migrated(name, backend, tmp_path)
     run_dir, loaders, params, result = _run(launcher, script, tmp_path)
     check_shards(f"{name} ({backend})", loaders, spec)
+    if spec.get("draws"):
+        check_draws(f"{name} ({backend})", loaders)
     check_ranks_identical(f"{name} ({backend})", params)
     weights_b, _ = original(name, B)
     # 2 ranks at batch B take the steps of one process at batch 2B (an iteration count derived from
@@ -357,3 +391,14 @@ def test_control_tqdm_loader_unsharded(tmp_path):
     _, loaders, _, _ = _run("torchrun", script, tmp_path)
     with pytest.raises(AssertionError, match="not sharded"):
         check_shards("control", loaders, SPEC["tqdm_bar_in_epoch"])
+
+
+def test_control_randint_without_reseed(tmp_path):
+    """get_batch's torch.randint: without the per-rank re-seed every rank draws the same batches."""
+    script = _broken(
+        "randint_get_batch", tmp_path,
+        lambda t: t.replace("torch.manual_seed(torch.initial_seed() + dist.get_rank())\n", "pass\n"),
+    )
+    _, loaders, _, _ = _run("torchrun", script, tmp_path)
+    with pytest.raises(AssertionError, match="drew the same batch"):
+        check_draws("control", loaders)
