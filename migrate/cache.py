@@ -31,7 +31,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 from dataclasses import dataclass, fields
 from typing import Optional, Tuple
 
@@ -144,6 +143,8 @@ class Cache:
             "format": FORMAT, "sha256": digest, "size": len(source), "note": note, "encoding": encoding,
             "findings": [[f.code, f.line, f.col, f.message, f.kind] for f in findings],
         }
+        import tempfile
+
         tmp = None
         try:
             os.makedirs(self.directory, exist_ok=True)

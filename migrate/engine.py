@@ -10,8 +10,6 @@ import enum
 import io
 import os
 import stat
-import tempfile
-import tokenize
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
@@ -67,6 +65,8 @@ class FileResult:
 
 def decode(source: bytes) -> Tuple[str, str]:
     """Text and encoding of Python source, honouring a BOM and a PEP 263 coding cookie."""
+    import tokenize  # here, not at the top: a run answered by the cache decodes nothing
+
     if b"\x00" in source:
         raise InputError("binary file (contains NUL bytes), not Python source")
     try:
@@ -342,6 +342,8 @@ def write_atomic(path: str, data: bytes, expect: Optional[os.stat_result] = None
     # os.access alone says "writable" to root; a file without any write bit is read-only to us too
     if not os.access(path, os.W_OK) or not st.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
         raise InputError("file is read-only; not written")
+    import tempfile
+
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".distify-tmp", dir=directory)
     try:

@@ -6,7 +6,6 @@ Colour only on a terminal: when stdout is piped the diff is the plain unified di
 
 from __future__ import annotations
 
-import difflib
 import os
 import io
 import sys
@@ -32,6 +31,8 @@ def _diff_name(side: str, path: str) -> str:
 
 
 def unified_diff(result: FileResult) -> str:
+    import difflib  # only runs that print a diff need it
+
     old = result.source.decode(_diff_encoding(result), errors="replace")
     new = result.output.decode(_diff_encoding(result), errors="replace")
     lines = difflib.unified_diff(
