@@ -29,6 +29,7 @@ SCRIPTS = [
     ("P3", "p3_comm.py"),
     ("P4", "p4_overhead.py"),
     ("P5", "p5_scaling.py"),
+    ("P6", "p6_cache.py"),
 ]
 KEEP = re.compile(r"<!-- keep:(\w+) -->\n(.*?)<!-- /keep:\1 -->", re.S)
 

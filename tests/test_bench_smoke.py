@@ -1,6 +1,6 @@
 """Smoke test of the benchmarks: each bench script runs in --quick mode and prints its RATIO line(s).
 
-Not a timing assertion: the numbers of a --quick run mean nothing. The five scripts run concurrently
+Not a timing assertion: the numbers of a --quick run mean nothing. The six scripts run concurrently
 (each is one mostly sequential process tree) to keep the test near a minute on two cores.
 """
 
@@ -13,7 +13,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ["p1_throughput.py", "p2_startup.py", "p3_comm.py", "p4_overhead.py", "p5_scaling.py"]
+SCRIPTS = ["p1_throughput.py", "p2_startup.py", "p3_comm.py", "p4_overhead.py", "p5_scaling.py", "p6_cache.py"]
 
 pytest.importorskip("torch")
 
