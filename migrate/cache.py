@@ -20,7 +20,8 @@ Where: ``$DISTIFY_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/distify``, else ``~
 Each entry is a small JSON file written to a temporary file and renamed into place, so concurrent
 runs (pre-commit starts several) never see half an entry; a file that cannot be read or parsed, or
 that does not describe the content it is named after, is a miss, never an error. Writing errors
-(read-only or full disk) are ignored. ``--no-cache`` turns it off.
+(read-only or full disk) are ignored. ``--no-cache`` turns it off. Settings folders nothing was
+stored in for 30 days are removed when a new one is made.
 
 Import-light: no libcst, typer or rich.
 """
@@ -147,7 +148,9 @@ class Cache:
 
         tmp = None
         try:
-            os.makedirs(self.directory, exist_ok=True)
+            if not os.path.isdir(self.directory):
+                os.makedirs(self.directory, exist_ok=True)
+                prune(os.path.dirname(self.directory), keep=self.directory)
             fd, tmp = tempfile.mkstemp(prefix=f".{digest[:16]}.", suffix=".tmp", dir=self.directory)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(data, f)
@@ -161,6 +164,31 @@ class Cache:
                     os.unlink(tmp)
                 except OSError:
                     pass
+
+
+STALE_DAYS = 30
+
+
+def prune(root: str, keep: str, days: float = STALE_DAYS) -> None:
+    """Remove settings folders nothing was stored in for ``days`` (an old distify version, an
+    editable install's earlier code): run when a new settings folder is made, so rarely."""
+    import shutil
+    import time
+
+    limit = time.time() - days * 86400
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(root, name)
+        if path == keep or len(name) != 32 or not all(c in "0123456789abcdef" for c in name):
+            continue  # only our own folders: DISTIFY_CACHE_DIR may point anywhere
+        try:
+            if os.path.isdir(path) and os.stat(path).st_mtime < limit:
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass
 
 
 def _finding(x) -> Finding:

@@ -96,13 +96,13 @@ def test_cached_run_prints_and_exits_as_an_uncached_one(tree, flags):
 
 
 def test_stdin_is_cached_and_identical(tmp_path):
-    for f in (CLEAN, WARNS, CHANGES):
+    for f in (WARNS, CHANGES):
         src = f.read_bytes()
-        for flags in ([], ["--check"], ["--diff"], ["--strict"]):
+        for flags in ([], ["--diff", "--strict"]):
             reference = distify(*flags, "--no-cache", "-", input=src)
             same(reference, distify(*flags, "-", input=src))
             same(reference, distify(*flags, "-", input=src))
-    assert len(entries()) == 2  # CLEAN and WARNS (the modes and --strict share one key: same options)
+    assert len(entries()) == 1  # WARNS (both flag sets share one key: the same options)
 
 
 def test_write_mode_rewrites_then_caches_the_result(tmp_path):
@@ -216,6 +216,18 @@ def test_a_damaged_entry_is_a_miss(tmp_path, damage):
         assert json.loads(entry.read_text())["sha256"] == Cache.digest(script.read_bytes())
 
 
+def test_stale_settings_folders_are_pruned(tmp_path):
+    root = tmp_path / "root"
+    old, recent, foreign = root / ("a" * 32), root / ("b" * 32), root / "mine"
+    for d in (old, recent, foreign):
+        d.mkdir(parents=True)
+        (d / "x").write_text("{}")
+    for d in (old, foreign):
+        os.utime(d, (1, 1))
+    Cache(str(root / ("c" * 32))).put(b"import torch\n", [], "", "utf-8")
+    assert sorted(p.name for p in root.iterdir()) == sorted(["b" * 32, "c" * 32, "mine"])
+
+
 def test_unwritable_cache_is_no_error(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
@@ -317,7 +329,7 @@ def test_fast_parse_leaves_everything_else_to_typer(argv):
     assert parse_fast(argv) is None
 
 
-@pytest.mark.parametrize("flags", [["--check"], ["--diff"], [], ["--check", "-v"], ["-q"], ["--strict", "--check"]])
+@pytest.mark.parametrize("flags", [["--check"], ["--diff"], [], ["-v", "--strict"], ["-q"]])
 def test_fast_path_and_typer_print_the_same(tmp_path, tree, flags):
     work = tmp_path / "work"
     for args in (lambda: [*flags, work], lambda: [*flags, "--no-cache", work / "t3_module_level.py"]):
@@ -328,5 +340,8 @@ def test_fast_path_and_typer_print_the_same(tmp_path, tree, flags):
             proc = run(*args(), cwd=tmp_path)
             outcomes.append((proc.returncode, proc.stdout, proc.stderr, {p.name: p.read_bytes() for p in work.iterdir()}))
         assert outcomes[0] == outcomes[1]
-    for args in ([*flags, "-"], ["--help"], ["--bogus", "x.py"]):
+
+
+def test_fast_path_and_typer_agree_on_stdin_help_and_errors():
+    for args in (["-"], ["--diff", "-"], ["--help"], ["--bogus", "x.py"], ["--backend", "mpi", "x.py"]):
         same(distify(*args, input=CHANGES.read_bytes()), typer_distify(*args, input=CHANGES.read_bytes()))
