@@ -18,7 +18,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from distify.facts import Binding, Facts, arg, dotted, keeps_object, rank_dependent  # noqa: F401 - re-exported
+from distify.facts import Binding, Facts, arg, dotted, keeps_object, rank_dependent, training_call  # noqa: F401 - re-exported
 from distify.walk import walk
 from distify.standalone import find_block, is_standalone_block
 
@@ -71,7 +71,7 @@ COLLECTIVES = {
     *(
         f"horovod.torch.{n}"
         for n in (
-            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce",
+            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_",
             "allgather", "allgather_object", "broadcast", "broadcast_", "broadcast_object",
             "broadcast_parameters", "broadcast_optimizer_state", "alltoall", "reducescatter", "join",
             "barrier",
@@ -116,6 +116,7 @@ class Loader:
     role: str = "unknown"  # train | eval | unknown | shared (one helper builds both: not sharded)
     batch_loops: List["BatchLoop"] = field(default_factory=list)
     bound: List[str] = field(default_factory=list)  # names callers bind a helper's returned loader to
+    refs: List[Tuple[Scope, str]] = field(default_factory=list)  # every (scope, reference) that reaches it
 
 
 @dataclass(eq=False)
@@ -413,20 +414,7 @@ def _contains(node: cst.CSTNode, pred) -> bool:
 
 
 def _is_training_body(node: cst.CSTNode) -> bool:
-    def pred(n):
-        return (
-            isinstance(n, cst.Call)
-            and isinstance(n.func, cst.Attribute)
-            and n.func.attr.value in ("backward",)
-        ) or (
-            isinstance(n, cst.Call)
-            and isinstance(n.func, cst.Attribute)
-            and n.func.attr.value == "step"
-            and "sched" not in (dotted(n.func.value) or "")
-            and "scaler" not in (dotted(n.func.value) or "")
-        )
-
-    return _contains(node, pred)
+    return _contains(node, training_call)
 
 
 def ref_text(expr: Optional[cst.CSTNode]) -> Optional[str]:
@@ -865,6 +853,21 @@ class Anatomy:
     def rank_guards(self, stmt: cst.CSTNode) -> List[Tuple[cst.If, str]]:
         return self.facts.rank_guards(stmt)
 
+    def rank_condition(self, test: cst.BaseExpression) -> bool:
+        return self.facts.rank_condition(test)
+
+    def runs_on_some_ranks(self, stmt: cst.CSTNode) -> bool:
+        return self.facts.runs_on_some_ranks(stmt)
+
+    def call_on_some_ranks(self, site: CallSite) -> bool:
+        return self.facts.call_on_some_ranks(site)
+
+    def trains(self, node: cst.CSTNode) -> bool:
+        return self.facts.trains(node)
+
+    def on_training_path(self, stmt: cst.CSTNode) -> bool:
+        return self.facts.on_training_path(stmt)
+
     def in_rank_guard(self, stmt: cst.CSTNode) -> bool:
         return self.facts.in_rank_guard(stmt)
 
@@ -944,7 +947,7 @@ def analyse(module: cst.Module) -> Anatomy:
         if bl.loop in passes and bl.scope is passes[bl.loop]:
             bl.via = "pass"
 
-    facts = Facts(module, col.calls, col.functions, col.methods, col.stmt_parent, col.stmt_scope)
+    facts = Facts(module, col.calls, col.functions, col.methods, col.stmt_parent, col.stmt_scope, col.assigns)
 
     def params_of(fn: cst.FunctionDef) -> List[str]:
         return [p.name.value for p in fn.params.params]
@@ -1075,6 +1078,7 @@ def analyse(module: cst.Module) -> Anatomy:
 
     for loader in loaders:
         refs = refs_of(loader)
+        loader.refs = [(s, r) for s, r, _o in refs]
         origins: Dict[Optional[CallSite], bool] = {o: False for _, _, o in refs}  # -> feeds training
         for bl in batch_loops:
             hit = [o for s, r, o in refs if bl.scope is s and bl.ref == r]

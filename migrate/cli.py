@@ -5,6 +5,7 @@
     distify src/ --check                    exit 1 if any file would change, write nothing
     distify - < train.py                    stdin -> stdout
     distify --launch train.py --nproc 4 --nodes h1,h2   print torchrun/horovodrun/srun/Kubeflow commands
+    distify lint train.py                   audit a distributed script, rewrite nothing (exit 1 on findings)
 
 Exit codes (black/pyupgrade): 0 nothing to change, 1 changed (or would change, with --check), 2
 usage or input error, 123 internal failure. Like black's, a --diff preview without --check exits 0
@@ -15,6 +16,7 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import os
+import sys
 from typing import List, Optional
 
 import typer
@@ -100,6 +102,10 @@ def _rules_info(code: Optional[str]) -> int:
 
 def main() -> None:
     """typer's entry point (``distify.runner.main`` hands it every run that is not a plain one)."""
+    if sys.argv[1:2] == ["lint"]:  # `distify lint PATH...`: the audit alone, nothing rewritten
+        from distify.lint import lint_app
+
+        guarded(lambda: lint_app(args=sys.argv[2:], prog_name="distify lint"))
     guarded(lambda: app(prog_name="distify"))
 
 

@@ -102,6 +102,7 @@ def _migrate(source: bytes, options: Options) -> MigrationResult:
     import libcst as cst
 
     from distify.anatomy import analyse
+    from distify.audit import is_audit
     from distify.edits import ApplyEdits
     from distify.rules import selected
     from distify.rules.base import Context
@@ -128,11 +129,12 @@ def _migrate(source: bytes, options: Options) -> MigrationResult:
         # distify's own output: add only what is missing (a new loader, model, save...)
         incremental = True
     if not anatomy.has_training:
-        return MigrationResult(source, source, note="no training loop", encoding=encoding)
+        # nothing distify knows how to migrate; the audit still says when it trains all the same
+        return MigrationResult(source, source, _audit(anatomy, options, []), note="no training loop", encoding=encoding)
 
     findings: List[Finding] = []
     line_map = None
-    rules = selected(options.backend, options.select, options.ignore)
+    rules = tuple(r for r in selected(options.backend, options.select, options.ignore) if not is_audit(r))
     if anatomy.flavour is not None and not incremental:
         # written for the other backend: strip its constructs, then migrate what is left
         from distify.rules.dst003_convert_backend import CONVERT_CODE, strip
@@ -171,6 +173,7 @@ def _migrate(source: bytes, options: Options) -> MigrationResult:
         new_module = _standalone(new_module, ctx, findings)
     output = new_module.bytes
     if output == source:
+        findings += _audit(anatomy, options, findings)
         return MigrationResult(source, source, tuple(findings), encoding=encoding)
     # the output must be valid Python before anything is written (CPython's compiler is the judge,
     # and ~10x faster than a second libcst parse)
@@ -178,6 +181,13 @@ def _migrate(source: bytes, options: Options) -> MigrationResult:
         compile(output, "<distify output>", "exec", dont_inherit=True)
     except SyntaxError as e:  # pragma: no cover - would be a distify bug
         raise RuntimeError(f"distify produced invalid code: {e}") from e
+    # the audit: the rewritten module, analysed afresh, must hold the invariants of a correct
+    # data-parallel script; its findings are reported against the user's lines
+    audited = _audit(analyse(new_module), options, findings)
+    if audited:
+        to_source = _line_map(source, output)
+        findings += [replace(f, line=to_source(f.line)) for f in audited]
+        findings.sort(key=lambda f: (f.line, f.col, f.code))
     return MigrationResult(source, output, tuple(findings), encoding=encoding)
 
 
@@ -205,6 +215,25 @@ def _advice(anatomy, options: Options) -> Tuple[Finding, ...]:
     for rule in rules:
         rule.apply(ctx)
     return tuple(sorted((f for f in ctx.findings if f.kind == "warning"), key=lambda f: (f.line, f.col, f.code)))
+
+
+def _audit(anatomy, options: Options, prior: Sequence[Finding]) -> List[Finding]:
+    """Warnings of the audit checks (DST95x) on an analysed module: the output of a migration, or
+    a script left as it was. ``prior``: what the rules reported (DST950 speaks only when nothing
+    else explains why a training script was left undistributed)."""
+    from distify.audit import is_audit
+    from distify.rules import selected
+    from distify.rules.base import Context
+
+    checks = [r for r in selected(options.backend, options.select, options.ignore) if is_audit(r)]
+    if not checks:
+        return []
+    anatomy.want_positions = options.positions
+    ctx = Context(anatomy, options)
+    ctx.state["prior_warnings"] = [f for f in prior if f.kind == "warning"]
+    for check in checks:
+        check.apply(ctx)
+    return [f for f in ctx.findings if f.kind == "warning"]
 
 
 def _line_map(old: bytes, new: bytes):

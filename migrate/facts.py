@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Tuple, Union
+from typing import Dict, FrozenSet, Iterator, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
@@ -60,9 +60,10 @@ _RANK = re.compile(
 )
 
 
-def rank_dependent(test: cst.BaseExpression) -> bool:
+def rank_dependent(test: cst.BaseExpression, rank_names: FrozenSet[str] = frozenset()) -> bool:
     """True when a condition reads the rank (or asks "am I the main process?"): the one notion of a
-    rank condition every rule and check uses.
+    rank condition every rule and check uses (through ``Facts.rank_condition``, which also knows
+    the names the script binds to a rank: ``self.gpu_id = int(os.environ["LOCAL_RANK"])``).
 
     Comparisons of a rank with -1 alone (``local_rank != -1``) are skipped: they tell a
     distributed launch from a plain one and are equal on every rank."""
@@ -70,7 +71,7 @@ def rank_dependent(test: cst.BaseExpression) -> bool:
 
     class V(cst.CSTVisitor):
         def visit_Comparison(self, node: cst.Comparison) -> Optional[bool]:
-            if _rank_ref(node.left) and all(
+            if (_rank_ref(node.left) or dotted(node.left) in rank_names) and all(
                 isinstance(t.operator, (cst.Equal, cst.NotEqual, cst.Is, cst.IsNot)) and _is_minus_one(t.comparator)
                 for t in node.comparisons
             ):
@@ -78,10 +79,51 @@ def rank_dependent(test: cst.BaseExpression) -> bool:
             return True
 
         def visit_Name(self, node: cst.Name) -> None:
-            if _RANK.search(node.value.lower()):
+            if _RANK.search(node.value.lower()) or node.value in rank_names:
                 hits.append(node.value)
 
+        def visit_Attribute(self, node: cst.Attribute) -> Optional[bool]:
+            if rank_names and dotted(node) in rank_names:
+                hits.append(dotted(node))
+                return False
+            return True
+
     walk(test, V())
+    return bool(hits)
+
+
+# environment variables that hold a rank (torchrun, horovodrun, Open MPI, SLURM)
+RANK_ENV = frozenset({
+    "RANK", "LOCAL_RANK", "HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID", "PMI_RANK",
+})
+
+
+def reads_rank(expr: cst.CSTNode, rank_names: FrozenSet[str] = frozenset()) -> bool:
+    """The expression's value differs between ranks: it reads a rank (a rank call or name, a name
+    bound to one, or a rank environment variable such as ``os.environ["LOCAL_RANK"]``). A
+    comparison with -1 (``int(os.environ.get("RANK", -1)) != -1``: launched distributed or not) is
+    the same on every rank."""
+    if rank_dependent(expr, rank_names):
+        return True
+    hits: List[str] = []
+
+    class V(cst.CSTVisitor):
+        def visit_Comparison(self, node: cst.Comparison) -> bool:
+            return not all(
+                isinstance(t.operator, (cst.Equal, cst.NotEqual, cst.Is, cst.IsNot)) and _is_minus_one(t.comparator)
+                for t in node.comparisons
+            )
+
+        def visit_SimpleString(self, node: cst.SimpleString) -> None:
+            try:
+                value = node.evaluated_value
+            except Exception:  # noqa: BLE001 - an odd literal is no rank variable
+                return
+            if isinstance(value, str) and value in RANK_ENV:
+                hits.append(value)
+
+    walk(expr, V())
     return bool(hits)
 
 
@@ -133,8 +175,9 @@ def contains_node(tree: cst.CSTNode, target: cst.CSTNode) -> bool:
 class Facts:
     """Queries over one analysed module (built by ``distify.anatomy.analyse``)."""
 
-    def __init__(self, module, calls, functions, methods, stmt_parent, stmt_scope) -> None:
+    def __init__(self, module, calls, functions, methods, stmt_parent, stmt_scope, assigns=()) -> None:
         self.module = module
+        self.assigns = assigns  # (Assign, statement, scope, class) in source order
         self.calls = calls
         self.functions = functions  # module-level functions by name
         self.methods = methods  # method -> its class
@@ -144,6 +187,8 @@ class Facts:
         self._by_callee: Optional[Dict[str, list]] = None
         self._callers: Dict[Tuple[int, bool], list] = {}
         self._bindings: Dict[int, Dict[str, List[Binding]]] = {}
+        self._rank_names: Optional[FrozenSet[str]] = None
+        self._trains: Dict[int, bool] = {}
 
     # order and nesting -------------------------------------------------------------------
     def order(self, stmt: cst.CSTNode) -> int:
@@ -166,6 +211,37 @@ class Facts:
         """The for/while statements enclosing `stmt` in its scope, outermost first."""
         return [p for p in self.stmt_parent.get(stmt, ()) if isinstance(p, (cst.For, cst.While))]
 
+    @property
+    def rank_names(self) -> FrozenSet[str]:
+        """Dotted names the script binds to a rank: ``self.gpu_id = int(os.environ["LOCAL_RANK"])``,
+        ``gpu = dist.get_rank() % torch.cuda.device_count()`` (followed through chains of them)."""
+        if self._rank_names is None:
+            # one walk per assignment, then a fixpoint over the names each value reads
+            pending = []
+            found: Set[str] = set()
+            for a, _stmt, _scope, _cls in self.assigns:
+                name = dotted(a.targets[0].target) if len(a.targets) == 1 else None
+                if not name:
+                    continue
+                if reads_rank(a.value):
+                    found.add(name)
+                else:
+                    read = {dotted(n) for n in all_nodes(a.value) if isinstance(n, (cst.Name, cst.Attribute))}
+                    pending.append((name, read))
+            changed = True
+            while changed:
+                changed = False
+                for name, read in pending:
+                    if name not in found and read & found:
+                        found.add(name)
+                        changed = True
+            self._rank_names = frozenset(found)
+        return self._rank_names
+
+    def rank_condition(self, test: cst.BaseExpression) -> bool:
+        """A condition that is not the same on every rank (see ``rank_dependent``)."""
+        return rank_dependent(test, self.rank_names)
+
     def rank_guards(self, stmt: cst.CSTNode) -> List[Tuple[cst.If, str]]:
         """The rank conditions enclosing `stmt` in its scope, outermost first, with the branch the
         statement is in ("body" or "orelse"). A statement that is itself an `if` on the rank is
@@ -173,7 +249,7 @@ class Facts:
         out = []
         parents = self.stmt_parent.get(stmt, ())
         for i, parent in enumerate(parents):
-            if isinstance(parent, cst.If) and rank_dependent(parent.test):
+            if isinstance(parent, cst.If) and self.rank_condition(parent.test):
                 inner = parents[i + 1] if i + 1 < len(parents) else stmt
                 side = branch_of(parent, inner)
                 if side is not None:
@@ -181,15 +257,101 @@ class Facts:
         return out
 
     def in_rank_guard(self, stmt: cst.CSTNode) -> bool:
-        """The statement sits under an `if` on the rank (see ``rank_dependent``)."""
-        return any(
-            isinstance(p, cst.If) and rank_dependent(p.test) for p in self.stmt_parent.get(stmt, ())
-        )
+        """The statement sits under an `if` on the rank (see ``rank_condition``)."""
+        return any(isinstance(p, cst.If) and self.rank_condition(p.test) for p in self.stmt_parent.get(stmt, ()))
+
+    def runs_on_some_ranks(self, stmt: cst.CSTNode, depth: int = 0) -> bool:
+        """`stmt` runs on some ranks only: under a rank condition, after an early
+        ``if <rank condition>: return`` of its function, or in a function every caller of which
+        (at least one) runs on some ranks only."""
+        if self.in_rank_guard(stmt):
+            return True
+        scope = self.stmt_scope.get(stmt)
+        if not isinstance(scope, cst.FunctionDef):
+            return False
+        at = self.order(stmt)
+        for s in scope.body.body:
+            if self.order(s) >= at:
+                break
+            if (
+                isinstance(s, cst.If)
+                and self.rank_condition(s.test)
+                and any(isinstance(n, (cst.Return, cst.Raise)) for n in all_nodes(s.body, skip_nested=True))
+            ):
+                return True
+        sites = self.callers(scope)
+        return depth < 4 and bool(sites) and all(self.runs_on_some_ranks(c.stmt, depth + 1) for c in sites)
+
+    def call_on_some_ranks(self, site) -> bool:
+        """A call runs on some ranks only: its statement does (``runs_on_some_ranks``), or the call
+        sits in a branch of a conditional expression on the rank (``W() if rank == 0 else None``)
+        or after a rank test in an ``and`` (``is_main and wandb.init()``)."""
+        if self.runs_on_some_ranks(site.stmt):
+            return True
+        for n in all_nodes(site.stmt, skip_nested=True):
+            if isinstance(n, cst.IfExp) and self.rank_condition(n.test):
+                if contains_node(n.body, site.call) or contains_node(n.orelse, site.call):
+                    return True
+            elif isinstance(n, cst.BooleanOperation) and isinstance(n.operator, cst.And):
+                if self.rank_condition(n.left) and contains_node(n.right, site.call):
+                    return True
+        return False
+
+    # training ----------------------------------------------------------------------------
+    def trains(self, node: cst.CSTNode, depth: int = 0) -> bool:
+        """`node` (a loop, a body, a function) runs ``backward()`` or an optimizer ``step()``,
+        itself or through the functions of this module it calls."""
+        key = id(node)
+        if key in self._trains:
+            return self._trains[key]
+        self._trains[key] = False  # recursion guard
+        found = False
+        for n in all_nodes(node):
+            if not isinstance(n, cst.Call):
+                continue
+            if training_call(n):
+                found = True
+                break
+            if depth < 4:
+                scope = node if isinstance(node, cst.FunctionDef) else self._scope_of_node(node)
+                fn = self.callee(n, scope) if scope is not None else None
+                if fn is not None and fn is not node and self.trains(fn, depth + 1):
+                    found = True
+                    break
+        self._trains[key] = found
+        return found
+
+    def _scope_of_node(self, node: cst.CSTNode) -> Optional[Scope]:
+        if node in self.stmt_scope:
+            return self.stmt_scope[node]
+        return None
+
+    def training_loops(self) -> List[cst.CSTNode]:
+        """Every for/while loop whose body trains (itself or through a called function)."""
+        out = getattr(self, "_training_loops", None)
+        if out is None:
+            out = [
+                s for s in self.stmt_parent if isinstance(s, (cst.For, cst.While)) and self.trains(s)
+            ]
+            self._training_loops = out
+        return out
+
+    def on_training_path(self, stmt: cst.CSTNode, depth: int = 0) -> bool:
+        """`stmt` runs once per step or epoch: inside a loop that trains, or in a function called
+        (at some depth) from such a place."""
+        loops = set(map(id, self.training_loops()))
+        if any(id(p) in loops for p in self.stmt_parent.get(stmt, ())):
+            return True
+        scope = self.stmt_scope.get(stmt)
+        if not isinstance(scope, cst.FunctionDef) or depth >= 4:
+            return False
+        return any(self.on_training_path(c.stmt, depth + 1) for c in self.callers(scope))
 
     # calls -------------------------------------------------------------------------------
     def callers(self, fn: cst.FunctionDef, any_receiver: bool = False) -> list:
         """Call sites of `fn`: a module-level function by its name, a nested function from the
-        scope that defines it, a method through ``self`` in its own class. ``any_receiver``: for a
+        scope that defines it, a method through ``self`` in its own class, ``__init__`` where its
+        (module-level) class is called. ``any_receiver``: for a
         method, every ``x.name(...)`` call (the sites that may call it, for checks that must see
         every use)."""
         key = (id(fn), any_receiver)
@@ -342,18 +504,35 @@ def keeps_object(stmt: cst.CSTNode, name: str) -> bool:
     return v is not small.value and dotted(v) == name
 
 
+def training_call(n: cst.CSTNode) -> bool:
+    """``x.backward()``, or ``x.step()`` of something that is not a scheduler or a grad scaler."""
+    if not isinstance(n, cst.Call) or not isinstance(n.func, cst.Attribute):
+        return False
+    attr = n.func.attr.value
+    if attr == "backward":
+        return True
+    if attr == "step":
+        owner = dotted(n.func.value) or ""
+        return "sched" not in owner and "scaler" not in owner
+    return False
+
+
 # ------------------------------------------------------------------------------ name walking
 
 
 def all_nodes(node: cst.CSTNode, skip_nested: bool = False) -> Iterator[cst.CSTNode]:
-    """`node` and everything below it (not below nested defs/lambdas/classes with skip_nested)."""
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        if skip_nested and n is not node and isinstance(n, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
-            continue
-        stack.extend(reversed(n.children))
+    """`node` and everything below it but syntactic trivia, in source order (not below nested
+    defs/lambdas/classes with skip_nested). Uses the fast read-only walk."""
+    out: List[cst.CSTNode] = []
+    nested = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
+
+    class V(cst.CSTVisitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            out.append(n)
+            return not (skip_nested and n is not node and isinstance(n, nested))
+
+    walk(node, V())
+    return iter(out)
 
 
 def names(node: cst.CSTNode, how: str = "load") -> Iterator[Tuple[cst.Name, str]]:

@@ -287,7 +287,7 @@ def parse_fast(argv: List[str]) -> Optional[dict]:
 
 def main() -> None:
     """The console entry point: a plain run starts here; everything else goes to typer."""
-    args = parse_fast(sys.argv[1:])
+    args = None if sys.argv[1:2] == ["lint"] else parse_fast(sys.argv[1:])
     if args is None:
         from distify.cli import main as typer_main
 

@@ -48,6 +48,17 @@ _MODULES = (
     "dst909_manual_allreduce",
     "dst910_iterable_dataset",
     "dst911_collective_in_rank_branch",
+    # the output audit (distify.audit): run on the rewritten module and by `distify lint`
+    "dst950_not_distributed",
+    "dst951_unsharded_loader",
+    "dst952_no_set_epoch",
+    "dst953_padded_eval",
+    "dst954_unaveraged_optimizer",
+    "dst955_write_every_rank",
+    "dst956_log_every_rank",
+    "dst957_wrapper_prefix",
+    "dst958_call_before_init",
+    "dst959_same_random_batches",
 )
 
 ALL_RULES: Tuple[Rule, ...] = tuple(import_module(f"{__name__}.{m}").RULE for m in _MODULES)

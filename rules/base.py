@@ -374,7 +374,27 @@ class Rule:
         raise NotImplementedError
 
 
+class AuditCheck(Rule):
+    """Base of the output audit's checks (DST95x, see ``distify.audit``): they edit nothing and
+    warn with a one-line fix. The engine runs them on the rewritten module, ``distify lint`` on a
+    script that is already distributed; ``check`` runs only on a distributed script unless
+    ``needs_distributed`` is False."""
+
+    audit = True
+    checks_distributed = True
+    needs_distributed = True
+
+    def apply(self, ctx: Context) -> None:
+        if self.needs_distributed and ctx.anatomy.flavour is None:
+            return
+        self.check(ctx, ctx.anatomy)
+
+    def check(self, ctx: Context, a: Anatomy) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
 __all__ = [
+    "AuditCheck",
     "BACKENDS",
     "Context",
     "DDP_BACKEND",

@@ -7,7 +7,7 @@ from typing import Dict, Set
 import libcst as cst
 
 from distify.anatomy import COLLECTIVES
-from distify.facts import branch_of, rank_dependent
+from distify.facts import branch_of
 from distify.rules.base import Context, Rule
 
 
@@ -63,7 +63,7 @@ class CollectiveInRankBranch(Rule):
         for c in sites:
             chain = (*c.parents, c.stmt)
             for i, parent in enumerate(chain):
-                if not isinstance(parent, cst.If) or not rank_dependent(parent.test):
+                if not isinstance(parent, cst.If) or not a.rank_condition(parent.test):
                     continue
                 # `if rank == 0: dist.barrier()` on one line: the call is part of the If statement
                 side = branch_of(parent, chain[i + 1] if i + 1 < len(chain) else c.call)

@@ -1,0 +1,181 @@
+"""The output audit: the invariants of a correct data-parallel script, checked on the result.
+
+After the rules have rewritten a script, the engine analyses the *rewritten* module with the same
+anatomy and runs the audit checks (``DST950``-``DST959``, one rule module each, subclasses of
+``distify.rules.base.AuditCheck``)
+on it; ``distify lint`` runs them on scripts that are already distributed. A rule is only a way to
+reach the invariants (DESIGN.md, "The invariants of a correct migration"); the audit is what says
+whether they hold, so a shape no rule knows comes out with a warning instead of silently wrong.
+
+The checks ask the anatomy (``distify.anatomy`` / ``distify.facts``) for every program fact; what
+is here is the vocabulary they share: which calls save or write files, which wrap a model, which
+loaders feed training.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Set, Tuple
+
+import libcst as cst
+
+from distify.anatomy import DDP, DIST_SAMPLER, Anatomy, CallSite, Loader, arg, dotted, ref_text
+from distify.facts import all_nodes, reads_rank
+
+AUDIT_CODES = tuple(f"DST95{i}" for i in range(10))
+
+FSDP = {
+    "torch.distributed.fsdp.FullyShardedDataParallel",
+    "torch.distributed.fsdp.fully_shard",
+    "torch.distributed._composable.fsdp.fully_shard",
+}
+HVD_OPTIMIZER = {"horovod.torch.DistributedOptimizer"}
+SAVES = {
+    "torch.save",
+    "torchvision.utils.save_image",
+    "numpy.save",
+    "numpy.savez",
+    "numpy.savetxt",
+    "matplotlib.pyplot.savefig",
+}
+SAVE_METHODS = {"save_pretrained", "push_to_hub", "savefig", "to_csv", "save_image"}
+
+
+def is_audit(rule) -> bool:
+    return getattr(rule, "audit", False)
+
+
+# ------------------------------------------------------------------------------ shared facts
+
+
+def wrapped_models(a: Anatomy) -> Tuple[Set[str], Set[str]]:
+    """(names bound to a DDP/FSDP wrapper, names of the modules wrapped): ``model = DDP(net, ...)``
+    gives ({"model"}, {"net"}); ``fully_shard(model)`` gives ({"model"}, {"model"})."""
+    wrappers: Set[str] = set()
+    inner: Set[str] = set()
+    for c in a.calls:
+        if c.qualname not in DDP and c.qualname not in FSDP:
+            continue
+        m = arg(c.call, 0, "module")
+        root = _root_name(m.value) if m is not None else None
+        if root:
+            inner.add(root)
+        target = assigned_to(c)
+        if target:
+            wrappers.add(target)
+        elif c.qualname in FSDP and root:
+            wrappers.add(root)  # fully_shard(model) shards in place
+    return wrappers, inner
+
+
+def _root_name(expr: cst.BaseExpression) -> Optional[str]:
+    """`net` for `net`, `net.to(device)`, `Net().cuda()` -> None; `self.model` for `self.model.to(d)`."""
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+        expr = expr.func.value
+    return dotted(expr)
+
+
+def assigned_to(c: CallSite) -> Optional[str]:
+    """The name a statement binds the call's value to, when the call is the whole value."""
+    stmt = c.stmt
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        small = stmt.body[0]
+        if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is c.call:
+            targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+            if len(targets) == 1:
+                return dotted(targets[0])
+    return None
+
+
+def container_of(c: CallSite) -> Optional[str]:
+    """The name a statement binds a value holding the call to: ``loaders = {x: DataLoader(...)
+    for x in ...}`` or ``loaders = [DataLoader(a), DataLoader(b)]`` -> "loaders"."""
+    stmt = c.stmt
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        small = stmt.body[0]
+        if isinstance(small, cst.Assign) and len(small.targets) == 1 and small.value is not c.call:
+            return dotted(small.targets[0].target)
+    return None
+
+
+def sampler_of(a: Anatomy, loader: Loader) -> Tuple[bool, Optional[cst.Call]]:
+    """(the loader is given a sampler or batch_sampler, the DistributedSampler(...) call it uses)."""
+    call = loader.call.call
+    has = arg(call, 5, "sampler") is not None or arg(call, 6, "batch_sampler") is not None
+    return has, a.sampler_call(loader)
+
+
+def _iter_refs(a: Anatomy, loop: cst.CSTNode, scope) -> Set[str]:
+    """References a loop's iterable is made of: every dotted name and constant subscript in it
+    (``zip(a, b)``, ``tqdm(loader)``, ``loaders[phase]`` -> "loaders"), and, one step back, those
+    of the value a local name was bound to (``pbar = tqdm(loader)`` then ``for b in pbar``)."""
+    out: Set[str] = set()
+    expr = loop.iter if isinstance(loop, cst.For) else loop.test
+    todo = [(expr, loop, 0)]
+    while todo:
+        e, at, depth = todo.pop()
+        for n in all_nodes(e, skip_nested=True):
+            r = ref_text(n)
+            if r is None:
+                continue
+            out.add(r)
+            if isinstance(n, cst.Subscript):
+                base = dotted(n.value)
+                if base:
+                    out.add(base)
+            if depth < 2 and isinstance(n, cst.Name):
+                b = a.reaching_binding(scope, n.value, at)
+                if b is not None and b.kind == "assign" and isinstance(b.stmt, cst.SimpleStatementLine):
+                    small = b.stmt.body[0]
+                    if isinstance(small, cst.Assign):
+                        todo.append((small.value, b.stmt, depth + 1))
+    return out
+
+
+def feeding_loaders(a: Anatomy) -> Dict[Loader, List[cst.CSTNode]]:
+    """Each loader whose batches reach a training loop, with those loops. Broader than the
+    anatomy's batch loops: every reference in the loop's iterable counts (zip, dict by phase, a
+    progress bar bound first), and a loader kept in a container is reached through it."""
+    cached = a.__dict__.get("_feeding")
+    if cached is not None:
+        return cached
+    refs: Dict[Loader, Set[Tuple[int, str]]] = {}
+    for loader in a.loaders:
+        keys = {(id(s), r) for s, r in loader.refs}
+        holder = container_of(loader.call)
+        if holder:
+            keys.add((id(loader.call.scope), holder))
+            if isinstance(loader.call.scope, cst.Module):
+                keys |= {(id(f), holder) for f in a.all_functions()}
+        refs[loader] = keys
+    out: Dict[Loader, List[cst.CSTNode]] = {}
+    for loop in a.facts.training_loops():
+        if not isinstance(loop, cst.For):
+            continue
+        scope = a.stmt_scope.get(loop)
+        names = _iter_refs(a, loop, scope)
+        for loader, keys in refs.items():
+            if any((id(scope), r) in keys for r in names):
+                out.setdefault(loader, []).append(loop)
+    for loader in a.loaders:
+        for bl in loader.batch_loops:
+            if bl.trains and bl.loop not in out.get(loader, []):
+                out.setdefault(loader, []).append(bl.loop)
+    a.__dict__["_feeding"] = out
+    return out
+
+
+def mentions_rank(a: Anatomy, node: cst.CSTNode) -> bool:
+    """The expression names a rank, a device index or a process-specific value: a per-rank file
+    name, a log line that says which rank speaks."""
+    if reads_rank(node, a.facts.rank_names):
+        return True
+    for n in all_nodes(node):
+        if isinstance(n, cst.Name) and any(k in n.value.lower() for k in ("gpu", "device", "worker", "pid")):
+            return True
+    return False
+
+
+__all__ = [
+    "AUDIT_CODES", "DIST_SAMPLER", "feeding_loaders", "is_audit", "mentions_rank",
+    "sampler_of", "wrapped_models",
+]

@@ -1,0 +1,55 @@
+"""DST951 a loader that feeds training without a distributed sampler."""
+
+from __future__ import annotations
+
+from distify.anatomy import Anatomy
+from distify.audit import feeding_loaders, mentions_rank, sampler_of
+from distify.rules.base import AuditCheck, Context
+from distify.rules.dst910_iterable_dataset import is_iterable_dataset
+
+
+class UnshardedLoader(AuditCheck):
+    """Every loader whose batches reach training must give each rank its own shard.
+
+    What it does:
+        Part of the output audit (and of ``distify lint``). In a distributed script, reports each
+        DataLoader iterated by a loop that reaches ``backward()`` or an optimizer ``step()`` –
+        directly, zipped with another loader, through a progress bar, a dict of loaders by phase
+        or a function parameter – that has neither a ``sampler=`` nor a ``batch_sampler=`` and
+        whose dataset is not already split by rank. Loaders over an ``IterableDataset`` are left
+        to DST910 (they split inside the dataset).
+
+    Why:
+        Without a distributed sampler every rank reads the whole dataset in the same order: N
+        processes do the work of one, each epoch is N times longer than it should be, and the
+        result is the single-process run at N times the batch size, not N times the data.
+
+    Example:
+        train_loader = DataLoader(train_set, batch_size=64, shuffle=True)
+        for x, y in train_loader:          # DST951 in a DDP script
+            ...
+
+        fix: train_loader = DataLoader(train_set, batch_size=64, sampler=DistributedSampler(train_set))
+    """
+
+    code = "DST951"
+    name = "unsharded-loader"
+    summary = "audit: a training loader every rank reads whole"
+
+    def check(self, ctx: Context, a: Anatomy) -> None:
+        for loader in feeding_loaders(a):
+            has_sampler, _ = sampler_of(a, loader)
+            if has_sampler or is_iterable_dataset(ctx, loader):
+                continue
+            if loader.dataset is not None and mentions_rank(a, loader.dataset):
+                continue  # split by hand: Subset(ds, range(rank, len(ds), world)), split_dataset_by_node
+            name = loader.target or "this DataLoader"
+            ctx.warn(
+                self.code,
+                loader.call.call,
+                f"{name} feeds a training loop but has no distributed sampler: every rank reads "
+                "the whole dataset; pass sampler=DistributedSampler(dataset) and call its set_epoch(epoch) each epoch",
+            )
+
+
+RULE = UnshardedLoader()

@@ -1,0 +1,116 @@
+"""DST954 an optimizer whose updates are not averaged across ranks."""
+
+from __future__ import annotations
+
+from typing import Set
+
+import libcst as cst
+
+from distify.anatomy import COLLECTIVES, DDP, Anatomy, arg, dotted
+from distify.audit import FSDP, HVD_OPTIMIZER, wrapped_models
+from distify.facts import all_nodes
+from distify.rules.base import AuditCheck, Context
+
+
+class UnaveragedOptimizer(AuditCheck):
+    """Every optimizer that steps must update parameters averaged across ranks.
+
+    What it does:
+        Part of the output audit (and of ``distify lint``). In a DDP script, reports an optimizer
+        built from ``X.parameters()`` when ``X`` is neither wrapped in DDP/FSDP nor the module a
+        wrapper wraps, and is not handed on to code of the script that wraps a model (returned,
+        or passed to a function or class that calls DDP). In a Horovod script, reports an optimizer that is never passed to
+        ``hvd.DistributedOptimizer``. An optimizer that is never stepped, and a script that
+        averages gradients itself (a collective over ``.grad``), are not reported.
+
+    Why:
+        DDP averages gradients only for the parameters of the module it wraps, and Horovod only
+        for the optimizer it wraps. Any other optimizer steps on this rank's gradients alone:
+        the replicas drift apart from the first step, with no error.
+
+    Example:
+        model = DDP(net, device_ids=[local_rank])
+        head = nn.Linear(128, 10).to(device)
+        optimizer = optim.SGD(head.parameters(), lr=0.1)     # DST954: head is not wrapped
+
+        fix: put head inside the wrapped module (or wrap it in DDP too)
+    """
+
+    code = "DST954"
+    name = "unaveraged-optimizer"
+    summary = "audit: an optimizer that steps on this rank's gradients alone"
+
+    def check(self, ctx: Context, a: Anatomy) -> None:
+        for c in a.calls_to(COLLECTIVES):
+            if ".grad" in ctx.code(c.call):
+                return  # averaged explicitly
+        stepped = _stepped(a)
+        if a.flavour == "horovod":
+            wrapped = set()
+            for c in a.calls_to(HVD_OPTIMIZER):
+                o = arg(c.call, 0, "optimizer")
+                if o is not None and dotted(o.value):
+                    wrapped.add(dotted(o.value))
+            for opt in a.optimizers:
+                if opt.target and opt.target in stepped and opt.target not in wrapped:
+                    ctx.warn(
+                        self.code,
+                        opt.call.call,
+                        f"{opt.target} steps on this rank's gradients alone: wrap it, "
+                        f"{opt.target} = hvd.DistributedOptimizer({opt.target}, named_parameters=model.named_parameters())",
+                    )
+            return
+        wrappers, inner = (set(x) for x in wrapped_models(a))
+        for opt in a.optimizers:
+            if not opt.models or (opt.target and opt.target not in stepped):
+                continue
+            loose = [m for m in opt.models if m not in wrappers and m not in inner and not _escapes(a, opt.call.scope, m)]
+            if loose:
+                ctx.warn(
+                    self.code,
+                    opt.call.call,
+                    f"{', '.join(loose)} is not wrapped in DistributedDataParallel: this optimizer's updates are not "
+                    f"averaged across ranks and the replicas drift apart; wrap it (model = DDP(model, ...)) before "
+                    "building the optimizer",
+                )
+
+
+def _escapes(a: Anatomy, scope, name: str) -> bool:
+    """The model leaves the scope that built the optimizer for code of this script that wraps a
+    model – returned, or handed to such a function or class (``Trainer(model, ...)`` whose
+    ``__init__`` calls DDP) – so it may be wrapped where the audit does not follow it."""
+    wrapping = {id(c.scope) for c in a.calls if c.qualname in DDP or c.qualname in FSDP}
+    wrapping |= {id(c.cls) for c in a.calls if (c.qualname in DDP or c.qualname in FSDP) and c.cls is not None}
+    for c in a.calls:
+        if c.scope is not scope or not any(dotted(x.value) == name for x in c.call.args):
+            continue
+        fn = a.callee(c.call, scope)
+        cls = a.classes.get(dotted(c.call.func) or "")
+        if (fn is not None and id(fn) in wrapping) or (cls is not None and id(cls) in wrapping):
+            return True
+    if isinstance(scope, cst.FunctionDef):
+        for n in all_nodes(scope.body, skip_nested=True):
+            if isinstance(n, cst.Return) and n.value is not None and any(
+                dotted(m) == name for m in all_nodes(n.value)
+            ):
+                return True
+    return False
+
+
+def _stepped(a: Anatomy) -> Set[str]:
+    """Names stepped (``opt.step()``, ``scaler.step(opt)``) or handed to a function that may step."""
+    out: Set[str] = set()
+    for c in a.calls:
+        f = c.call.func
+        if isinstance(f, cst.Attribute) and f.attr.value == "step":
+            d = dotted(f.value)
+            if d:
+                out.add(d)
+        for x in c.call.args:
+            d = dotted(x.value)
+            if d:
+                out.add(d)
+    return out
+
+
+RULE = UnaveragedOptimizer()

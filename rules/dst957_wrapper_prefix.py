@@ -1,0 +1,100 @@
+"""DST957 a checkpoint saved with the DDP wrapper's `module.` prefix."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Set, Tuple
+
+import libcst as cst
+
+from distify.anatomy import DDP, SAVE, Anatomy, arg, dotted
+from distify.audit import assigned_to
+from distify.facts import all_nodes
+from distify.rules.base import AuditCheck, Context
+
+
+class WrapperPrefix(AuditCheck):
+    """Saved state carries the original keys, without the wrapper's prefix.
+
+    What it does:
+        Part of the output audit (and of ``distify lint``). Reports ``X.state_dict()`` saved by
+        ``torch.save`` – inside its arguments, or through a name bound just before
+        (``state = {"model": X.state_dict()}``) – when ``X`` is a DistributedDataParallel
+        wrapper in that scope (or a parameter every caller passes one to).
+
+    Why:
+        A DDP wrapper's ``state_dict`` keys all start with ``module.``. The checkpoint then no
+        longer loads into the plain model – for inference, fine-tuning or a one-process run –
+        without renaming every key.
+
+    Example:
+        model = DDP(net, device_ids=[local_rank])
+        torch.save(model.state_dict(), "model.pt")      # DST957: keys are "module.fc.weight", ...
+
+        fix: torch.save(model.module.state_dict(), "model.pt")
+    """
+
+    code = "DST957"
+    name = "wrapper-prefix"
+    summary = "audit: a checkpoint keyed with the wrapper's module. prefix"
+
+    def check(self, ctx: Context, a: Anatomy) -> None:
+        if a.flavour != "ddp":
+            return
+        wrappers: Dict[Tuple[int, str], bool] = {}
+        classes: Set[Tuple[int, str]] = set()
+        for c in a.calls_to(DDP):
+            name = assigned_to(c)
+            if name is None:
+                continue
+            if name.startswith("self.") and c.cls is not None:
+                classes.add((id(c.cls), name))
+            else:
+                wrappers[(id(c.scope), name)] = True
+                if isinstance(c.scope, cst.Module):
+                    for fn in a.all_functions():
+                        wrappers.setdefault((id(fn), name), True)
+
+        def is_wrapper(scope, cls, name: str, depth: int = 0) -> bool:
+            if name.startswith("self."):
+                return cls is not None and (id(cls), name) in classes
+            if (id(scope), name) in wrappers:
+                return True
+            if isinstance(scope, cst.FunctionDef) and depth < 3 and name in a.facts.params(scope):
+                sites = a.callers(scope)
+                return bool(sites) and all(
+                    (v := a.bound_value(s.call, scope, name)) is not None
+                    and dotted(v) is not None
+                    and is_wrapper(s.scope, s.cls, dotted(v), depth + 1)
+                    for s in sites
+                )
+            return False
+
+        for c in a.calls_to(SAVE):
+            obj = arg(c.call, 0, "obj")
+            if obj is None:
+                continue
+            exprs: List[cst.CSTNode] = [obj.value]
+            for n in all_nodes(obj.value):
+                if isinstance(n, cst.Name):
+                    b = a.reaching_binding(c.scope, n.value, c.stmt)
+                    if b is not None and b.kind == "assign":
+                        exprs.append(b.stmt)
+            for e in exprs:
+                for n in all_nodes(e):
+                    if (
+                        isinstance(n, cst.Call)
+                        and isinstance(n.func, cst.Attribute)
+                        and n.func.attr.value == "state_dict"
+                        and dotted(n.func.value)
+                        and is_wrapper(c.scope, c.cls, dotted(n.func.value))
+                    ):
+                        who = dotted(n.func.value)
+                        ctx.warn(
+                            self.code,
+                            n,
+                            f"{who} is a DistributedDataParallel wrapper: its state_dict keys start with "
+                            f"'module.' and will not load into the plain model; save {who}.module.state_dict()",
+                        )
+
+
+RULE = WrapperPrefix()

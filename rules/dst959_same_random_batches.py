@@ -1,0 +1,62 @@
+"""DST959 batches drawn from a global random stream seeded alike on every rank."""
+
+from __future__ import annotations
+
+from distify.anatomy import Anatomy, arg
+from distify.audit import feeding_loaders, mentions_rank
+from distify.rules.base import AuditCheck, Context
+
+DRAWS = {
+    "torch.randint", "torch.randperm", "numpy.random.randint", "numpy.random.choice",
+    "numpy.random.permutation", "random.sample", "random.randint", "random.choice", "random.randrange",
+}
+SEEDS = {"torch.manual_seed", "torch.cuda.manual_seed", "torch.cuda.manual_seed_all", "numpy.random.seed", "random.seed"}
+
+
+class SameRandomBatches(AuditCheck):
+    """Batches drawn without a sampler must come from a per-rank random stream.
+
+    What it does:
+        Part of the output audit (and of ``distify lint``). When no DataLoader feeds training
+        and a loop that trains (or a function it calls, such as a ``get_batch()``) draws indices
+        with ``torch.randint``/``randperm``, ``numpy.random`` or ``random`` from the global
+        stream, reports the draw unless some seed call reads the rank
+        (``torch.manual_seed(1337 + rank)``) or the draw has its own ``generator=``.
+
+    Why:
+        Every rank starts from the same seed (torch's default seed is a constant, and scripts
+        usually fix one), so every rank draws the same indices: N processes train on the same
+        batches and the job does the work of one process at N times the cost.
+
+    Example:
+        def get_batch():
+            ix = torch.randint(len(data) - block, (batch_size,))   # DST959 in a DDP script
+            ...
+
+        fix: torch.manual_seed(seed + rank) once the model is built (DDP/Horovod broadcast rank
+        0's weights, so a per-rank seed after that is safe)
+    """
+
+    code = "DST959"
+    name = "same-random-batches"
+    summary = "audit: random batches identical on every rank"
+
+    def check(self, ctx: Context, a: Anatomy) -> None:
+        if feeding_loaders(a):
+            return
+        if any(mentions_rank(a, c.call) for c in a.calls_to(SEEDS)):
+            return
+        for c in a.calls_to(DRAWS):
+            if arg(c.call, None, "generator") is not None or not a.on_training_path(c.stmt):
+                continue
+            ctx.warn(
+                self.code,
+                c.call,
+                f"{ctx.code(c.call.func)}() draws the batch from the global random stream, seeded alike on every "
+                "rank: all ranks train on the same samples; seed each rank differently once the model is built "
+                "(torch.manual_seed(seed + rank)) or pass a per-rank generator=",
+            )
+            return
+
+
+RULE = SameRandomBatches()
