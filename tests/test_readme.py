@@ -62,3 +62,77 @@ def test_readme_first_command_exits_0():
     assert "+" in proc.stdout and "DistributedSampler" in proc.stdout, proc.stdout
     assert example.read_bytes() == before
     assert shlex.split(install.split("&&")[0])[:2] == ["pip", "install"]
+
+
+# --- the install brings what the tests need ----------------------------------------------------
+
+# Imports that are not the tests' own requirements: the project's packages and test helpers, and
+# Horovod (its tests carry @pytest.mark.horovod and skip without it, see conftest.py).
+_NOT_REQUIRED = {"distify", "migrate", "runtime", "rules", "e2e_support", "conftest", "horovod"}
+
+
+def _imports(source: str) -> set:
+    """Top-level names imported anywhere in `source`, also in string constants that are code (the
+    child scripts tests write and run)."""
+    import ast
+
+    names, todo = set(), [source]
+    while todo:
+        try:
+            tree = ast.parse(todo.pop())
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "import " in node.value:
+                todo.append(__import__("textwrap").dedent(node.value))
+    return names
+
+
+def _test_requirements() -> set:
+    """Distribution names the README's install brings: the dependencies and the test extras, with
+    everything they require in turn (read from the installed packages' metadata)."""
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+
+    text = (ROOT / "pyproject.toml").read_text()
+    declared = re.search(r"^dependencies = \[(.*?)\]", text, re.S | re.M).group(1)
+    declared += re.search(r"^test = \[(.*?)\]", text, re.S | re.M).group(1)
+    todo = [Requirement(r).name for r in re.findall(r'"([^"]+)"', declared)]
+    found = set()
+    while todo:
+        name = todo.pop().lower().replace("_", "-")
+        if name in found:
+            continue
+        found.add(name)
+        try:
+            requires = md.requires(name) or []
+        except md.PackageNotFoundError:
+            continue
+        for line in requires:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return found
+
+
+def test_the_test_extras_bring_every_package_the_tests_import():
+    """pip install -e '.[test]' on a fresh machine must bring every third-party package the tests
+    import, and the scripts they launch (runnable corpus scripts, the example): a missing one fails
+    the second README command there (numpy did). .ci/fresh-venv proves it; this finds it sooner."""
+    import importlib.metadata as md
+
+    sources = list((ROOT / "tests").glob("*.py")) + list((ROOT / "examples").glob("*.py"))
+    sources += [p for p in (ROOT / "fixtures" / "corpus").glob("*.in.py") if "distify-e2e: runnable" in p.read_text()[:300]]
+    imported = set().union(*(_imports(p.read_text()) for p in sources))
+    local = {p.stem for folder in ("tests", "bench", "examples") for p in (ROOT / folder).glob("*.py")}
+    third_party = sorted(imported - set(sys.stdlib_module_names) - _NOT_REQUIRED - local)
+    required = _test_requirements()
+    providers = md.packages_distributions()
+    missing = [name for name in third_party
+               if not {d.lower().replace("_", "-") for d in providers.get(name, [name])} & required]
+    assert missing == [], f"imported by tests or the scripts they run, but not in the test extras: {missing}"
