@@ -6,6 +6,7 @@
     distify - < train.py                    stdin -> stdout
     distify --launch train.py --nproc 4 --nodes h1,h2   print torchrun/horovodrun/srun/Kubeflow commands
     distify lint train.py                   audit a distributed script, rewrite nothing (exit 1 on findings)
+    distify verify train.py -- ARGS         migrate a copy, run it on CPU, check what each rank did
 
 Exit codes (black/pyupgrade): 0 nothing to change, 1 changed (or would change, with --check), 2
 usage or input error, 123 internal failure. Like black's, a --diff preview without --check exits 0
@@ -106,6 +107,10 @@ def main() -> None:
         from distify.lint import lint_app
 
         guarded(lambda: lint_app(args=sys.argv[2:], prog_name="distify lint"))
+    if sys.argv[1:2] == ["verify"]:  # `distify verify SCRIPT ...`: prove a migration by running it
+        from distify.verify import main as verify
+
+        guarded(lambda: verify(sys.argv[2:]))
     guarded(lambda: app(prog_name="distify"))
 
 

@@ -1,0 +1,494 @@
+"""The probe of ``distify verify``: every Python process that verify starts loads it (this folder
+goes first on PYTHONPATH), and it records what the training script does without editing it.
+
+It acts only in the process that runs the script under test (``sys.argv[0]`` is
+``$DISTIFY_VERIFY_SCRIPT``): the launchers (torchrun, horovodrun) and helper processes load it and do
+nothing. In that process it appends one JSON object per line to ``$DISTIFY_VERIFY_RECORDS/rank<R>.jsonl``:
+
+- ``opt``/``step``: each optimizer (where it was built) and, after each of its steps, a digest of
+  its parameters; after ``$DISTIFY_VERIFY_STEPS`` steps of the first optimizer that steps, every
+  rank waits for the others at a barrier and exits with status 0 (no collective left half-done);
+- ``loader``/``batch``/``end``/``train``: each DataLoader, the indices it yields per pass, the
+  end of each pass, and which loaders fed an optimizer step;
+- ``write``: every file opened for writing, renamed into place or passed to ``torch.save`` (with
+  whether the saved state's keys carry DDP's ``module.`` prefix);
+- ``out``: each line the process writes to stdout, with the line of user code that wrote it;
+- ``rand``: ``torch.randint``/``torch.randperm`` draws made by user code, per step window.
+
+Writes below the run's sandbox (``$DISTIFY_VERIFY_SANDBOX``) never reach the user's files: the
+sandbox links to the user's directory entries, and a link that is about to be written through is
+first replaced by a private copy (a directory by a real one holding links, a file by a copy).
+
+On ranks other than 0 of a multi-process run it also draws torch.nn.init's initialisation from a
+rank-specific generator (after the normal draw, so the global random stream is unchanged): ranks
+then start with different weights unless the script makes them start from rank 0's, as a correct
+migration does (DDP's wrap, Horovod's broadcast) whether or not the script seeds.
+
+Only the standard library is imported here; torch is patched right after the script imports it.
+"""
+import os
+import sys
+
+
+def _chain_shadowed_sitecustomize():
+    """Run the sitecustomize this file hides (a distribution's or the user's), if there is one."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is not None and spec.loader is not None and spec.origin != os.path.abspath(__file__):
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+
+
+try:
+    _chain_shadowed_sitecustomize()
+except Exception as _error:  # noqa: BLE001 - the shadowed file's own failure, reported as Python would
+    sys.stderr.write(f"distify verify: the shadowed sitecustomize failed: {_error!r}\n")
+
+_SCRIPT = os.environ.get("DISTIFY_VERIFY_SCRIPT")
+_ACTIVE = bool(_SCRIPT and os.environ.get("DISTIFY_VERIFY_RECORDS") and sys.argv and sys.argv[0]
+               and os.path.abspath(sys.argv[0]) == _SCRIPT)
+
+
+def _rank_world():
+    for rank, size in (("RANK", "WORLD_SIZE"), ("HOROVOD_RANK", "HOROVOD_SIZE"),
+                       ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+        if os.environ.get(rank, "").strip():
+            return int(os.environ[rank]), int(os.environ.get(size) or 1)
+    return 0, 1
+
+
+if _ACTIVE:
+    import json
+    import threading
+    import weakref
+
+    _RANK, _WORLD = _rank_world()
+    _RECORDS = os.path.realpath(os.environ["DISTIFY_VERIFY_RECORDS"])
+    _SANDBOX = os.path.realpath(os.environ.get("DISTIFY_VERIFY_SANDBOX") or os.path.dirname(_SCRIPT))
+    _STEPS = int(os.environ.get("DISTIFY_VERIFY_STEPS") or 20)
+    _LOCK = threading.RLock()
+    _GUARD = threading.local()  # set while the probe itself opens/links files (no recursion)
+    _fd = os.open(os.path.join(_RECORDS, f"rank{_RANK}.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    _LOG = os.fdopen(_fd, "a", buffering=1)
+
+    def _emit(**record):
+        with _LOCK:
+            _LOG.write(json.dumps(record, default=str) + "\n")
+
+    _emit(k="start", rank=_RANK, world=_WORLD, pid=os.getpid())
+
+    def _user_site(frame):
+        """(path relative to the sandbox, line) of the innermost frame of user code, or None."""
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name.startswith(_SANDBOX + os.sep):
+                return [os.path.relpath(name, _SANDBOX), frame.f_lineno]
+            frame = frame.f_back
+        return None
+
+    # --- writes: record them, and keep them inside the sandbox ---------------------------------
+
+    def _private(path):
+        """Before `path` (absolute, not resolved) is written: replace every link on the way to it
+        that leads out of the sandbox by a private copy, so the write lands in the sandbox."""
+        if not path.startswith(_SANDBOX + os.sep):
+            return
+        parts = os.path.relpath(path, _SANDBOX).split(os.sep)
+        current = _SANDBOX
+        for index, part in enumerate(parts):
+            if part in ("", os.curdir, os.pardir):
+                return
+            current = os.path.join(current, part)
+            if not os.path.islink(current):
+                if not os.path.isdir(current):
+                    return
+                continue
+            target = os.path.realpath(current)
+            if target == _SANDBOX or target.startswith(_SANDBOX + os.sep):
+                continue
+            last = index == len(parts) - 1
+            os.unlink(current)
+            if os.path.isdir(target):
+                os.mkdir(current)
+                for entry in os.listdir(target):
+                    os.symlink(os.path.join(target, entry), os.path.join(current, entry))
+            elif last and os.path.isfile(target):
+                import shutil
+
+                shutil.copyfile(target, current)  # appends and r+ keep the old content
+            if last:
+                return
+
+    def _before_write(path, how, prefixed=None, frame=None):
+        if getattr(_GUARD, "busy", False):
+            return
+        _GUARD.busy = True
+        try:
+            try:
+                path = os.path.abspath(os.fsdecode(os.fspath(path)))
+            except TypeError:
+                return
+            if path.startswith(_RECORDS + os.sep) or path.startswith(("/dev/", "/proc/")):
+                return
+            try:
+                _private(path)
+            except OSError:
+                pass
+            record = dict(k="write", path=os.path.realpath(path), how=how, site=_user_site(frame or sys._getframe(2)))
+            if prefixed is not None:
+                record["prefixed"] = prefixed
+            _emit(**record)
+        finally:
+            _GUARD.busy = False
+
+    _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+    def _audit(event, args):
+        if event == "open":
+            path, mode, flags = args
+            if isinstance(path, int) or path is None:
+                return
+            writing = any(c in mode for c in "wax+") if isinstance(mode, str) else bool((flags or 0) & _WRITE_FLAGS)
+            if writing:
+                _before_write(path, "open", frame=sys._getframe(1))
+        elif event == "os.rename":
+            _before_write(args[1], "rename", frame=sys._getframe(1))
+        elif event == "os.mkdir":
+            if not getattr(_GUARD, "busy", False) and not isinstance(args[0], int):
+                try:
+                    _private(os.path.dirname(os.path.abspath(os.fsdecode(os.fspath(args[0])))))
+                except (OSError, TypeError):
+                    pass
+
+    sys.addaudithook(_audit)
+
+    # --- stdout: one record per line, with the user code that printed it -----------------------
+
+    class _Tee:
+        def __init__(self, stream):
+            self._stream = stream
+            self._pending = ""
+            self._site = None
+
+        def write(self, text):
+            if isinstance(text, str) and text:
+                with _LOCK:
+                    if not self._pending:
+                        self._site = _user_site(sys._getframe(1))
+                    self._pending += text
+                    while "\n" in self._pending:
+                        line, self._pending = self._pending.split("\n", 1)
+                        _emit(k="out", text=line, site=self._site)
+                        self._site = _user_site(sys._getframe(1)) if self._pending else None
+            return self._stream.write(text)
+
+        def flush_pending(self):
+            with _LOCK:
+                if self._pending:
+                    _emit(k="out", text=self._pending, site=self._site)
+                    self._pending = ""
+
+        def __getattr__(self, name):
+            return getattr(self._stream, name)
+
+    if sys.stdout is not None:
+        sys.stdout = _Tee(sys.stdout)
+
+    # --- the batch argument of --against-original ----------------------------------------------
+
+    _SCALE = os.environ.get("DISTIFY_VERIFY_SCALE")  # "dest:factor": scale an argparse default
+    if _SCALE:
+        import argparse
+
+        _scale_dest, _scale_factor = _SCALE.rsplit(":", 1)
+        _real_parse_known = argparse.ArgumentParser.parse_known_args
+        _scaled = []
+
+        def _parse_known_args(self, *args, **kwargs):
+            namespace, rest = _real_parse_known(self, *args, **kwargs)
+            value = getattr(namespace, _scale_dest, None)
+            if not _scaled and isinstance(value, int) and not isinstance(value, bool):
+                setattr(namespace, _scale_dest, value * int(_scale_factor))
+                _scaled.append(value)
+                _emit(k="scaled", dest=_scale_dest, before=value, after=value * int(_scale_factor))
+            return namespace, rest
+
+        argparse.ArgumentParser.parse_known_args = _parse_known_args
+
+    # --- torch ---------------------------------------------------------------------------------
+
+    _state = dict(first_opt=None, last_loader=None, depth=0, stopping=False)
+    _opt_ids = {}
+    _opt_refs = {}
+    _opt_steps = {}
+    _train_pairs = set()
+    _loader_passes = {}
+
+    def _opt_id(optimizer):
+        key = id(optimizer)
+        if key not in _opt_ids:
+            _opt_ids[key] = len(_opt_ids)
+            _opt_refs[_opt_ids[key]] = weakref.ref(optimizer)
+            _emit(k="opt", id=_opt_ids[key], cls=type(optimizer).__name__,
+                  site=getattr(optimizer, "_distify_verify_site", None))
+        return _opt_ids[key]
+
+    def _prefixed(obj, depth=0):
+        """True when a state_dict in obj (or one or two levels down) has only `module.` keys."""
+        import torch
+
+        if isinstance(obj, dict):
+            tensor_keys = [k for k, v in obj.items() if isinstance(k, str) and isinstance(v, torch.Tensor)]
+            if tensor_keys and all(k.startswith("module.") for k in tensor_keys):
+                return True
+            if depth < 2:
+                return any(_prefixed(v, depth + 1) for v in obj.values())
+        return False
+
+    def _patch_torch(torch):
+        import hashlib
+
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+        from torch.utils.data import dataloader as dl
+
+        real_save = torch.save
+
+        def save(obj, f, *args, **kwargs):
+            prefixed = _prefixed(obj)
+            if isinstance(f, (str, bytes, os.PathLike)):
+                _before_write(f, "torch.save", prefixed, sys._getframe(1))
+            elif isinstance(getattr(f, "name", None), str):
+                _emit(k="write", path=os.path.realpath(f.name), how="torch.save", prefixed=prefixed,
+                      site=_user_site(sys._getframe(1)), again=True)
+            return real_save(obj, f, *args, **kwargs)
+
+        save.__wrapped__ = real_save
+        torch.save = save
+
+        real_opt_init = torch.optim.Optimizer.__init__
+
+        def opt_init(self, *args, **kwargs):
+            if not hasattr(self, "_distify_verify_site"):
+                object.__setattr__(self, "_distify_verify_site", _user_site(sys._getframe(1)))
+            return real_opt_init(self, *args, **kwargs)
+
+        torch.optim.Optimizer.__init__ = opt_init
+
+        def digest(optimizer):
+            sha = hashlib.sha1()
+            total = 0.0
+            with torch.no_grad():
+                for group in optimizer.param_groups:
+                    for p in group["params"]:
+                        t = p.detach().cpu().contiguous()
+                        sha.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+                        total += float(t.double().abs().sum())
+            return sha.hexdigest(), total
+
+        def pre_hook(optimizer, args, kwargs):
+            _state["depth"] += 1
+
+        def post_hook(optimizer, args, kwargs):
+            _state["depth"] -= 1
+            if _state["depth"] > 0 or _state["stopping"]:
+                return  # an optimizer subclass stepping through its base class: count it once
+            oid = _opt_id(optimizer)
+            n = _opt_steps[oid] = _opt_steps.get(oid, 0) + 1
+            sha, total = digest(optimizer)
+            _emit(k="step", opt=oid, n=n, sha=sha, abs=total)
+            loader = _state["last_loader"]
+            if loader is not None and (loader, oid) not in _train_pairs:
+                _train_pairs.add((loader, oid))
+                _emit(k="train", loader=loader, opt=oid)
+            if _state["first_opt"] is None:
+                _state["first_opt"] = oid
+            if oid == _state["first_opt"] and n >= _STEPS:
+                _stop(torch)
+
+        register_optimizer_step_pre_hook(pre_hook)
+        register_optimizer_step_post_hook(post_hook)
+
+        real_loader_init = dl.DataLoader.__init__
+
+        def loader_init(self, *args, **kwargs):
+            real_loader_init(self, *args, **kwargs)
+            lid = len(_loader_passes)
+            _loader_passes[lid] = 0
+            object.__setattr__(self, "_distify_verify_id", lid)
+            sampler = getattr(self, "sampler", None)
+            name = type(sampler).__name__
+            shuffles = None
+            if hasattr(sampler, "shuffle") and isinstance(getattr(sampler, "shuffle"), bool):
+                shuffles = sampler.shuffle
+            elif name in ("RandomSampler", "SubsetRandomSampler", "WeightedRandomSampler"):
+                shuffles = True
+            elif name == "SequentialSampler":
+                shuffles = False
+            try:
+                length = len(self.dataset)
+            except TypeError:
+                length = None
+            _emit(k="loader", id=lid, site=_user_site(sys._getframe(1)), sampler=name, shuffle=shuffles,
+                  len=length, batch_size=self.batch_size, drop_last=self.drop_last,
+                  replicas=getattr(sampler, "num_replicas", None))
+
+        dl.DataLoader.__init__ = loader_init
+
+        real_iter_init = dl._BaseDataLoaderIter.__init__
+
+        def iter_init(self, loader, *args, **kwargs):
+            real_iter_init(self, loader, *args, **kwargs)
+            lid = getattr(loader, "_distify_verify_id", None)
+            if lid is not None:
+                self._distify_verify_pass = (lid, _loader_passes[lid])
+                _loader_passes[lid] += 1
+
+        dl._BaseDataLoaderIter.__init__ = iter_init
+
+        real_next_index = dl._BaseDataLoaderIter._next_index
+
+        def next_index(self):
+            where = getattr(self, "_distify_verify_pass", None)
+            try:
+                index = real_next_index(self)
+            except StopIteration:
+                if where is not None:
+                    _emit(k="end", loader=where[0], p=where[1])
+                raise
+            if where is not None:
+                try:
+                    values = [int(i) for i in index] if hasattr(index, "__iter__") else [int(index)]
+                except (TypeError, ValueError):
+                    values = None
+                if values is not None:
+                    _emit(k="batch", loader=where[0], p=where[1], i=values)
+            return index
+
+        dl._BaseDataLoaderIter._next_index = next_index
+
+        real_next = dl._BaseDataLoaderIter.__next__
+
+        def loader_next(self):
+            where = getattr(self, "_distify_verify_pass", None)
+            if where is not None:
+                _state["last_loader"] = where[0]
+            return real_next(self)
+
+        dl._BaseDataLoaderIter.__next__ = loader_next
+
+        for fn_name in ("randint", "randperm"):
+            real_fn = getattr(torch, fn_name)
+
+            def drawn(*args, _real=real_fn, _name=fn_name, **kwargs):
+                out = _real(*args, **kwargs)
+                caller = sys._getframe(1)
+                if caller.f_code.co_filename.startswith(_SANDBOX + os.sep) and isinstance(out, torch.Tensor):
+                    window = _opt_steps.get(_state["first_opt"], 0) if _state["first_opt"] is not None else 0
+                    sha = hashlib.sha1(out.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+                    _emit(k="rand", fn=_name, site=_user_site(caller), w=window, sha=sha.hexdigest())
+                return out
+
+            setattr(torch, fn_name, drawn)
+
+        if _WORLD > 1 and _RANK != 0:
+            _diverge_init(torch)
+
+    def _diverge_init(torch):
+        import inspect
+
+        generator = torch.Generator().manual_seed(7919 * (_RANK + 1))
+        init = torch.nn.init
+        for fn_name in ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_",
+                        "xavier_uniform_", "xavier_normal_", "orthogonal_", "sparse_"):
+            real_fn = getattr(init, fn_name, None)
+            if real_fn is None:
+                continue
+            try:
+                params = inspect.signature(real_fn).parameters
+            except (TypeError, ValueError):
+                continue
+            if "generator" not in params:
+                continue
+
+            def redrawn(tensor, *args, _real=real_fn, **kwargs):
+                out = _real(tensor, *args, **kwargs)
+                if kwargs.get("generator") is None:
+                    _real(tensor, *args, **dict(kwargs, generator=generator))
+                return out
+
+            setattr(init, fn_name, redrawn)
+
+    def _stop(torch):
+        """Every rank is here right after the same optimizer step: wait for the others, save the
+        parameters, exit 0 without tearing the interpreter (and the process group) down."""
+        _state["stopping"] = True
+        try:
+            out = sys.stdout
+            if isinstance(out, _Tee):
+                out.flush_pending()
+            _emit(k="stop", steps=_STEPS)
+            params = {}
+            for oid, ref in _opt_refs.items():
+                opt = ref()
+                if opt is not None:
+                    params[oid] = [p.detach().cpu().clone() for g in opt.param_groups for p in g["params"]]
+            _GUARD.busy = True
+            torch.save.__wrapped__(params, os.path.join(_RECORDS, f"params.rank{_RANK}.pt"))
+            _GUARD.busy = False
+            _synchronise(torch)
+        except BaseException as error:  # noqa: BLE001 - report, then still leave
+            _emit(k="stop_error", error=repr(error))
+            _flush()
+            os._exit(3)
+        _flush()
+        os._exit(0)
+
+    def _synchronise(torch):
+        import datetime
+
+        hvd = sys.modules.get("horovod.torch")
+        if hvd is not None and hvd.is_initialized():
+            hvd.barrier()
+            hvd.shutdown()
+            return
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            if dist.get_backend() == "gloo":
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=120))
+            else:
+                dist.barrier()
+
+    def _flush():
+        for stream in (sys.stdout, sys.stderr, _LOG):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _after_torch_import(patch):
+        class _TorchImportHook:
+            def find_spec(self, name, path=None, target=None):
+                if name != "torch":
+                    return None
+                sys.meta_path.remove(self)
+                import importlib.util
+
+                spec = importlib.util.find_spec("torch")
+                if spec is None or spec.loader is None:
+                    return spec
+                real_exec = spec.loader.exec_module
+
+                def exec_module(module):
+                    real_exec(module)
+                    patch(module)
+
+                spec.loader.exec_module = exec_module
+                return spec
+
+        sys.meta_path.insert(0, _TorchImportHook())
+
+    _after_torch_import(_patch_torch)

@@ -1,0 +1,276 @@
+"""`distify verify`: it passes distify's own migrations of every scenario style for both backends,
+and each of its checks fails on a migrated script broken on purpose in exactly that respect.
+
+Every test here runs the real command (`python -m distify verify ... --json`), which launches the
+script with plain python, torchrun and Horovod's gloo launcher. Broken scripts are the golden
+outputs in fixtures/ (what distify writes today; test_fixtures.py keeps them current) with one edit,
+checked with --as-is. Runs are kept short (small epochs, large batches, few steps).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from e2e_support import SCENARIOS, clean_env  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts" / "verify"
+HAVE_HOROVOD = importlib.util.find_spec("horovod") is not None
+needs_horovod = pytest.mark.skipif(not HAVE_HOROVOD, reason="horovod is not installed (run .ci/install-horovod.sh)")
+VERIFY_TIMEOUT = 900
+
+
+def verify(script, *args, cwd, env=None):
+    """(exit status, JSON report) of `distify verify SCRIPT --json ARGS` run in `cwd`."""
+    argv = [sys.executable, "-m", "distify", "verify", str(script), "--json", *map(str, args)]
+    proc = subprocess.run(argv, cwd=str(cwd), env=env or clean_env(), capture_output=True, text=True, timeout=VERIFY_TIMEOUT)
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(f"no JSON report (exit {proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}") from None
+    return proc.returncode, report
+
+
+def status(report) -> dict:
+    return {c["name"]: c["status"] for c in report["checks"]}
+
+
+def failed(report) -> set:
+    return {c["name"] for c in report["checks"] if c["status"] == "fail"}
+
+
+def explain(report) -> str:
+    return json.dumps(report, indent=1)[-6000:]
+
+
+def user_dir(tmp_path, source, name="train.py") -> Path:
+    """tmp_path/user holding a copy of `source` as `name`: the user's directory."""
+    home = tmp_path / "user"
+    home.mkdir()
+    shutil.copyfile(source, home / name)
+    return home
+
+
+def snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# --- distify's migrations pass -------------------------------------------------------------------
+
+# (scenario, verify options, script arguments, checks that must pass: the run gives them evidence)
+STYLES = [
+    ("module_level", ["--steps", "0"], ["--epochs", "2", "--batch-size", "32"], {"params", "shards", "writers", "prefix", "prints"}),
+    ("examples_style", ["--steps", "0"], ["--epochs", "1", "--batch-size", "32", "--save-model"],
+     {"params", "shards", "writers", "prefix", "prints"}),
+    ("trainer_class", ["--steps", "0"], ["--epochs", "2", "--batch-size", "32", "--checkpoint-dir", "ckpts"],
+     {"params", "shards", "writers", "prefix", "prints"}),
+    ("shuffled", ["--steps", "0"], ["--epochs", "2", "--batch-size", "64"], {"params", "shards", "order", "writers", "prefix", "prints"}),
+]
+
+
+@pytest.mark.parametrize("backend", ["ddp", pytest.param("horovod", marks=needs_horovod)])
+@pytest.mark.parametrize("name,options,args,evidence", STYLES, ids=[s[0] for s in STYLES])
+def test_verify_passes_distify_migrations(name, options, args, evidence, backend, tmp_path):
+    home = user_dir(tmp_path, SCENARIOS / f"{name}.in.py")
+    if name == "trainer_class":  # a folder the script writes into already exists: verify must not write there
+        (home / "ckpts").mkdir()
+        (home / "ckpts" / "epoch_000.pt").write_bytes(b"the user's own checkpoint")
+    before = snapshot(home)
+    code, report = verify("train.py", "--backend", backend, *options, "--", *args, cwd=home)
+    assert code == 0 and report["verdict"] == "pass", explain(report)
+    checks = status(report)
+    assert {c: "pass" for c in evidence} == {c: checks[c] for c in evidence}, explain(report)
+    assert snapshot(home) == before, "verify changed the user's directory"
+
+
+def test_verify_standalone_output(tmp_path):
+    home = user_dir(tmp_path, SCENARIOS / "module_level.in.py")
+    code, report = verify("train.py", "--standalone", "--steps", "0", "--", "--epochs", "1", "--batch-size", "32", cwd=home)
+    assert code == 0 and status(report)["params"] == "pass", explain(report)
+
+
+def test_verify_against_original_weights_equal(tmp_path):
+    home = user_dir(tmp_path, SCENARIOS / "examples_style.in.py")
+    code, report = verify("train.py", "--steps", "6", "--against-original", "--batch-arg", "--batch-size",
+                          "--", "--epochs", "1", "--batch-size", "16", cwd=home)
+    assert code == 0, explain(report)
+    weights = next(c for c in report["checks"] if c["name"] == "weights")
+    assert weights["status"] == "pass" and "--batch-size 32" in weights["detail"], explain(report)
+
+
+def test_verify_against_original_scales_an_argparse_default(tmp_path):
+    """--batch-arg names an option the user did not pass: the original gets twice its default."""
+    home = user_dir(tmp_path, SCENARIOS / "examples_style.in.py")
+    code, report = verify("train.py", "--steps", "4", "--against-original", "--batch-arg", "batch-size",
+                          "--", "--epochs", "1", cwd=home)
+    weights = next(c for c in report["checks"] if c["name"] == "weights")
+    assert code == 0 and weights["status"] == "pass", explain(report)
+
+
+# --- controls: one broken thing, one failed check --------------------------------------------------
+
+
+def broken(tmp_path, golden: Path, old: str, new: str) -> Path:
+    """tmp_path/user/train.py: the golden migrated script with `old` replaced by `new` (once)."""
+    text = golden.read_text()
+    assert text.count(old) == 1, f"{old!r} is not in {golden.name} exactly once"
+    home = tmp_path / "user"
+    home.mkdir()
+    (home / "train.py").write_text(text.replace(old, new))
+    return home
+
+
+CONTROLS = [
+    # (id, golden output, text, replacement, script arguments, the one check that must fail)
+    ("sampler-removed", "shuffled.ddp.py", "sampler=train_sampler,", "shuffle=True,", ["--epochs", "1", "--batch-size", "64"], "shards"),
+    ("set-epoch-removed", "shuffled.ddp.py", "    train_sampler.set_epoch(epoch)\n", "", ["--epochs", "2", "--batch-size", "64"], "order"),
+    ("save-unguarded", "module_level.ddp.py", "if runtime.is_main_process():\n    torch.save(model.module.state_dict(), args.checkpoint)\n",
+     "torch.save(model.module.state_dict(), args.checkpoint)\nif runtime.is_main_process():\n",
+     ["--epochs", "1", "--batch-size", "64"], "writers"),
+    ("prefix-kept", "module_level.ddp.py", "torch.save(model.module.state_dict()", "torch.save(model.state_dict()",
+     ["--epochs", "1", "--batch-size", "64"], "prefix"),
+    ("ddp-wrap-removed", "examples_style.ddp.py", "model = runtime.DDP(Net().to(device), device_ids=runtime.device_ids())",
+     "model = Net().to(device)", ["--epochs", "1", "--batch-size", "64"], "params"),
+    ("print-unguarded", "examples_style.ddp.py",
+     "        if runtime.is_main_process():\n            print('epoch {} test_loss",
+     "        if True:\n            print('epoch {} test_loss", ["--epochs", "1", "--batch-size", "64"], "prints"),
+]
+
+
+@pytest.mark.parametrize("golden,old,new,args,check", [c[1:] for c in CONTROLS], ids=[c[0] for c in CONTROLS])
+def test_control_fails_exactly_its_check(golden, old, new, args, check, tmp_path):
+    home = broken(tmp_path, SCENARIOS / golden, old, new)
+    code, report = verify("train.py", "--as-is", "--steps", "0", "--", *args, cwd=home)
+    assert code == 1 and report["verdict"] == "fail", explain(report)
+    assert failed(report) == {check}, explain(report)
+    where = next(c for c in report["checks"] if c["name"] == check)["where"]
+    assert where and all(w["path"] == "train.py" and w["line"] > 0 for w in where), explain(report)
+
+
+def test_control_image_write_unguarded(tmp_path):
+    """distify writes the image on rank 0 only (os.devnull elsewhere); unguarded, both ranks write it."""
+    home = user_dir(tmp_path, SCRIPTS / "sample_images.py")
+    code, report = verify("train.py", "--steps", "0", "--", "--epochs", "1", cwd=home)
+    assert code == 0 and status(report)["writers"] == "pass", explain(report)
+    assert "samples/epoch_0.pgm (rank 0)" in next(c for c in report["checks"] if c["name"] == "writers")["detail"]
+
+    migrated = subprocess.run([sys.executable, "-m", "distify", "-", "--quiet"], input=(SCRIPTS / "sample_images.py").read_text(),
+                              capture_output=True, text=True, env=clean_env()).stdout
+    old = "open(path if runtime.is_main_process() else os.devnull, \"wb\")"
+    assert migrated.count(old) == 1
+    (home / "train.py").write_text(migrated.replace(old, "open(path, \"wb\")"))
+    code, report = verify("train.py", "--as-is", "--steps", "0", "--", "--epochs", "1", cwd=home)
+    assert code == 1 and failed(report) == {"writers"}, explain(report)
+    assert "samples/epoch_0.pgm was written by ranks [0, 1]" in next(c for c in report["checks"] if c["name"] == "writers")["detail"]
+
+
+@needs_horovod
+def test_control_horovod_broadcast_removed(tmp_path):
+    home = broken(tmp_path, SCENARIOS / "examples_style.horovod.py",
+                  "    hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n", "")
+    code, report = verify("train.py", "--as-is", "--backend", "horovod", "--steps", "4", "--", "--epochs", "1", cwd=home)
+    assert code == 1 and failed(report) == {"params"}, explain(report)
+
+
+def test_random_batches_reported(tmp_path):
+    """Batches drawn with torch.randint: distify's migration keeps one seed for every rank, so every
+    rank trains on the same batches; seeded per rank after the model is built, they differ."""
+    home = user_dir(tmp_path, SCRIPTS / "random_batches.py")
+    code, report = verify("train.py", "--steps", "6", cwd=home)
+    assert code == 1 and failed(report) == {"random"}, explain(report)
+
+    migrated = subprocess.run([sys.executable, "-m", "distify", "-", "--quiet"], input=(SCRIPTS / "random_batches.py").read_text(),
+                              capture_output=True, text=True, env=clean_env()).stdout
+    anchor = "optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)\n"
+    assert migrated.count(anchor) == 1
+    (home / "train.py").write_text(migrated.replace(anchor, anchor + "torch.manual_seed(args.seed + dist.get_rank())\n"))
+    code, report = verify("train.py", "--as-is", "--steps", "6", cwd=home)
+    assert code == 0 and status(report)["random"] == "pass", explain(report)
+
+
+# --- the command itself --------------------------------------------------------------------------
+
+
+HANG = '''\
+import os, sys, time
+import torch
+with open(sys.argv[1], "w") as fh:
+    fh.write(str(os.getpid()))
+time.sleep(600)
+'''
+
+
+def _start_hanging(tmp_path, *options):
+    home = tmp_path / "user"
+    home.mkdir()
+    (home / "hang.py").write_text(HANG)
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    pid_file = tmp_path / "pid"
+    env = clean_env({"TMPDIR": str(tmpdir)})
+    argv = [sys.executable, "-m", "distify", "verify", "hang.py", "--as-is", "--json", *options, "--", str(pid_file)]
+    return subprocess.Popen(argv, cwd=str(home), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), pid_file, tmpdir
+
+
+def _gone(pid: int) -> bool:
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_timeout_kills_the_run_and_cleans_up(tmp_path):
+    proc, pid_file, tmpdir = _start_hanging(tmp_path, "--timeout", "20")
+    out, err = proc.communicate(timeout=300)
+    report = json.loads(out)
+    assert proc.returncode == 1 and status(report)["plain"] == "fail", out + err
+    assert "timed out" in next(c for c in report["checks"] if c["name"] == "plain")["detail"]
+    assert _gone(int(pid_file.read_text())), "the timed-out script is still running"
+    assert list(tmpdir.iterdir()) == [], "the temporary directory was not removed"
+
+
+def test_ctrl_c_kills_the_run_and_cleans_up(tmp_path):
+    proc, pid_file, tmpdir = _start_hanging(tmp_path, "--timeout", "300")
+    deadline = time.monotonic() + 120
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err, out + err
+    assert _gone(int(pid_file.read_text())), "the interrupted script is still running"
+    assert list(tmpdir.iterdir()) == [], "the temporary directory was not removed"
+
+
+def test_cli_never_imports_torch(tmp_path):
+    """The verify command itself (parsing, migrating, judging, reporting) runs without torch."""
+    code = ("import sys\nfrom distify import verify\n"
+            "rc = verify.main(['missing.py'])\n"
+            "assert rc == 2, rc\nassert 'torch' not in sys.modules\n"
+            "r = verify.render_text(verify._report(verify.Plan(__import__('pathlib').Path('t.py'), [], 'ddp', 20, 2, 1, False, False, False, None), [], [], []))\n"
+            "assert 'torch' not in sys.modules\nprint('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), capture_output=True, text=True, env=clean_env())
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_unchanged_script_needs_as_is(tmp_path):
+    home = user_dir(tmp_path, SCENARIOS / "module_level.ddp.py")
+    code, report = verify("train.py", cwd=home)
+    assert code == 1 and failed(report) == {"migrate"} and "--as-is" in report["checks"][0]["detail"]
