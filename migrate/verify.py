@@ -435,6 +435,9 @@ def check_writers(run: Run, events: Dict[int, List[dict]], sources: Sources, rec
     names = ", ".join(f"{shown(p)} (rank {next(iter(by))})" for p, by in sorted(listed.items())[:4])
     more = f" and {len(listed) - 4} more" if len(listed) > 4 else ""
     others = len(writers) - len(listed)
+    if not listed:
+        return Check("writers", title, SKIP, f"no file was written within the steps, only {others} temporary file"
+                                             f"{'s' if others > 1 else ''} a library made and removed")
     more += f" (+{others} temporary file{'s' if others > 1 else ''} already removed)" if others else ""
     return Check("writers", title, PASS, f"{len(listed)} file{'s' if len(listed) != 1 else ''}: {names}{more}")
 
@@ -457,7 +460,7 @@ def check_prefix(runs: Sequence[Run], original: Optional[Run], sources: Sources)
         run, e = bad[0]
         return Check("prefix", title, FAIL, f"{os.path.relpath(e['path'], str(run.sandbox.resolve()))} holds a state_dict whose keys "
                                             "start with 'module.' (save the unwrapped model: model.module)", _where(sources, e.get("site")))
-    return Check("prefix", title, PASS, f"{len({e['path'] for _, e in saves})} torch.save target(s), keys as in the original")
+    return Check("prefix", title, PASS, f"{len({e['path'] for _, e in saves})} torch.save target(s), no 'module.' prefix")
 
 
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
@@ -695,8 +698,11 @@ def _run_all(plan: Plan, tmp: Path, migrated: bytes) -> List[Run]:
         if skip:
             run.skipped = skip
             continue
+        child_tmp = tmp / "tmp" / str(index)  # the launchers' and libraries' temporary files go with ours
+        child_tmp.mkdir(parents=True)
         env = child_env({"DISTIFY_VERIFY_SCRIPT": str(copy), "DISTIFY_VERIFY_RECORDS": str(records),
-                         "DISTIFY_VERIFY_SANDBOX": str(run_dir), "DISTIFY_VERIFY_STEPS": str(plan.steps or 10**12)})
+                         "DISTIFY_VERIFY_SANDBOX": str(run_dir), "DISTIFY_VERIFY_STEPS": str(plan.steps or 10**12),
+                         "TMPDIR": str(child_tmp)})
         if dest:
             env["DISTIFY_VERIFY_SCALE"] = f"{dest}:{plan.nproc}"
         execute(run, workdir, env, plan.timeout, tmp / f"output{index}.log")
