@@ -8,7 +8,6 @@ checked with --as-is. Runs are kept short (small epochs, large batches, few step
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -27,8 +26,6 @@ from e2e_support import SCENARIOS, clean_env  # noqa: E402
 pytestmark = pytest.mark.e2e
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts" / "verify"
-HAVE_HOROVOD = importlib.util.find_spec("horovod") is not None
-needs_horovod = pytest.mark.skipif(not HAVE_HOROVOD, reason="horovod is not installed (run .ci/install-horovod.sh)")
 VERIFY_TIMEOUT = 900
 
 
@@ -80,7 +77,7 @@ STYLES = [
 ]
 
 
-@pytest.mark.parametrize("backend", ["ddp", pytest.param("horovod", marks=needs_horovod)])
+@pytest.mark.parametrize("backend", ["ddp", pytest.param("horovod", marks=pytest.mark.horovod)])
 @pytest.mark.parametrize("name,options,args,evidence", STYLES, ids=[s[0] for s in STYLES])
 def test_verify_passes_distify_migrations(name, options, args, evidence, backend, tmp_path):
     home = user_dir(tmp_path, SCENARIOS / f"{name}.in.py")
@@ -176,7 +173,7 @@ def test_control_image_write_unguarded(tmp_path):
     assert "samples/epoch_0.pgm was written by ranks [0, 1]" in next(c for c in report["checks"] if c["name"] == "writers")["detail"]
 
 
-@needs_horovod
+@pytest.mark.horovod
 def test_control_horovod_broadcast_removed(tmp_path):
     home = broken(tmp_path, SCENARIOS / "examples_style.horovod.py",
                   "    hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n", "")
