@@ -271,3 +271,17 @@ def test_unchanged_script_needs_as_is(tmp_path):
     home = user_dir(tmp_path, SCENARIOS / "module_level.ddp.py")
     code, report = verify("train.py", cwd=home)
     assert code == 1 and failed(report) == {"migrate"} and "--as-is" in report["checks"][0]["detail"]
+
+
+def test_horovod_missing_skips_its_runs_with_a_message(tmp_path):
+    """A horovod that cannot be imported: the Horovod run is skipped with the reason, and the verdict
+    is not a pass (nothing was verified across processes)."""
+    fake = tmp_path / "fake"
+    (fake / "horovod").mkdir(parents=True)
+    (fake / "horovod" / "__init__.py").write_text("raise ImportError('horovod was built without PyTorch support')\n")
+    home = user_dir(tmp_path, SCENARIOS / "module_level.in.py")
+    env = clean_env({"PYTHONPATH": os.pathsep.join(p for p in (str(fake), os.environ.get("PYTHONPATH", "")) if p)})
+    code, report = verify("train.py", "--backend", "horovod", "--steps", "2", cwd=home, env=env)
+    assert code == 1 and report["verdict"] == "fail" and failed(report) == set(), explain(report)
+    launch = next(c for c in report["checks"] if c["name"] == "launch")
+    assert launch["status"] == "skip" and "horovod.torch is not importable" in launch["detail"], explain(report)

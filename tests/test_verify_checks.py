@@ -171,3 +171,30 @@ def test_random_draws_outside_the_loop_are_not_judged():
     assert verify.check_random(loop, SOURCES).status == FAIL
     loop[1] = [dict(k="rand", fn="randint", site=["train.py", 20], w=w, sha=f"r1-{w}") for w in range(3)]
     assert verify.check_random(loop, SOURCES).status == PASS
+
+
+def _report(*checks):
+    plan = verify.Plan(Path("train.py"), [], "ddp", 20, 2, 60.0, False, False, False, None)
+    runs = [verify.Run(label, [], Path("."), Path("."), returncode=0) for label in ("plain python", "2 processes")]
+    return verify._report(plan, list(checks), runs, [])
+
+
+def test_text_and_rich_reports_name_the_failing_line():
+    failing = verify.Check("prints", "log lines are printed once", FAIL, "printed by ranks [0, 1]",
+                           [{"path": "train.py", "line": 53, "source": "print(f'saved {x}')"}])
+    report = _report(verify.Check("migrate", "distify migrates a copy", PASS, "13 changes"), failing)
+    text = verify.render_text(report)
+    assert "FAIL  log lines are printed once" in text and "at train.py:53: print(f'saved {x}')" in text
+    assert text.rstrip().endswith("verdict: FAILED - 1 check failed: log lines are printed once")
+    import io
+
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    verify.render_rich(report, Console(file=buffer, width=200))
+    assert "train.py:53" in buffer.getvalue() and "ranks [0, 1]" in buffer.getvalue()
+
+
+def test_all_passing_report_is_ok():
+    report = _report(verify.Check("params", "ranks agree", PASS, "ok"), verify.Check("order", "order", SKIP, "n/a"))
+    assert report["verdict"] == PASS and "verdict: OK - 1 check holds (1 not applicable)" in verify.render_text(report)
