@@ -345,6 +345,11 @@ def check_shards(events: Dict[int, List[dict]], sources: Sources) -> Check:
     ranks = sorted(events)
     nranks = len(ranks)
     notes = []
+    unseen = [lid for lid in loaders if not any(idx for by in _passes(events, lid).values() for idx, _ in by.values())]
+    if len(unseen) == len(loaders):
+        return Check("shards", title, SKIP, "the training loader yields no sample indices to compare (an IterableDataset "
+                                            "stream, or a sampler of non-integer keys)",
+                     _where(sources, *(loaders[lid]["site"] for lid in unseen)))
     for lid, info in loaders.items():
         where = _where(sources, info["site"])
         for p, by_rank in sorted(_passes(events, lid).items()):

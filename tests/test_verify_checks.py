@@ -198,3 +198,10 @@ def test_text_and_rich_reports_name_the_failing_line():
 def test_all_passing_report_is_ok():
     report = _report(verify.Check("params", "ranks agree", PASS, "ok"), verify.Check("order", "order", SKIP, "n/a"))
     assert report["verdict"] == PASS and "verdict: OK - 1 check holds (1 not applicable)" in verify.render_text(report)
+
+
+def test_shards_of_a_stream_are_not_claimed():
+    events = _loader_events([[], []], None)
+    for evs in events.values():
+        evs[:] = [e for e in evs if e["k"] != "batch"]
+    assert verify.check_shards(events, SOURCES).status == SKIP
