@@ -182,19 +182,21 @@ def test_control_horovod_broadcast_removed(tmp_path):
 
 
 def test_random_batches_reported(tmp_path):
-    """Batches drawn with torch.randint: distify's migration keeps one seed for every rank, so every
-    rank trains on the same batches; seeded per rank after the model is built, they differ."""
+    """Batches drawn with torch.randint: distify re-seeds each rank once the models are built
+    (DST204), so the ranks draw different batches; without that line every rank draws the same."""
     home = user_dir(tmp_path, SCRIPTS / "random_batches.py")
     code, report = verify("train.py", "--steps", "6", cwd=home)
-    assert code == 1 and failed(report) == {"random"}, explain(report)
+    assert code == 0 and status(report)["random"] == "pass", explain(report)
 
     migrated = subprocess.run([sys.executable, "-m", "distify", "-", "--quiet"], input=(SCRIPTS / "random_batches.py").read_text(),
                               capture_output=True, text=True, env=clean_env()).stdout
-    anchor = "optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)\n"
-    assert migrated.count(anchor) == 1
-    (home / "train.py").write_text(migrated.replace(anchor, anchor + "torch.manual_seed(args.seed + dist.get_rank())\n"))
+    reseed = "torch.manual_seed(torch.initial_seed() + dist.get_rank())\n"
+    assert migrated.count(reseed) == 1
+    (home / "train.py").write_text(migrated.replace(reseed, ""))
     code, report = verify("train.py", "--as-is", "--steps", "6", cwd=home)
-    assert code == 0 and status(report)["random"] == "pass", explain(report)
+    assert code == 1 and failed(report) == {"random"}, explain(report)
+    where = next(c for c in report["checks"] if c["name"] == "random")["where"]
+    assert [w["source"] for w in where] == ["ix = torch.randint(len(data), (args.batch_size,))"], explain(report)
 
 
 # --- the command itself --------------------------------------------------------------------------
