@@ -32,7 +32,11 @@ def execute(paths, backend=None, diff=False, check=False, select=None, ignore=No
             fp16_allreduce=None, adasum=None, seed_per_rank=None, standalone=None, max_size=2.0, quiet=False,
             verbose=False, list_rules=False, explain=None, launch=False, nproc=None, nodes=None, port=None,
             version=None, no_cache=False) -> int:
-    """One ``distify`` run from its parsed arguments (the parameters of ``distify.cli.run``); the exit code."""
+    """One ``distify`` run from its parsed arguments (the parameters of ``distify.cli.run``); the exit code.
+
+    An option added to ``distify.cli.run`` is added here too, with typer's default; ``parse_fast``
+    learns it only if plain runs should stay off typer when they use it (tests/test_cache.py
+    compares what both parsers pass)."""
     from distify import config
     from distify.report import Reporter
 
@@ -293,7 +297,22 @@ def main() -> None:
 
         typer_main()
         return
-    guarded(lambda: execute(**args))
+    guarded(lambda: _as_typer_would(args))
+
+
+def _as_typer_would(args: dict) -> int:
+    """``execute`` with the two outcomes typer's main decides itself: Ctrl-C ends with status 130
+    (silently), a closed pipe (``distify --diff ... | head``) with status 1."""
+    import errno
+
+    try:
+        return execute(**args)
+    except KeyboardInterrupt:
+        return 130
+    except OSError as e:
+        if e.errno != errno.EPIPE:
+            raise
+        return 1
 
 
 def guarded(run) -> None:

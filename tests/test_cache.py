@@ -118,7 +118,10 @@ def test_write_mode_rewrites_then_caches_the_result(tmp_path):
 def test_warm_run_neither_parses_nor_imports_libcst(tree):
     files = [p for p in tree.iterdir() if p.name.startswith(("t0", "t1", "t2"))]
     cold = distify("--check", *files, importtime=True)
-    assert "libcst" in imported(cold.stderr)  # control: the check sees a parse
+    cold_mods = imported(cold.stderr)
+    assert "libcst" in cold_mods  # control: the check sees a parse
+    # piped output, plain arguments: no rich, no typer (nor the pydantic it builds), never torch
+    assert not {m for m in cold_mods if m.split(".")[0] in ("rich", "typer", "click", "pydantic", "torch")}
     warm = distify("--check", *files, importtime=True)
     mods = imported(warm.stderr)
     assert "distify.cache" in mods, "importtime output not understood"
@@ -345,3 +348,18 @@ def test_fast_path_and_typer_print_the_same(tmp_path, tree, flags):
 def test_fast_path_and_typer_agree_on_stdin_help_and_errors():
     for args in (["-"], ["--diff", "-"], ["--help"], ["--bogus", "x.py"], ["--backend", "mpi", "x.py"]):
         same(distify(*args, input=CHANGES.read_bytes()), typer_distify(*args, input=CHANGES.read_bytes()))
+
+
+def test_fast_path_and_typer_end_alike_on_a_closed_pipe(tmp_path):
+    """`distify --diff DIR | head -c 1`: typer's main turns the broken pipe into status 1, silently."""
+    for i in range(40):  # more diff than a pipe buffers
+        shutil.copyfile(CHANGES, tmp_path / f"t{i}.py")
+    outcomes = []
+    for cmd in (["-m", "distify"], ["-c", "import sys; from distify.cli import main; main()"]):
+        p = subprocess.Popen([sys.executable, *cmd, "--diff", "-q", str(tmp_path)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        assert p.stdout.read(1) == b"-"
+        p.stdout.close()
+        err = p.stderr.read()
+        outcomes.append((p.wait(timeout=120), err))
+    assert outcomes[0] == outcomes[1] == (1, b"")
