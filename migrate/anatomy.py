@@ -948,6 +948,7 @@ def analyse(module: cst.Module) -> Anatomy:
             bl.via = "pass"
 
     facts = Facts(module, col.calls, col.functions, col.methods, col.stmt_parent, col.stmt_scope, col.assigns)
+    facts.trainers = frozenset(trainers)
 
     def params_of(fn: cst.FunctionDef) -> List[str]:
         return [p.name.value for p in fn.params.params]

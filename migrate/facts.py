@@ -189,6 +189,7 @@ class Facts:
         self._bindings: Dict[int, Dict[str, List[Binding]]] = {}
         self._rank_names: Optional[FrozenSet[str]] = None
         self._trains: Dict[int, bool] = {}
+        self.trainers: FrozenSet[cst.FunctionDef] = frozenset()  # functions that train (set by the anatomy)
 
     # order and nesting -------------------------------------------------------------------
     def order(self, stmt: cst.CSTNode) -> int:
@@ -298,33 +299,23 @@ class Facts:
         return False
 
     # training ----------------------------------------------------------------------------
-    def trains(self, node: cst.CSTNode, depth: int = 0) -> bool:
-        """`node` (a loop, a body, a function) runs ``backward()`` or an optimizer ``step()``,
-        itself or through the functions of this module it calls."""
+    def trains(self, node: cst.CSTNode) -> bool:
+        """`node` (a loop, a body) runs ``backward()`` or an optimizer ``step()``, itself or by
+        calling a function or method of this module that trains (``self.trainers``, the anatomy's
+        ``training_functions``)."""
         key = id(node)
-        if key in self._trains:
-            return self._trains[key]
-        self._trains[key] = False  # recursion guard
-        found = False
-        for n in all_nodes(node):
-            if not isinstance(n, cst.Call):
-                continue
-            if training_call(n):
-                found = True
-                break
-            if depth < 4:
-                scope = node if isinstance(node, cst.FunctionDef) else self._scope_of_node(node)
-                fn = self.callee(n, scope) if scope is not None else None
-                if fn is not None and fn is not node and self.trains(fn, depth + 1):
-                    found = True
-                    break
-        self._trains[key] = found
-        return found
-
-    def _scope_of_node(self, node: cst.CSTNode) -> Optional[Scope]:
-        if node in self.stmt_scope:
-            return self.stmt_scope[node]
-        return None
+        if key not in self._trains:
+            scope = self.stmt_scope.get(node)
+            self._trains[key] = any(
+                training_call(n)
+                or (
+                    isinstance(n, cst.Call)
+                    and scope is not None
+                    and self.callee(n, scope) in self.trainers
+                )
+                for n in all_nodes(node)
+            )
+        return self._trains[key]
 
     def training_loops(self) -> List[cst.CSTNode]:
         """Every for/while loop whose body trains (itself or through a called function)."""
