@@ -94,3 +94,24 @@ def test_fix_hook_rewrites_then_the_fixed_script_commits(tmp_path, hook_rev, pre
     second = _git("commit", "-qm", "add training script", cwd=repo, check=False, env=env)
     assert second.returncode == 0, second.stdout + second.stderr
     assert _git("log", "--oneline", cwd=repo).stdout.count("\n") == 1
+
+
+def test_lint_hook_fails_on_a_mistake_and_passes_once_fixed(tmp_path, hook_rev, precommit_home):
+    """distify-lint on a hand-written DDP script: a missing set_epoch fails the commit (the file
+    untouched); with set_epoch restored the same commit goes through."""
+    good = (ROOT / "tests" / "lint_scripts" / "ddp_trainer.py").read_text()
+    line = "        self.train_data.sampler.set_epoch(epoch)\n"
+    assert line in good
+    repo = _repo(tmp_path, hook_rev, "distify-lint")
+    (repo / "train.py").write_text(good.replace(line, ""))
+    _git("add", ".", cwd=repo)
+    env = _env(precommit_home)
+    subprocess.run([sys.executable, "-m", "pre_commit", "install"], cwd=repo, check=True, capture_output=True, env=env)
+    first = _git("commit", "-qm", "add training script", cwd=repo, check=False, env=env)
+    assert first.returncode != 0, first.stdout + first.stderr
+    assert "DST952" in first.stdout + first.stderr
+    assert (repo / "train.py").read_text() == good.replace(line, "")
+    (repo / "train.py").write_text(good)
+    _git("add", "train.py", cwd=repo)
+    second = _git("commit", "-qm", "add training script", cwd=repo, check=False, env=env)
+    assert second.returncode == 0, second.stdout + second.stderr
