@@ -28,6 +28,9 @@ Stmt = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
 DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 DEVICE = {"torch.device"}
 SAVE = {"torch.save"}
+# methods that write a model, tokenizer or config to disk (or upload it) the Hugging Face way:
+# one writer (rank 0), whoever the receiver is
+SAVE_METHODS = {"save_pretrained", "push_to_hub"}
 LOAD = {"torch.load"}
 TQDM = {
     "tqdm.tqdm",
@@ -117,6 +120,13 @@ class Loader:
     batch_loops: List["BatchLoop"] = field(default_factory=list)
     bound: List[str] = field(default_factory=list)  # names callers bind a helper's returned loader to
     refs: List[Tuple[Scope, str]] = field(default_factory=list)  # every (scope, reference) that reaches it
+    # a family of loaders built by one dict comprehension over constant keys
+    # (`loaders = {x: DataLoader(ds[x]) for x in ["train", "val"]}`): the dict's name, the
+    # comprehension's variable, its keys, and the keys whose loader feeds training
+    family: Optional[str] = None
+    key_var: Optional[str] = None
+    keys: List[str] = field(default_factory=list)
+    train_keys: List[str] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -126,6 +136,10 @@ class BatchLoop:
     cls: Optional[cst.ClassDef]
     ref: str  # the dotted name iterated (e.g. "train_loader", "self.train_loader", a parameter)
     trains: bool  # body contains backward() / optimizer step
+    # `for b in loaders[phase]` inside `for phase in ["train", "val"]`: the keys `ref[...]` takes
+    # and, of those, the ones for which the body reaches backward()/step() (see keyed_loop)
+    keys: Optional[List[str]] = None
+    train_keys: Optional[List[str]] = None
     # "for": `loop` iterates `ref` (maybe through zip/enumerate/tqdm); "next": `loop` draws from `ref`
     # with next(); "pass": `loop` is a generator's pass over its parameter `ref`, whose batches are
     # drawn by a training loop elsewhere
@@ -724,6 +738,187 @@ def global_draws(anatomy: "Anatomy") -> List[GlobalDraw]:
                     out.append(GlobalDraw(loop, scope, draws_by_fn[fn], fn, first))
                     break
     return out
+
+
+def _const_strings(expr: cst.BaseExpression) -> Optional[List[str]]:
+    """["train", "val"] for a list/tuple literal of plain strings, else None."""
+    if not isinstance(expr, (cst.List, cst.Tuple)) or not expr.elements:
+        return None
+    out = []
+    for e in expr.elements:
+        v = e.value
+        if not isinstance(v, cst.SimpleString) or not isinstance(v.evaluated_value, str):
+            return None
+        out.append(v.evaluated_value)
+    return out
+
+
+def loader_family(site: "CallSite") -> Optional[Tuple[str, str, List[str]]]:
+    """(dict name, key variable, keys) when the DataLoader call is the value of
+    `name = {k: DataLoader(...) for k in ["train", "val"]}` (one for, no condition)."""
+    stmt = site.stmt
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
+        return None
+    assign = stmt.body[0]
+    comp = assign.value
+    if not (isinstance(comp, cst.DictComp) and comp.value is site.call and len(assign.targets) == 1):
+        return None
+    name = dotted(assign.targets[0].target)
+    f = comp.for_in
+    if name is None or f.inner_for_in is not None or f.ifs or not isinstance(f.target, cst.Name):
+        return None
+    if not (isinstance(comp.key, cst.Name) and comp.key.value == f.target.value):
+        return None
+    keys = _const_strings(f.iter)
+    return (name, f.target.value, keys) if keys else None
+
+
+def keyed_loop(loop: cst.For, outer: Sequence[cst.For], aliases_q) -> Optional[Tuple[str, List[str], str]]:
+    """(dict reference, keys, key variable) when `loop` iterates `D[v]` (maybe through enumerate/tqdm)
+    and `v` is the variable of an enclosing `for v in ["train", "val"]`."""
+    it = loop.iter
+    while isinstance(it, cst.Call) and ((dotted(it.func) or "") in ITER_FIRST or (aliases_q(it.func) or "") in TQDM or (dotted(it.func) or "").endswith("tqdm")):
+        a = arg(it, 0, "iterable")
+        if a is None:
+            return None
+        it = a.value
+    if not (isinstance(it, cst.Subscript) and len(it.slice) == 1 and isinstance(it.slice[0].slice, cst.Index)):
+        return None
+    key = it.slice[0].slice.value
+    base = dotted(it.value)
+    if base is None or not isinstance(key, cst.Name):
+        return None
+    for f in reversed(list(outer)):
+        if isinstance(f.target, cst.Name) and f.target.value == key.value:
+            keys = _const_strings(f.iter)
+            return (base, keys, key.value) if keys else None
+    return None
+
+
+def trains_for_key(body: cst.CSTNode, var: str, key: str) -> bool:
+    """Whether `body` reaches backward()/step() when `var == key`: branches of `if var == "other"`
+    (or `if var != key`) are skipped, any other condition may hold."""
+
+    def verdict(test: cst.BaseExpression) -> Optional[bool]:
+        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+            left, comp = test.left, test.comparisons[0]
+            right = comp.comparator
+            if isinstance(left, cst.SimpleString):
+                left, right = right, left
+            if dotted(left) == var and isinstance(right, cst.SimpleString) and isinstance(right.evaluated_value, str):
+                equal = right.evaluated_value == key
+                if isinstance(comp.operator, cst.Equal):
+                    return equal
+                if isinstance(comp.operator, cst.NotEqual):
+                    return not equal
+        return None
+
+    found = []
+
+    class V(cst.CSTVisitor):
+        def visit_If(self, node: cst.If) -> bool:
+            v = verdict(node.test)
+            if v is None:
+                return True
+            walk(node.body if v else (node.orelse or cst.IndentedBlock(body=[])), self)
+            return False
+
+        def visit_Call(self, node: cst.Call) -> None:
+            if _is_training_body(node) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("backward", "step"):
+                found.append(node)
+
+    walk(body, V())
+    return bool(found)
+
+
+def stepped_names(calls: Sequence["CallSite"]) -> Set[str]:
+    """Names whose `.step()` is called in a loop (the script has a backward() somewhere)."""
+    out = set()
+    for c in calls:
+        f = c.call.func
+        if isinstance(f, cst.Attribute) and f.attr.value == "step" and c.loops and not c.call.args:
+            d = dotted(f.value)
+            if d is not None:
+                out.add(d)
+    return out
+
+
+def steps_parameters(site: "CallSite", stepped: Set[str]) -> bool:
+    """An optimizer whoever built it (transformers' AdamW, a library's Lamb): the call receives
+    `X.parameters()` (or a list/groups built from it) as its first argument, its result is bound to
+    a name, and that name's `.step()` runs in a loop of a script that calls backward()."""
+    if not stepped or (site.qualname or "").startswith(NOT_OPTIMIZERS):
+        return False
+    target = assigned_name(site.stmt, site.call)
+    if target is None or target not in stepped:
+        return False
+    p = arg(site.call, 0, "params")
+    return p is not None and bool(_parameter_roots(p.value))
+
+
+@dataclass(eq=False)
+class ForeignLoader:
+    """A training loop's data built by a function imported from another module (`from utils import
+    get_training_dataloader`): distify cannot see or shard that loader."""
+
+    loop: BatchLoop
+    name: str  # how the building scope names it
+    call: "CallSite"  # the call that builds it
+    builder: str  # its qualified name ("utils.get_training_dataloader")
+
+
+def foreign_loaders(anatomy: "Anatomy") -> List[ForeignLoader]:
+    """Training batch loops not fed by any DataLoader of this file whose iterable is bound (in the
+    loop's function, in a caller through a parameter, or as a global) from a call of a function
+    imported from a non-torch module."""
+    a = anatomy
+    own = {id(bl) for l in a.loaders for bl in l.batch_loops}
+    out: List[ForeignLoader] = []
+    seen = set()
+    for bl in _training_loops(a):
+        if id(bl) in own or bl.via == "pass" or bl.loop in seen:
+            continue
+        origin = _origin_call(a, bl.scope, bl.ref, 0)
+        if origin is None:
+            continue
+        site, name = origin
+        q = site.qualname or ""
+        root = q.split(".")[0]
+        if not q or root in ("torch", "builtins") or (dotted(site.call.func) or "") in a.functions:
+            continue
+        seen.add(bl.loop)
+        out.append(ForeignLoader(bl, name, site, q))
+    return out
+
+
+def _training_loops(a: "Anatomy") -> List[BatchLoop]:
+    return [bl for bl in a.batch_loops if bl.trains]
+
+
+def _origin_call(a: "Anatomy", scope: Scope, name: str, depth: int):
+    """(call site, name) of the call whose result `name` holds in `scope`: an assignment there, or
+    through the parameter callers bind, or a module-level global."""
+    if depth > 4 or "." in name or "[" in name:
+        return None
+    if isinstance(scope, cst.FunctionDef) and name in a.facts.params(scope):
+        for site in a.facts.callers(scope):
+            v = a.facts.bound_value(site.call, scope, name)
+            if v is not None and dotted(v) is not None:
+                found = _origin_call(a, site.scope, dotted(v), depth + 1)
+                if found is not None:
+                    return found
+        return None
+    for c in a.calls:
+        if c.scope is scope and isinstance(c.stmt, cst.SimpleStatementLine) and len(c.stmt.body) == 1:
+            small = c.stmt.body[0]
+            if isinstance(small, cst.Assign) and small.value is c.call and len(small.targets) == 1:
+                t = small.targets[0].target
+                names = [dotted(t)] if dotted(t) else [dotted(e.value) for e in getattr(t, "elements", [])]
+                if name in names:
+                    return c, name
+    if isinstance(scope, cst.FunctionDef) and name not in a.facts.bindings(scope):
+        return _origin_call(a, a.module, name, depth + 1)
+    return None
 # --- end of data flow -------------------------------------------------------------------------------
 
 
@@ -754,6 +949,7 @@ class Anatomy:
     # (scope, name) -> the other (scope, name) pairs its value flows to: arguments to parameters (also
     # through `Cls(...)` into `__init__`), returns to the caller's names, `self.x = name(.to(dev))`
     flow_from: Optional[object] = None
+    batch_loops: List[BatchLoop] = field(default_factory=list)  # every loop over an iterable (see BatchLoop)
     want_positions: bool = True  # False when nothing will show them (--quiet): skips a costly pass
     _positions: Optional[dict] = None
     _order: Optional[dict] = None
@@ -819,6 +1015,14 @@ class Anatomy:
                 ):
                     return c.call
         return None
+
+    def save_sites(self) -> List[CallSite]:
+        """Checkpoint writes: torch.save(...) and `x.save_pretrained(...)` / `x.push_to_hub(...)`."""
+        return [
+            c for c in self.calls
+            if c.qualname in SAVE
+            or (isinstance(c.call.func, cst.Attribute) and c.call.func.attr.value in SAVE_METHODS)
+        ]
 
     def calls_to(self, names: Set[str]) -> List[CallSite]:
         return [c for c in self.calls if c.qualname in names]
@@ -924,7 +1128,11 @@ def analyse(module: cst.Module) -> Anatomy:
             continue
         target = assigned_name(c.stmt, c.call)
         ds = arg(c.call, 0, "dataset")
-        loaders.append(Loader(call=c, target=target, dataset=ds.value if ds else None))
+        loader = Loader(call=c, target=target, dataset=ds.value if ds else None)
+        fam = loader_family(c)
+        if fam is not None:
+            loader.family, loader.key_var, loader.keys = fam
+        loaders.append(loader)
 
     # batch loops ----------------------------------------------------------------------------
     batch_loops: List[BatchLoop] = []
@@ -935,6 +1143,14 @@ def analyse(module: cst.Module) -> Anatomy:
             if trains is None:
                 trains = body_trains(loop.body, trainers, col.functions, col.methods, cls)
             batch_loops.append(BatchLoop(loop=loop, scope=scope, cls=cls, ref=ref, trains=trains))
+    for loop, scope, cls, outer in col.fors:
+        keyed = keyed_loop(loop, outer, q)
+        if keyed is not None:
+            base, keys, var = keyed
+            trains_for = [k for k in keys if trains_for_key(loop.body, var, k)]
+            batch_loops.append(
+                BatchLoop(loop=loop, scope=scope, cls=cls, ref=base, trains=bool(trains_for), keys=keys, train_keys=trains_for)
+            )
     for c, ref in next_consumers(col.calls):
         loop = c.loops[-1]
         trains = body_trains(loop.body, trainers, col.functions, col.methods, c.cls)
@@ -1012,6 +1228,8 @@ def analyse(module: cst.Module) -> Anatomy:
 
     def refs_of(loader: Loader) -> List[Ref]:
         out: List[Ref] = []
+        if loader.family is not None:
+            return spread(placed(loader.call, loader.family, None))
         if loader.target is not None:
             if loader.target.startswith("self."):
                 cls = loader.call.cls
@@ -1077,6 +1295,8 @@ def analyse(module: cst.Module) -> Anatomy:
         """Where the value `name` holds in `scope` is also reachable (see `spread`), itself excluded."""
         return [(s, r) for s, r, _ in spread([(scope, name, None)]) if not (s is scope and r == name)]
 
+    all_batch_loops = batch_loops
+
     for loader in loaders:
         refs = refs_of(loader)
         loader.refs = [(s, r) for s, r, _o in refs]
@@ -1085,6 +1305,10 @@ def analyse(module: cst.Module) -> Anatomy:
             hit = [o for s, r, o in refs if bl.scope is s and bl.ref == r]
             if hit:
                 loader.batch_loops.append(bl)
+        if loader.family is not None:
+            keyed = [bl for bl in loader.batch_loops if bl.keys is not None and set(bl.keys) <= set(loader.keys)]
+            loader.batch_loops = keyed
+            loader.train_keys = sorted({k for bl in keyed for k in bl.train_keys or ()})
         if any(bl.trains for bl in loader.batch_loops if bl.via != "pass"):
             for bl in loader.batch_loops:
                 if bl.via == "pass":
@@ -1129,6 +1353,13 @@ def analyse(module: cst.Module) -> Anatomy:
             if not bl.trains or bl.via == "next":
                 continue  # a loop drawing with next() has no passes of its own
             outer = [f for f in enclosing_fors(bl.loop) if f is not bl.loop]
+            if bl.keys is not None:
+                # the loop over the phases is not the epoch loop: the one around it is
+                outer = [f for f in outer if not (isinstance(f.target, cst.Name) and keyed_loop(bl.loop, (f,), q))]
+                if loader.train_keys and len(loader.train_keys) == 1 and outer:
+                    ep = outer[-1]
+                    found.append(EpochLoop(ep, bl.scope, bl.cls, _loop_var(ep), f'{bl.ref}["{loader.train_keys[0]}"]'))
+                continue
             if bl.via == "pass" and not outer:
                 # `while True: for b in loader: yield b`: count the passes in the generator
                 found.append(EpochLoop(bl.loop, bl.scope, bl.cls, None, bl.ref, counted=bl.loop))
@@ -1162,11 +1393,13 @@ def analyse(module: cst.Module) -> Anatomy:
 
     # optimizers and models ------------------------------------------------------------------
     optimizers: List[Optimizer] = []
+    stepped = stepped_names(col.calls) if col.has_backward else set()
     for c in col.calls:
         qn = c.qualname or ""
         if not qn.startswith("torch.optim.") or qn.startswith(NOT_OPTIMIZERS):
-            continue
-        if len(qn.split(".")) != 3 or not qn.split(".")[2][:1].isupper():
+            if not steps_parameters(c, stepped):
+                continue
+        elif len(qn.split(".")) != 3 or not qn.split(".")[2][:1].isupper():
             continue
         target = assigned_name(c.stmt, c.call)
         p = arg(c.call, 0, "params")
@@ -1217,6 +1450,7 @@ def analyse(module: cst.Module) -> Anatomy:
         ifexps=col.ifexps,
         facts=facts,
         flow_from=flow_from,
+        batch_loops=all_batch_loops,
     )
 
 

@@ -451,6 +451,25 @@ class Facts:
             )
         ]
 
+    def keeps(self, stmt: cst.CSTNode, name: str) -> bool:
+        """`stmt` rebinds `name` to the object it held: `name = name.to(device)` (see keeps_object),
+        or `name = f(..., name, ...)` where the module function f returns that parameter on every
+        return (`model_ft = train_model(model_ft, ...)` ending in `return model`)."""
+        if keeps_object(stmt, name):
+            return True
+        if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+            return False
+        small = stmt.body[0]
+        if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and dotted(small.targets[0].target) == name):
+            return False
+        call = small.value
+        fn = self.functions.get(dotted(call.func) or "") if isinstance(call, cst.Call) else None
+        if fn is None:
+            return False
+        params = [p for p in self.params(fn) if (a := self.bound_value(call, fn, p)) is not None and dotted(a) == name]
+        returns = [n for n in all_nodes(fn.body, skip_nested=True) if isinstance(n, cst.Return)]
+        return bool(params) and bool(returns) and all(r.value is not None and dotted(r.value) in params for r in returns)
+
     def holds(self, scope: Scope, name: str, since: cst.CSTNode, use: cst.CSTNode) -> str:
         """Whether `name` at statement `use` still holds the object statement `since` gave it:
         "yes" (no binding in between), "no" (a binding in between runs on every path to `use`),
@@ -461,7 +480,7 @@ class Facts:
         use_parents = self.stmt_parent.get(use, ())
         since_parents = self.stmt_parent.get(since, ())
         for stmt in self.rebindings(scope, name):
-            if stmt is since or self.order(stmt) < self.order(since) or keeps_object(stmt, name):
+            if stmt is since or self.order(stmt) < self.order(since) or self.keeps(stmt, name):
                 continue
             if stmt in use_parents:
                 return "no"  # `for model in ...:` / `with ... as model:` around the use

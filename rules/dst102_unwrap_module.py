@@ -6,7 +6,7 @@ from typing import List, Tuple
 
 import libcst as cst
 
-from distify.anatomy import MODULE_API, STATE_API, dotted, keeps_object
+from distify.anatomy import MODULE_API, STATE_API, dotted
 from distify.rules.base import DDP_BACKEND, Context, Rule, reaching_scopes
 from distify.walk import walk
 
@@ -118,7 +118,7 @@ def _still_wrapped(a, model, anchor, scope, name, stmt, mode):
     if mode == "module" and not name.startswith("self."):
         # a function reading the global may run before or after a later rebinding
         if any(
-            a.is_before(anchor, s) and not keeps_object(s, model.name)
+            a.is_before(anchor, s) and not a.facts.keeps(s, model.name)
             for s in a.rebindings(model.scope, model.name)
             if s is not anchor
         ):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import arg, dotted
+from distify.anatomy import arg, dotted, foreign_loaders
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, loader_stem
 from distify.rules.dst203_shard_eval import eval_plans, shard_eval_enabled
 from distify.rules.dst910_iterable_dataset import is_iterable_dataset
@@ -45,6 +45,7 @@ class DistributedSamplerRule(Rule):
 
     def apply(self, ctx: Context) -> None:
         samplers = ctx.state.setdefault("samplers", {})
+        self._foreign(ctx)
         plans = eval_plans(ctx)
         sharding = shard_eval_enabled(ctx)
         for loader in ctx.anatomy.loaders:
@@ -68,6 +69,9 @@ class DistributedSamplerRule(Rule):
                     "<loader>.sampler.set_epoch(epoch) each epoch",
                 )
             if loader.role != "train":
+                continue
+            if loader.family is not None:
+                self._family(ctx, loader, samplers)
                 continue
             call = loader.call.call
             existing = ctx.anatomy.sampler_call(loader)
@@ -143,6 +147,73 @@ class DistributedSamplerRule(Rule):
             ctx.report(self.code, call, f"{label} now shards its dataset with DistributedSampler{moved}")
 
 
+    def _foreign(self, ctx: Context) -> None:
+        """Training data built by a function of another module: say where, and what to add there."""
+        for f in foreign_loaders(ctx.anatomy):
+            module, _, func = f.builder.rpartition(".")
+            ctx.warn(
+                self.code, f.call.call,
+                f"{f.name} feeds the training loop but is built by {f.builder}() in another module, which distify "
+                f"does not rewrite: every rank would read all of it. In {module or 'that module'}, build its DataLoader "
+                f"with sampler=DistributedSampler(dataset, shuffle=...) instead of shuffle=, and call "
+                f"{f.name}.sampler.set_epoch(epoch) at the start of each epoch",
+            )
+
+    def _family(self, ctx: Context, loader, samplers) -> None:
+        """`loaders = {x: DataLoader(ds[x], shuffle=True) for x in ["train", "val"]}` with one training
+        key: a DistributedSampler for that key's dataset, built before the dict; the other keys keep
+        their loader as it was (evaluated whole on every rank)."""
+        call = loader.call.call
+        keys, var = loader.train_keys, loader.key_var
+        label = f"{loader.family} (built for {', '.join(repr(k) for k in loader.keys)})"
+        if len(keys) != 1 or len(keys) == len(loader.keys):
+            ctx.warn(
+                self.code, call,
+                f"{label}: the loaders of {', '.join(map(repr, keys))} all train; not sharded: build each training "
+                "loader with sampler=DistributedSampler(dataset) and call its set_epoch(epoch) each epoch",
+            )
+            return
+        if loader.dataset is None or arg(call, 5, "sampler") is not None or arg(call, 6, "batch_sampler") is not None:
+            ctx.warn(self.code, call, f"{label}: not sharded (no dataset argument, or a sampler already)")
+            return
+        if any(x.star for x in call.args) or len([x for x in call.args if x.keyword is None]) > 2:
+            ctx.warn(self.code, call, f"{label}: not sharded (shuffle passed by position or arguments unpacked)")
+            return
+        key = keys[0]
+        quoted = '"' + key + '"'
+        dataset = _substitute(loader.dataset, var, cst.SimpleString(quoted))
+        cls = ctx.imported("torch.utils.data.distributed", "DistributedSampler", "DistributedSampler")
+        extra = f", num_replicas={ctx.hvd}.size(), rank={ctx.hvd}.rank()" if ctx.backend == HOROVOD_BACKEND else ""
+        shuffle_arg = arg(call, None, "shuffle")
+        shuffle_src = ctx.code(shuffle_arg.value) if shuffle_arg is not None else "False"
+        sname = ctx.fresh(f"{key}_sampler" if key.isidentifier() else "train_sampler")
+        stmt = loader.call.stmt
+        ctx.edits.insert_before(stmt, ctx.stmts(f"{sname} = {cls}({ctx.code(dataset)}{extra}, shuffle={shuffle_src})"))
+        is_true = shuffle_arg is not None and isinstance(shuffle_arg.value, cst.Name) and shuffle_arg.value.value == "True"
+        others = f"{var} != {quoted}"
+        new_shuffle = None
+        if shuffle_arg is not None:
+            new_shuffle = cst.parse_expression(others if is_true else f"({shuffle_src}) and {others}")
+        sampler_value = cst.parse_expression(f"{sname} if {var} == {quoted} else None")
+
+        def rewrite(node: cst.Call, new_shuffle=new_shuffle, sampler_value=sampler_value) -> cst.Call:
+            if new_shuffle is not None:
+                node = node.with_changes(
+                    args=[
+                        x.with_changes(value=new_shuffle) if x.keyword is not None and x.keyword.value == "shuffle" else x
+                        for x in node.args
+                    ]
+                )
+            return add_kwarg(node, "sampler", sampler_value)
+
+        ctx.edits.replace(call, rewrite)
+        samplers[loader] = sname
+        ctx.report(
+            self.code, call,
+            f"{loader.family}[{quoted}] now shards its dataset with DistributedSampler; "
+            f"{', '.join(repr(k) for k in loader.keys if k != key)} left whole (evaluated on every rank)",
+        )
+
     def _adapt(self, ctx: Context, loader, sampler: cst.Call, samplers) -> None:
         """A DistributedSampler is already there: give it what the backend needs, reuse it."""
         a = arg(loader.call.call, 5, "sampler")
@@ -159,6 +230,22 @@ class DistributedSamplerRule(Rule):
             ),
         )
         ctx.report(self.code, sampler, "DistributedSampler shards by Horovod rank and size")
+
+
+def _substitute(expr: cst.BaseExpression, name: str, value: cst.BaseExpression) -> cst.BaseExpression:
+    """`expr` with every Name `name` replaced by `value` (image_datasets[x] -> image_datasets["train"])."""
+
+    class T(cst.CSTTransformer):
+        def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+            return value if updated.value == name else updated
+
+        def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+            return updated.with_changes(attr=original.attr)  # `ds.x` keeps its attribute name
+
+        def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+            return updated.with_changes(keyword=original.keyword)
+
+    return expr.visit(T())
 
 
 def _is_assignment(stmt: cst.CSTNode, call: cst.Call) -> bool:

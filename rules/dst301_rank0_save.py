@@ -10,7 +10,8 @@ class Rank0Save(Rule):
     """Write checkpoints from the main process only.
 
     What it does:
-        Puts every ``torch.save(...)`` statement under ``if runtime.is_main_process():`` (or
+        Puts every ``torch.save(...)`` statement (and every ``x.save_pretrained(...)`` /
+        ``x.push_to_hub(...)`` of a Hugging Face model or tokenizer) under ``if runtime.is_main_process():`` (or
         ``hvd.rank() == 0``); when the save is the only statement of an ``if``, the condition is
         extended instead: ``if args.save_model and runtime.is_main_process():``.
 
@@ -32,11 +33,12 @@ class Rank0Save(Rule):
     summary = "save checkpoints on rank 0 only"
 
     def apply(self, ctx: Context) -> None:
-        for site in ctx.anatomy.calls_to(SAVE):
+        for site in ctx.anatomy.save_sites():
             if not call_statement(site.stmt, site.call) or ctx.in_rank_guard(site.stmt):
                 continue
+            what = "torch.save" if site.qualname in SAVE else f"{site.call.func.attr.value}()"
             if ctx.guard_statement(site.stmt):
-                ctx.report(self.code, site.call, "torch.save runs on the main process only")
+                ctx.report(self.code, site.call, f"{what} runs on the main process only")
 
 
 RULE = Rank0Save()

@@ -63,6 +63,9 @@ SPEC = {
     "tqdm_bar_in_epoch": dict(train=[0], shuffled=[], whole=[], log=r"^epoch \d+"),
     "trainer_run_epoch": dict(train=[0], shuffled=[0], whole=[], log=r"^(epoch|Epoch) \d+"),
     "endless_generator": dict(train=[0], shuffled=[0], whole=[1], log=r"^iter \d+"),
+    # save_pretrained("final.pt") writes a directory
+    "hf_style_local": dict(train=[0], shuffled=[], whole=[1], log=r"^epoch \d+", checkpoint="final.pt/pytorch_model.bin"),
+    "phase_dict_loaders": dict(train=[0], shuffled=[0], whole=[1], log=r"^epoch \d+"),
     "randint_get_batch": dict(train=[], shuffled=[], whole=[], draws=True, log=r"^step \d+"),
 }
 
@@ -240,14 +243,19 @@ def check_shards(name, loaders: dict, spec: dict) -> None:
                 for a, b in zip(orders, orders[1:]):
                     assert a != b, f"{name}: rank {r} read shuffled loader #{lid} in the same order in two passes (set_epoch missing)"
     for lid in spec["whole"]:
-        # evaluated whole: by every rank, or by rank 0 alone when its result is only printed there
+        # evaluation: read whole by every rank that evaluates (rank 0 at least: a result only printed
+        # there may be computed there alone), or sharded without padding and overlap (DST203)
         assert _passes(loaders[ranks[0]], lid), f"{name}: rank {ranks[0]} never evaluated loader #{lid}"
-        for r in ranks:
-            passes = _passes(loaders[r], lid)
-            for k, rec in passes.items():
-                assert sorted(rec["indices"]) == list(range(rec["size"])), (
-                    f"{name}: rank {r} did not read evaluation loader #{lid} whole in pass {k}"
-                )
+        per_rank = {r: _passes(loaders[r], lid) for r in ranks}
+        for k, rec in per_rank[ranks[0]].items():
+            size = rec["size"]
+            reads = [sorted(per_rank[r][k]["indices"]) for r in ranks if k in per_rank[r]]
+            whole = all(x == list(range(size)) for x in reads)
+            sharded = len(reads) == len(ranks) and sorted(i for x in reads for i in x) == list(range(size))
+            assert whole or sharded, (
+                f"{name}: evaluation loader #{lid} in pass {k} was neither read whole by each rank nor sharded "
+                f"exactly once over the ranks: {[len(x) for x in reads]} of {size}"
+            )
 
 
 def check_draws(name, loaders: dict) -> None:
@@ -293,7 +301,7 @@ def original(tmp_path_factory):
         if (name, batch) not in cache:
             workdir = tmp_path_factory.mktemp(f"{name}-orig-{batch}")
             run_dir, loaders, params, result = _run("python", CORPUS / f"{name}.in.py", workdir, batch)
-            cache[name, batch] = (load_state(run_dir / "final.pt"), result.output)
+            cache[name, batch] = (load_state(run_dir / SPEC[name].get("checkpoint", "final.pt")), result.output)
         return cache[name, batch]
 
     return get
@@ -322,7 +330,7 @@ def _check(name, backend, launcher, original, tmp_path):
     expected = _log_lines(output_2b, spec["log"])
     assert expected, f"{name}: the original printed no log lines matching {spec['log']!r}"
     assert len(lines) == len(expected), f"{name} ({backend}): {len(lines)} log lines, the original printed {len(expected)}"
-    saved = load_state(run_dir / "final.pt")
+    saved = load_state(run_dir / spec.get("checkpoint", "final.pt"))
     assert set(saved) == set(weights_b), f"{name} ({backend}): checkpoint keys {sorted(saved)} != original {sorted(weights_b)}"
     if "equivalent" in _tags(CORPUS / f"{name}.in.py"):
         assert_same_weights(original(name, NPROC * B)[0], saved, atol=1e-5, label=f"{name} {backend} vs batch {NPROC * B}")
@@ -402,3 +410,27 @@ def test_control_randint_without_reseed(tmp_path):
     _, loaders, _, _ = _run("torchrun", script, tmp_path)
     with pytest.raises(AssertionError, match="drew the same batch"):
         check_draws("control", loaders)
+
+
+def test_control_phase_dict_unsharded(tmp_path):
+    """{x: DataLoader(...) for x in ["train", "val"]}: with the train key's sampler taken out again,
+    both ranks read the whole training set."""
+    script = _broken(
+        "phase_dict_loaders", tmp_path,
+        lambda t: t.replace('shuffle=x != "train", sampler=train_sampler if x == "train" else None)', "shuffle=True)").replace(
+            'dataloaders["train"].sampler.set_epoch(epoch)\n', "pass\n"
+        ),
+    )
+    _, loaders, _, _ = _run("torchrun", script, tmp_path)
+    with pytest.raises(AssertionError, match="loader #0 in pass 0: the loader is not sharded"):
+        check_shards("control", loaders, SPEC["phase_dict_loaders"])
+
+
+def test_control_hf_loader_unsharded(tmp_path):
+    """transformers-style loop (an AdamW over model.parameters() that steps after backward): the
+    whole migration hangs on recognising that loop as training; with the training loader's sampler
+    taken out again the spy sees both ranks read the same samples."""
+    script = _broken("hf_style_local", tmp_path, lambda t: t.replace(", sampler=train_data_sampler)", ")"))
+    _, loaders, _, _ = _run("torchrun", script, tmp_path)
+    with pytest.raises(AssertionError, match="loader #0 in pass 0: the loader is not sharded"):
+        check_shards("control", loaders, SPEC["hf_style_local"])
