@@ -853,7 +853,15 @@ def steps_parameters(site: "CallSite", stepped: Set[str]) -> bool:
     if target is None or target not in stepped:
         return False
     p = arg(site.call, 0, "params")
-    return p is not None and bool(_parameter_roots(p.value))
+    if p is None or (site.qualname or "").startswith("horovod."):
+        return False
+    inner = p.value
+    if isinstance(inner, cst.Call) and not (
+        (isinstance(inner.func, cst.Attribute) and inner.func.attr.value in ("parameters", "named_parameters"))
+        or dotted(inner.func) in ("list", "tuple", "filter", "itertools.chain", "chain")
+    ):
+        return False  # a wrapper around an optimizer built inline (hvd.DistributedOptimizer(SGD(...)), Lookahead(...))
+    return bool(_parameter_roots(p.value))
 
 
 @dataclass(eq=False)
