@@ -315,29 +315,11 @@ _AFTER_TORCH_IMPORT = '''\
 """Test-only sitecustomize written by tests/e2e_support.py (sitecustomize_env)."""
 import sys
 
+from distify._probe._distify_import_hook import after_import
+
 
 def _after_torch_import(patch):
-    class _TorchImportHook:
-        def find_spec(self, name, path=None, target=None):
-            if name != "torch":
-                return None
-            # one shot: remove ourselves, then let the normal finders locate torch
-            sys.meta_path.remove(self)
-            import importlib.util
-
-            spec = importlib.util.find_spec("torch")
-            if spec is None or spec.loader is None:
-                return spec
-            real_exec = spec.loader.exec_module
-
-            def exec_module(module):
-                real_exec(module)
-                patch(module)
-
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, _TorchImportHook())
+    after_import("torch", patch)
 '''
 
 

@@ -469,26 +469,6 @@ if _ACTIVE:
             except Exception:  # noqa: BLE001
                 pass
 
-    def _after_torch_import(patch):
-        class _TorchImportHook:
-            def find_spec(self, name, path=None, target=None):
-                if name != "torch":
-                    return None
-                sys.meta_path.remove(self)
-                import importlib.util
+    from _distify_import_hook import after_import
 
-                spec = importlib.util.find_spec("torch")
-                if spec is None or spec.loader is None:
-                    return spec
-                real_exec = spec.loader.exec_module
-
-                def exec_module(module):
-                    real_exec(module)
-                    patch(module)
-
-                spec.loader.exec_module = exec_module
-                return spec
-
-        sys.meta_path.insert(0, _TorchImportHook())
-
-    _after_torch_import(_patch_torch)
+    after_import("torch", _patch_torch)
