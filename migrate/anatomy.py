@@ -176,6 +176,7 @@ class Model:
     place: Stmt  # last statement before the optimizer that moves it (== assign when in place)
     optimizer: Optimizer
     assign_node: Optional[cst.Assign] = None  # the Assign itself (a line may hold several)
+    stands_for: Optional[str] = None  # the optimizer's root it is wrapped for (`raw_model = model`)
 
 
 def resolve(aliases: Dict[str, str], expr: cst.BaseExpression) -> Optional[str]:
@@ -1424,6 +1425,9 @@ def analyse(module: cst.Module) -> Anatomy:
             if key in seen_models:
                 continue
             m = _find_model(col, opt, root)
+            compiled = _compiled_alias(col, opt, m) if m is not None else None
+            if compiled is not None:
+                m = compiled
             if m is not None:
                 seen_models.add(key)
                 models.append(m)
@@ -1521,6 +1525,30 @@ def through_data_parallel(qualname, expr: cst.BaseExpression) -> cst.BaseExpress
     return expr
 
 
+COMPILE = {"torch.compile"}
+
+
+def compiled_module(qualname, expr: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
+    """The module `torch.compile(module, ...)` compiles (None when `expr` is no such call)."""
+    if isinstance(expr, cst.Call) and qualname(expr.func) in COMPILE:
+        a = arg(expr, 0, "model")
+        if a is not None and not a.star:
+            return a.value
+    return None
+
+
+def through_compile(qualname, expr: cst.BaseExpression) -> cst.BaseExpression:
+    """`expr` with a `torch.compile(...)` around it looked through (the module it compiles)."""
+    inner = compiled_module(qualname, expr)
+    return inner if inner is not None else expr
+
+
+def compiles_model(qualname, expr: cst.BaseExpression, root: str) -> bool:
+    """`torch.compile(root, ...)`: the name keeps the same module, compiled (its parameters are the
+    module's own; the wrapper goes around the compiled module, as PyTorch advises for DDP)."""
+    return dotted(compiled_module(qualname, expr)) == root
+
+
 def moves_model(qualname, expr: cst.BaseExpression, root: str) -> bool:
     """`root.to(...)` / `root.cuda(...)`, also through DataParallel: `nn.DataParallel(root).cuda()`,
     `nn.DataParallel(root.to(device))`."""
@@ -1548,8 +1576,10 @@ def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
         if sc is opt.call.scope and not _before(col, s, opt_stmt):
             continue
         v = a.value
-        if moves_model(col.qualname, v, root):
-            place = s  # model = model.to(device), also `model = nn.DataParallel(model).to(device)`
+        if moves_model(col.qualname, v, root) or compiles_model(col.qualname, v, root):
+            # model = model.to(device), also `model = nn.DataParallel(model).to(device)`, and
+            # model = torch.compile(model): the wrap goes after it (compile first, then wrap)
+            place = s
             if assign_stmt is None:
                 rebinding = (s, v, a)
             continue
@@ -1575,6 +1605,9 @@ def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
             if isinstance(small, cst.Expr) and small.value is c.call:
                 if _before(col, place, c.stmt) and _before(col, c.stmt, opt_stmt):
                     place = c.stmt
+    late = _late_move(col, opt, root, assign_stmt)
+    if late is not None:
+        place = late
     if place is not assign_stmt:
         # a move nested deeper than the construction (`if args.cuda: model.cuda()`): the wrap goes
         # after the enclosing statement at the construction's level, so it happens on every path
@@ -1593,6 +1626,60 @@ def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
         optimizer=opt,
         assign_node=assign_node,
     )
+
+
+def _late_move(col: _Collector, opt: Optimizer, root: str, assign_stmt: cst.CSTNode) -> Optional[cst.CSTNode]:
+    """The last move of `root` to its device after its optimizer is built (`model =
+    model.to(device)`, `model.cuda()`), when it comes before any loop that follows the optimizer,
+    at the construction's level, in the optimizer's scope. ``Module.to()`` moves the parameters in
+    place (the same Parameter objects the optimizer holds), so wrapping after such a move is as
+    correct as before it; a move inside or after a loop is not taken (DST908 refuses it)."""
+    if root.startswith("self."):
+        return None
+    opt_stmt = opt.call.stmt
+    level = col.stmt_parent.get(assign_stmt, ())
+    late = None
+    for stmt, parents in col.stmt_parent.items():
+        if col.stmt_scope.get(stmt) is not opt.call.scope or not _before(col, opt_stmt, stmt):
+            continue
+        if isinstance(stmt, (cst.For, cst.While)):
+            break  # the loops that train: a move after one of them is no setup step
+        if parents != level or not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+            continue
+        small = stmt.body[0]
+        if isinstance(small, cst.Expr) and moves_model(col.qualname, small.value, root):
+            late = stmt
+        elif (
+            isinstance(small, cst.Assign)
+            and len(small.targets) == 1
+            and dotted(small.targets[0].target) == root
+            and moves_model(col.qualname, small.value, root)
+        ):
+            late = stmt
+    return late
+
+
+def _compiled_alias(col: _Collector, opt: Optimizer, m: Model) -> Optional[Model]:
+    """`raw_model = model` then `model = torch.compile(model)`, the optimizer built on raw_model's
+    parameters: training calls `model`, so `model` is what gets wrapped (after the compile),
+    while raw_model stays the plain module (its state_dict keeps the original's keys)."""
+    other = dotted(m.value) if isinstance(m.value, cst.Name) else None
+    if other is None or other == m.name or m.name.startswith("self."):
+        return None
+    for a, s, sc, _cls in col.assigns:
+        if (
+            sc is m.scope
+            and len(a.targets) == 1
+            and dotted(a.targets[0].target) == other
+            and compiles_model(col.qualname, a.value, other)
+            and _before(col, m.assign, s)
+            and _before(col, s, opt.call.stmt)
+        ):
+            found = _find_model(col, opt, other)
+            if found is not None:
+                found.stands_for = m.name
+            return found
+    return None
 
 
 def _before(col: _Collector, a: cst.CSTNode, b: cst.CSTNode) -> bool:

@@ -482,6 +482,8 @@ class Facts:
         for stmt in self.rebindings(scope, name):
             if stmt is since or self.order(stmt) < self.order(since) or self.keeps(stmt, name):
                 continue
+            if since in self.stmt_parent.get(stmt, ()):
+                continue  # inside `since` itself (`if args.compile: model = torch.compile(model)`)
             if stmt in use_parents:
                 return "no"  # `for model in ...:` / `with ... as model:` around the use
             parents = self.stmt_parent.get(stmt, ())

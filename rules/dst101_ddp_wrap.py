@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from distify.anatomy import DDP, assigned_name, dotted, moves_to_device, through_data_parallel
+from distify.anatomy import DDP, assigned_name, dotted, moves_to_device, through_compile, through_data_parallel
 from distify.rules.base import DDP_BACKEND, Context, Rule
 
 
@@ -56,6 +56,7 @@ class WrapDDP(Rule):
             ddp = ctx.ddp
             # a model that is never moved to a device stays on the CPU: no device_ids then
             value = through_data_parallel(ctx.anatomy.qualname, model.value)  # DST902 drops DataParallel
+            value = through_compile(ctx.anatomy.qualname, value)  # DDP(torch.compile(Net().to(device)))
             placed = model.place is not model.assign or moves_to_device(value)
             ids = f", device_ids={ctx.runtime}.device_ids()" if placed else ""
             if model.place is model.assign and model.value is not None and model.assign_node is not None:

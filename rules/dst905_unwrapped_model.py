@@ -30,7 +30,7 @@ class UnwrappedModel(Rule):
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
         found = {id(m.optimizer) for m in a.models}
-        named = {(id(m.optimizer), m.name) for m in a.models}
+        named = {(id(m.optimizer), n) for m in a.models for n in (m.name, m.stands_for) if n}
         for opt in a.optimizers:
             missing = [r for r in opt.models if (id(opt), r) not in named]
             if not opt.models:

@@ -2,41 +2,82 @@
 
 from __future__ import annotations
 
-from distify.rules.base import Context, Rule
+import libcst as cst
 
-COMPILE = {"torch.compile"}
+from distify.anatomy import COMPILE, assigned_name, compiled_module, dotted
+from distify.rules.base import DDP_BACKEND, Context, Rule
 
 
 class CompileOrder(Rule):
-    """Stop at ``torch.compile``: the script is left unchanged.
+    """Compile the inner module, then wrap it; refuse a compiled model the wrapper would miss.
 
     What it does:
-        Reports each ``torch.compile(...)`` in a training script and leaves the file as it is.
+        ``model = torch.compile(model)`` (also under ``if args.compile:``), ``model =
+        torch.compile(Net().to(device))`` and ``model.compile()`` are kept, and the DDP wrap goes
+        around the compiled module, after the compile: ``model = runtime.DDP(model, ...)``. With
+        ``raw_model = model`` before ``model = torch.compile(model)`` the compiled ``model`` is
+        wrapped and ``raw_model`` stays the plain module. A ``model.compile()`` after the wrap
+        compiles the inner module (``model.module.compile()``). Checkpoints keep the original's
+        keys: ``_orig_mod.`` where the original saved the compiled module, none where it saved the
+        plain one, never ``module.``. With Horovod nothing changes: its optimizer averages the
+        gradients of the parameters, which compiled and plain module share.
+        Any other ``torch.compile`` (a compiled copy under a name distify does not wrap, trained
+        while the wrapper is bypassed) leaves the file unchanged with this warning.
 
     Why:
-        The DDP wrapper must sit between the model and the compiler – ``model =
-        torch.compile(DDP(model, device_ids=...))`` – so the compiled graph includes the gradient
-        hooks; a model compiled first and wrapped later, or a compiled copy trained while the
-        wrapper is bypassed (``raw_model = model; model = torch.compile(model)``) trains
-        unsynchronised replicas. Scripts differ too much in how they keep the raw and the
-        compiled model apart for a safe automatic rewrite.
+        PyTorch's guidance for DDP is to compile the inner module and wrap it; the compiled module
+        shares the plain one's parameters, so the wrapper's gradient hooks see every gradient. A
+        compiled copy that training calls while the optimizer's model is wrapped would train
+        unsynchronised replicas, silently.
 
     Example:
-        model = torch.compile(Net().to(device))   # DST907: wrap with DDP first, then compile
+        model = Net().to(device)
+        model = torch.compile(model)
+        optimizer = optim.AdamW(model.parameters())
+
+        becomes
+
+        model = Net().to(device)
+        model = torch.compile(model)
+        model = runtime.DDP(model, device_ids=runtime.device_ids())
+        optimizer = optim.AdamW(model.parameters())
     """
 
     code = "DST907"
     name = "compile-order"
-    summary = "torch.compile: file left unchanged"
+    summary = "wrap the compiled module; refuse a compiled copy the wrapper would miss"
 
     def apply(self, ctx: Context) -> None:
-        for site in ctx.anatomy.calls_to(COMPILE):
+        if ctx.backend != DDP_BACKEND:
+            return
+        a = ctx.anatomy
+        wrapped = ctx.state.get("wrapped", [])
+        for site in a.calls_to(COMPILE):
+            if self._covered(ctx, site, wrapped):
+                continue
             ctx.block(
                 self.code,
                 site.call,
-                "torch.compile: file not migrated; wrap the model first, then compile: "
-                "model = torch.compile(runtime.DDP(model, device_ids=runtime.device_ids()))",
+                "torch.compile of a model distify does not wrap: file not migrated; compile the model "
+                "the optimizer trains and wrap that one: model = runtime.DDP(torch.compile(model), "
+                "device_ids=runtime.device_ids())",
             )
+
+    def _covered(self, ctx: Context, site, wrapped) -> bool:
+        """The compile's result is a wrapped model's name, bound before (or where) the wrap goes."""
+        a = ctx.anatomy
+        name = assigned_name(site.stmt, site.call)
+        for model, anchor in wrapped:
+            if name != model.name or site.scope is not model.scope:
+                continue
+            inner = dotted(compiled_module(a.qualname, site.call))
+            if inner is not None and inner != model.name and model.value is not site.call:
+                # `model = torch.compile(other)`: only when it is the model's own construction
+                continue
+            chain = (*a.stmt_parent.get(site.stmt, ()), site.stmt)
+            if anchor in chain or not a.is_before(anchor, site.stmt):
+                return True
+        return False
 
 
 RULE = CompileOrder()
