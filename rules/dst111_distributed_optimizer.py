@@ -103,6 +103,9 @@ class DistributedOptimizer(Rule):
                 extra += f', named_parameters=[("{prefix}." + n, p) for n, p in {m}.named_parameters()]'
             accumulation = _accumulation_steps(ctx, opt)
             anchor = opt.call.stmt
+            for m in ctx.anatomy.models:
+                if m.optimizer is opt and ctx.anatomy.is_before(anchor, m.place):
+                    anchor = m.place  # the model reaches its device after the optimizer (DST908)
             if accumulation is not None:
                 anchor = _after_assignments(ctx, anchor, accumulation)
                 extra += f", backward_passes_per_step={accumulation}"
