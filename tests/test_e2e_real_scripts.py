@@ -61,6 +61,16 @@ CASES: Dict[str, Tuple[List[str], str]] = {
         "logging configured per rank in the __main__ block, before the train() that initialises "
         "Horovod (#14.4)",
     ),
+    "compiled": (
+        [],
+        "torch.compile by default: the compiled module is wrapped, its checkpoint keeps the "
+        "original's _orig_mod. keys (#14.9)",
+    ),
+    "late_move_compile": (
+        [],
+        "the model reaches its device after its optimizer is built, then compiles itself in place "
+        "(model.compile()): wrapped after the move, plain checkpoint keys (#14.10, #14.9)",
+    ),
 }
 
 BACKENDS = [
@@ -97,6 +107,8 @@ class Run:
         out: Dict[str, set] = {}
         root = self.workdir.resolve()
         for event in read_fs_log(self.log, under=self.workdir):
+            if Path(event.path) == root:
+                continue  # the run folder exists before the run (torch.compile's builder mkdirs ".")
             out.setdefault(str(Path(event.path).relative_to(root)), set()).add((event.pid, event.rank))
         return out
 
@@ -213,3 +225,29 @@ def check(name: str, backend: str, tmp_path: Path, script: Path = None) -> None:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_real_script_runs_and_agrees(name, backend, tmp_path):
     check(name, backend, tmp_path)
+
+
+# --- controls: the checks above fail when the migration is undone where it matters -------------
+
+
+def test_key_check_sees_a_module_prefix(tmp_path):
+    """Control: saving the wrapper's own state_dict (`module._orig_mod.` keys) fails the key check."""
+    script = migrated("compiled", "ddp", tmp_path)
+    text = script.read_text()
+    assert "model.module.state_dict()" in text, text
+    script.write_text(text.replace("model.module.state_dict()", "model.state_dict()"))
+    with pytest.raises(AssertionError, match="keys differ from the original's"):
+        check("compiled", "ddp", tmp_path, script=script)
+
+
+def test_rank_check_sees_an_unwrapped_model(tmp_path):
+    """Control: with the wrap after the late move deleted, the ranks (each on its own shard) end on
+    different weights."""
+    script = migrated("late_move_compile", "ddp", tmp_path)
+    lines = script.read_text().splitlines(keepends=True)
+    wrap = [ln for ln in lines if "runtime.DDP(" in ln]
+    assert len(wrap) == 1, "".join(lines)
+    text = "".join(ln for ln in lines if ln not in wrap).replace("model.module.", "model.")
+    script.write_text(text)
+    with pytest.raises(AssertionError, match="differs between rank 0 and rank 1"):
+        check("late_move_compile", "ddp", tmp_path, script=script)
