@@ -64,7 +64,36 @@ def wrapped_models(a: Anatomy) -> Tuple[Set[str], Set[str]]:
             wrappers.add(target)
         elif c.qualname in FSDP and root:
             wrappers.add(root)  # fully_shard(model) shards in place
-    return wrappers, inner
+    return wrappers, _same_modules(a, inner)
+
+
+def _same_modules(a: Anatomy, names: Set[str]) -> Set[str]:
+    """`names` and the names bound to the same module objects: `raw_model = model`,
+    `model = torch.compile(raw)` (the compiled module shares the plain one's parameters),
+    `model = net.to(device)`."""
+    from distify.anatomy import through_compile
+    from distify.facts import SELF_RETURNING
+
+    pairs = []
+    for stmt in a.stmt_parent:
+        if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign):
+            small = stmt.body[0]
+            if len(small.targets) == 1 and dotted(small.targets[0].target):
+                v = through_compile(a.qualname, small.value)
+                while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and v.func.attr.value in SELF_RETURNING:
+                    v = v.func.value
+                source = dotted(v)
+                if source:
+                    pairs.append((dotted(small.targets[0].target), source))
+    out = set(names)
+    grown = True
+    while grown:
+        grown = False
+        for x, y in pairs:
+            if (x in out) != (y in out):
+                out |= {x, y}
+                grown = True
+    return out
 
 
 def _root_name(expr: cst.BaseExpression) -> Optional[str]:

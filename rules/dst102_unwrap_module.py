@@ -110,6 +110,14 @@ def _still_wrapped(a, model, anchor, scope, name, stmt, mode):
     """How a use of the wrapped name reaches the module, now that the name may have been rebound
     since the wrap (`model = NeuralNetwork()` to reload a checkpoint): None when it holds another
     object there, "unwrap" (works for both) when it may, else `mode`."""
+    if scope is model.scope and name != model.name and not name.startswith("self."):
+        # an alias of the model in its own scope (`raw_model = model`): bound before the wrap, it
+        # holds the plain module
+        bound = a.reaching_binding(scope, name, stmt)
+        if bound is not None and (
+            a.is_before(bound.stmt, anchor) or anchor in a.stmt_parent.get(bound.stmt, ())
+        ):
+            return None
     if scope is model.scope and name == model.name:
         held = a.holds(model.scope, model.name, anchor, stmt)
         if held == "no":
