@@ -1508,8 +1508,13 @@ def data_parallel_module(qualname, expr: Optional[cst.BaseExpression]) -> Option
     """The module `nn.DataParallel(module, ...)` wraps (None when `expr` is no such call).
 
     `qualname` resolves a callee through the module's imports (`Anatomy.qualname`)."""
-    if isinstance(expr, cst.Call) and qualname(expr.func) in DATA_PARALLEL:
-        a = arg(expr, 0, "module")
+    return _first_arg_of(qualname, expr, DATA_PARALLEL, "module")
+
+
+def _first_arg_of(qualname, expr, callees, keyword: str) -> Optional[cst.BaseExpression]:
+    """The first argument of `expr` when it is a call of one of `callees`, else None."""
+    if isinstance(expr, cst.Call) and qualname(expr.func) in callees:
+        a = arg(expr, 0, keyword)
         if a is not None and not a.star:
             return a.value
     return None
@@ -1530,11 +1535,7 @@ COMPILE = {"torch.compile"}
 
 def compiled_module(qualname, expr: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
     """The module `torch.compile(module, ...)` compiles (None when `expr` is no such call)."""
-    if isinstance(expr, cst.Call) and qualname(expr.func) in COMPILE:
-        a = arg(expr, 0, "model")
-        if a is not None and not a.star:
-            return a.value
-    return None
+    return _first_arg_of(qualname, expr, COMPILE, "model")
 
 
 def through_compile(qualname, expr: cst.BaseExpression) -> cst.BaseExpression:
