@@ -160,36 +160,59 @@ def _iter_refs(a: Anatomy, loop: cst.CSTNode, scope) -> Set[str]:
     return out
 
 
-def feeding_loaders(a: Anatomy) -> Dict[Loader, List[cst.CSTNode]]:
-    """Each loader whose batches reach a training loop, with those loops. Broader than the
+def loader_loops(a: Anatomy) -> Dict[Loader, List[Tuple[cst.CSTNode, bool]]]:
+    """Each loader with the loops that iterate it, and whether each trains. Broader than the
     anatomy's batch loops: every reference in the loop's iterable counts (zip, dict by phase, a
-    progress bar bound first), and a loader kept in a container is reached through it."""
-    cached = a.__dict__.get("_feeding")
+    progress bar bound first), a loader kept in a container is reached through it, and a
+    function nested in the one that binds the loader sees it (``def test(): for x in loader``)."""
+    cached = a.__dict__.get("_loader_loops")
     if cached is not None:
         return cached
+    nested: Dict[int, List[cst.FunctionDef]] = {}
+    for fn in a.all_functions():
+        home = a.stmt_scope.get(fn)
+        while isinstance(home, cst.FunctionDef):
+            nested.setdefault(id(home), []).append(fn)
+            home = a.stmt_scope.get(home)
     refs: Dict[Loader, Set[Tuple[int, str]]] = {}
     for loader in a.loaders:
-        keys = {(id(s), r) for s, r in loader.refs}
+        pairs = [(s, r) for s, r in loader.refs]
         holder = container_of(loader.call)
         if holder:
-            keys.add((id(loader.call.scope), holder))
+            pairs.append((loader.call.scope, holder))
             if isinstance(loader.call.scope, cst.Module):
-                keys |= {(id(f), holder) for f in a.all_functions()}
+                pairs += [(f, holder) for f in a.all_functions()]
+        keys = {(id(s), r) for s, r in pairs}
+        for s, r in pairs:  # closures: nested functions that do not bind the name themselves
+            for fn in nested.get(id(s), ()):
+                if "." not in r and r.split("[")[0] not in a.bindings(fn) and r not in a.facts.params(fn):
+                    keys.add((id(fn), r))
         refs[loader] = keys
-    out: Dict[Loader, List[cst.CSTNode]] = {}
-    for loop in a.facts.training_loops():
+    training = set(map(id, a.facts.training_loops()))
+    out: Dict[Loader, List[Tuple[cst.CSTNode, bool]]] = {}
+    for loop in a.stmt_parent:
         if not isinstance(loop, cst.For):
             continue
         scope = a.stmt_scope.get(loop)
         names = _iter_refs(a, loop, scope)
         for loader, keys in refs.items():
             if any((id(scope), r) in keys for r in names):
-                out.setdefault(loader, []).append(loop)
+                out.setdefault(loader, []).append((loop, id(loop) in training))
     for loader in a.loaders:
         for bl in loader.batch_loops:
-            if bl.trains and bl.loop not in out.get(loader, []):
-                out.setdefault(loader, []).append(bl.loop)
-    a.__dict__["_feeding"] = out
+            if bl.loop not in [l for l, _ in out.get(loader, [])]:
+                out.setdefault(loader, []).append((bl.loop, bl.trains or id(bl.loop) in training))
+    a.__dict__["_loader_loops"] = out
+    return out
+
+
+def feeding_loaders(a: Anatomy) -> Dict[Loader, List[cst.CSTNode]]:
+    """Each loader whose batches reach a training loop, with those loops (see ``loader_loops``)."""
+    out: Dict[Loader, List[cst.CSTNode]] = {}
+    for loader, loops in loader_loops(a).items():
+        trained = [l for l, trains in loops if trains]
+        if trained:
+            out[loader] = trained
     return out
 
 
@@ -205,6 +228,6 @@ def mentions_rank(a: Anatomy, node: cst.CSTNode) -> bool:
 
 
 __all__ = [
-    "AUDIT_CODES", "DIST_SAMPLER", "feeding_loaders", "is_audit", "mentions_rank",
+    "AUDIT_CODES", "DIST_SAMPLER", "feeding_loaders", "loader_loops", "is_audit", "mentions_rank",
     "sampler_of", "wrapped_models",
 ]

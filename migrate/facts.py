@@ -127,6 +127,25 @@ def reads_rank(expr: cst.CSTNode, rank_names: FrozenSet[str] = frozenset()) -> b
     return bool(hits)
 
 
+# calls whose value is a number or flag made from their arguments: `int(os.environ["RANK"])`
+VALUE_CALLS = frozenset({"int", "str", "float", "bool", "min", "max", "abs", "round", "os.environ.get", "os.getenv"})
+
+
+def _rank_value_part(expr: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+    """`expr` when its value can be a rank or a flag derived from one (names, arithmetic,
+    comparisons, rank calls, `int(...)` of those), None when it is an object built by a call
+    that merely takes a rank argument (`DistributedSampler(ds, rank=r)`, `DDP(m, [local_rank])`)."""
+    for n in all_nodes(expr):
+        if isinstance(n, cst.Call):
+            d = dotted(n.func) or ""
+            last = d.rsplit(".", 1)[-1]
+            if d in VALUE_CALLS or _RANK.search(last.lower()) or d.endswith(("environ.get", "getenv")):
+                continue
+            if n.args:
+                return None
+    return expr
+
+
 def _rank_ref(expr: cst.BaseExpression) -> bool:
     """The left side of a comparison is a rank reference (name, attribute or call)."""
     if isinstance(expr, cst.Call):
@@ -224,10 +243,13 @@ class Facts:
                 name = dotted(a.targets[0].target) if len(a.targets) == 1 else None
                 if not name:
                     continue
-                if reads_rank(a.value):
+                value = _rank_value_part(a.value)
+                if value is None:
+                    continue  # an object built from a rank (a sampler, a wrapped model) is no rank
+                if reads_rank(value):
                     found.add(name)
                 else:
-                    read = {dotted(n) for n in all_nodes(a.value) if isinstance(n, (cst.Name, cst.Attribute))}
+                    read = {dotted(n) for n in all_nodes(value) if isinstance(n, (cst.Name, cst.Attribute))}
                     pending.append((name, read))
             changed = True
             while changed:
@@ -302,19 +324,22 @@ class Facts:
     def trains(self, node: cst.CSTNode) -> bool:
         """`node` (a loop, a body) runs ``backward()`` or an optimizer ``step()``, itself or by
         calling a function or method of this module that trains (``self.trainers``, the anatomy's
-        ``training_functions``)."""
+        ``training_functions``, or a nested function whose body trains)."""
         key = id(node)
         if key not in self._trains:
-            scope = self.stmt_scope.get(node)
-            self._trains[key] = any(
-                training_call(n)
-                or (
-                    isinstance(n, cst.Call)
-                    and scope is not None
-                    and self.callee(n, scope) in self.trainers
-                )
-                for n in all_nodes(node)
-            )
+            self._trains[key] = False  # a nested function calling itself
+            scope = node if isinstance(node, cst.FunctionDef) else self.stmt_scope.get(node)
+            found = False
+            for n in all_nodes(node.body if isinstance(node, cst.FunctionDef) else node):
+                if training_call(n):
+                    found = True
+                    break
+                if isinstance(n, cst.Call) and scope is not None:
+                    fn = self.callee(n, scope)
+                    if fn is not None and (fn in self.trainers or (fn not in self.methods and self.trains(fn))):
+                        found = True
+                        break
+            self._trains[key] = found
         return self._trains[key]
 
     def training_loops(self) -> List[cst.CSTNode]:
@@ -371,11 +396,18 @@ class Facts:
         return out
 
     def callee(self, call: cst.Call, scope: Scope) -> Optional[cst.FunctionDef]:
-        """The function of this module a call runs: `f(...)` of a module-level `f`, or
-        `self.m(...)` of a method of the enclosing class."""
+        """The function of this module a call runs: `f(...)` of a function nested in the calling
+        scope (or one around it) or of a module-level `f`, or `self.m(...)` of a method of the
+        enclosing class."""
         d = dotted(call.func)
         if d is None:
             return None
+        here = scope
+        while isinstance(here, cst.FunctionDef) and "." not in d:  # a function nested in this one
+            for s in here.body.body:
+                if isinstance(s, cst.FunctionDef) and s.name.value == d:
+                    return s
+            here = self.stmt_scope.get(here)
         if d in self.functions:
             return self.functions[d]
         if d.startswith("self.") and d.count(".") == 1 and isinstance(scope, cst.FunctionDef):

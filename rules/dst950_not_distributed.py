@@ -54,7 +54,7 @@ class NotDistributed(AuditCheck):
                 node,
                 "this script trains but has no distributed code (no process group, no DDP or "
                 "DistributedOptimizer): launched on N processes it trains N copies on the same data; "
-                "migrate it by hand (see distify --explain DST950)",
+                "migrate it (by hand where distify cannot: see distify --explain DST950)",
             )
             return
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from distify.anatomy import Anatomy, arg
-from distify.audit import feeding_loaders, sampler_of
+from distify.audit import loader_loops, sampler_of
 from distify.rules.base import AuditCheck, Context
 
 
@@ -36,9 +36,9 @@ class PaddedEval(AuditCheck):
     summary = "audit: evaluation on a padding DistributedSampler"
 
     def check(self, ctx: Context, a: Anatomy) -> None:
-        feeding = feeding_loaders(a)
+        loops = loader_loops(a)
         for loader in a.loaders:
-            if loader in feeding or not loader.batch_loops:
+            if not loops.get(loader) or any(trains for _loop, trains in loops[loader]):
                 continue
             _, sampler = sampler_of(a, loader)
             if sampler is None:

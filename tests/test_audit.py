@@ -154,6 +154,13 @@ MISTAKES = [
      "test_loader = torch.utils.data.DataLoader(test_dataset, batch_size=1000, "
      "sampler=torch.utils.data.distributed.DistributedSampler(test_dataset, num_replicas=hvd.size(), rank=hvd.rank()))",
      {"DST953"}),
+    ("horovod_nested_train.py", "            if batch_idx % args.log_interval == 0 and hvd.rank() == 0:",
+     "            if batch_idx % args.log_interval == 0:", {"DST956"}),
+    ("horovod_nested_train.py", "        train_sampler.set_epoch(epoch)\n", "", {"DST952"}),
+    ("horovod_nested_train.py", "test_loader = torch.utils.data.DataLoader(test_dataset, batch_size=50)",
+     "test_loader = torch.utils.data.DataLoader(test_dataset, batch_size=50, "
+     "sampler=torch.utils.data.distributed.DistributedSampler(test_dataset, num_replicas=hvd.size(), rank=hvd.rank()))",
+     {"DST953"}),
     ("ddp_char_lm.py", "torch.manual_seed(1337 + seed_offset)", "torch.manual_seed(1337)", {"DST959"}),
     ("ddp_char_lm.py", "if iter_num % eval_interval == 0 and master_process:", "if iter_num % eval_interval == 0:",
      {"DST955", "DST956"}),
