@@ -85,6 +85,7 @@ def clean_env(extra: Optional[Mapping[str, str]] = None) -> dict:
         key: value
         for key, value in os.environ.items()
         if key not in _LAUNCHER_NAMES and not key.startswith(_LAUNCHER_PREFIXES)
+        or key == "DISTIFY_CACHE_DIR"  # the CLI's cache (the test's own, from conftest), not a launcher's
     }
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
