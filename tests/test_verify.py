@@ -74,6 +74,8 @@ STYLES = [
     ("trainer_class", ["--steps", "0"], ["--epochs", "2", "--batch-size", "32", "--checkpoint-dir", "ckpts"],
      {"params", "shards", "writers", "prefix"}),  # it logs to stderr: no stdout to judge
     ("shuffled", ["--steps", "0"], ["--epochs", "2", "--batch-size", "64"], {"params", "shards", "order", "writers", "prefix", "prints"}),
+    # hard-coded .cuda() calls: the migrated script must run with CUDA hidden
+    ("legacy_cuda", ["--steps", "0"], ["--epochs", "1", "--batch-size", "64"], {"params", "shards", "writers", "prefix"}),
 ]
 
 
@@ -92,9 +94,11 @@ def test_verify_passes_distify_migrations(name, options, args, evidence, backend
     assert snapshot(home) == before, "verify changed the user's directory"
 
 
-def test_verify_standalone_output(tmp_path):
+@pytest.mark.parametrize("backend", ["ddp", pytest.param("horovod", marks=pytest.mark.horovod)])
+def test_verify_standalone_output(backend, tmp_path):
     home = user_dir(tmp_path, SCENARIOS / "module_level.in.py")
-    code, report = verify("train.py", "--standalone", "--steps", "0", "--", "--epochs", "1", "--batch-size", "32", cwd=home)
+    code, report = verify("train.py", "--standalone", "--backend", backend, "--steps", "0", "--",
+                          "--epochs", "1", "--batch-size", "32", cwd=home)
     assert code == 0 and status(report)["params"] == "pass", explain(report)
 
 
