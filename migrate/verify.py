@@ -832,10 +832,8 @@ def main(argv: Sequence[str]) -> int:
         return e.exit_code
     except SystemExit as e:  # click's usage errors
         return e.code if isinstance(e.code, int) else EXIT_INPUT
-    except Exception as e:  # noqa: BLE001 - click.UsageError and friends
-        from click.exceptions import ClickException
-
-        if isinstance(e, ClickException):
+    except Exception as e:  # noqa: BLE001 - click's UsageError and friends (typer may carry its own click)
+        if callable(getattr(e, "show", None)) and isinstance(getattr(e, "exit_code", None), int):
             e.show()
             return EXIT_INPUT
         sys.stderr.write(f"distify verify: internal error: {type(e).__name__}: {e}\n")

@@ -205,3 +205,12 @@ def test_shards_of_a_stream_are_not_claimed():
     for evs in events.values():
         evs[:] = [e for e in evs if e["k"] != "batch"]
     assert verify.check_shards(events, SOURCES).status == SKIP
+
+
+@pytest.mark.parametrize("argv", [[], ["train.py", "--bogus"], ["missing.py"], ["train.py", "--against-original"],
+                                  ["train.py", "--backend", "mpi"]])
+def test_usage_errors_exit_2(argv, tmp_path, monkeypatch, capsys):
+    (tmp_path / "train.py").write_text("import torch\n")
+    monkeypatch.chdir(tmp_path)
+    assert verify.main(argv) == 2
+    assert "Traceback" not in capsys.readouterr().err
