@@ -207,24 +207,32 @@ def test_random_batches_reported(tmp_path):
 
 
 HANG = '''\
-import os, sys, time
+import os, subprocess, sys, time
 import torch
-with open(sys.argv[1], "w") as fh:
+name = os.environ.get("RANK", "plain")
+# a helper in a session of its own (as a server or a worker pool may start): verify must find it too
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+with open(os.path.join(sys.argv[1], name + "-helper"), "w") as fh:
+    fh.write(str(helper.pid))
+with open(os.path.join(sys.argv[1], name), "w") as fh:
     fh.write(str(os.getpid()))
 time.sleep(600)
 '''
 
 
 def _start_hanging(tmp_path, *options):
+    """`distify verify hang.py` in the background; each process of the script starts a helper, writes
+    both pids into tmp_path/pids/<RANK or plain>[-helper] and sleeps."""
     home = tmp_path / "user"
     home.mkdir()
     (home / "hang.py").write_text(HANG)
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
-    pid_file = tmp_path / "pid"
+    pids = tmp_path / "pids"
+    pids.mkdir()
     env = clean_env({"TMPDIR": str(tmpdir)})
-    argv = [sys.executable, "-m", "distify", "verify", "hang.py", "--as-is", "--json", *options, "--", str(pid_file)]
-    return subprocess.Popen(argv, cwd=str(home), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), pid_file, tmpdir
+    argv = [sys.executable, "-m", "distify", "verify", "hang.py", "--as-is", "--json", *options, "--", str(pids)]
+    return subprocess.Popen(argv, cwd=str(home), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), pids, tmpdir
 
 
 def _gone(pid: int) -> bool:
@@ -240,25 +248,30 @@ def _gone(pid: int) -> bool:
     return False
 
 
-def test_timeout_kills_the_run_and_cleans_up(tmp_path):
-    proc, pid_file, tmpdir = _start_hanging(tmp_path, "--timeout", "20")
-    out, err = proc.communicate(timeout=300)
+def test_timeout_kills_every_run_and_cleans_up(tmp_path):
+    """The plain run and the torchrun run (launcher and both ranks) hang: each is killed at the
+    timeout, and nothing is left of them, not even torchrun's temporary directory."""
+    proc, pids, tmpdir = _start_hanging(tmp_path, "--timeout", "25")
+    out, err = proc.communicate(timeout=400)
     report = json.loads(out)
-    assert proc.returncode == 1 and status(report)["plain"] == "fail", out + err
-    assert "timed out" in next(c for c in report["checks"] if c["name"] == "plain")["detail"]
-    assert _gone(int(pid_file.read_text())), "the timed-out script is still running"
+    assert proc.returncode == 1 and status(report)["plain"] == "fail" and status(report)["launch"] == "fail", out + err
+    assert all("timed out" in c["detail"] for c in report["checks"] if c["name"] in ("plain", "launch"))
+    assert sorted(p.name for p in pids.iterdir()) == ["0", "0-helper", "1", "1-helper", "plain", "plain-helper"], \
+        "not every process got to run"
+    assert all(_gone(int(p.read_text())) for p in pids.iterdir()), "a timed-out process is still running"
     assert list(tmpdir.iterdir()) == [], "the temporary directory was not removed"
 
 
 def test_ctrl_c_kills_the_run_and_cleans_up(tmp_path):
-    proc, pid_file, tmpdir = _start_hanging(tmp_path, "--timeout", "300")
+    proc, pids, tmpdir = _start_hanging(tmp_path, "--timeout", "300")
     deadline = time.monotonic() + 120
-    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+    while not ((pids / "plain").exists() and (pids / "plain").read_text()) and time.monotonic() < deadline:
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in err, out + err
-    assert _gone(int(pid_file.read_text())), "the interrupted script is still running"
+    assert _gone(int((pids / "plain").read_text())) and _gone(int((pids / "plain-helper").read_text())), \
+        "the interrupted script or its helper is still running"
     assert list(tmpdir.iterdir()) == [], "the temporary directory was not removed"
 
 
