@@ -304,3 +304,14 @@ def test_horovod_missing_skips_its_runs_with_a_message(tmp_path):
     assert code == 1 and report["verdict"] == "fail" and failed(report) == set(), explain(report)
     launch = next(c for c in report["checks"] if c["name"] == "launch")
     assert launch["status"] == "skip" and "horovod.torch is not importable" in launch["detail"], explain(report)
+
+
+def test_control_weights_differ_from_the_original(tmp_path):
+    """A learning rate scaled by the world size keeps the ranks in step but leaves the
+    equivalence with the original at N x batch: only the weights check fails, with the difference."""
+    home = broken(tmp_path, SCENARIOS / "examples_style.ddp.py", "lr=args.lr, momentum=0.9",
+                  "lr=args.lr * runtime.world_size(), momentum=0.9")
+    code, report = verify("train.py", "--as-is", "--steps", "4", "--against-original", "--batch-arg", "--batch-size",
+                          "--", "--epochs", "1", "--batch-size", "16", cwd=home)
+    assert code == 1 and failed(report) == {"weights"}, explain(report)
+    assert "max |difference|" in next(c for c in report["checks"] if c["name"] == "weights")["detail"]
