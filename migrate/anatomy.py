@@ -628,12 +628,23 @@ def body_trains(node: cst.CSTNode, trainers: Set[cst.FunctionDef], functions, me
     return _contains(node, pred)
 
 
-def generator_passes(fn: cst.FunctionDef) -> List[Tuple[str, cst.For]]:
-    """(parameter, loop) for each `for ... in <parameter>:` in `fn` whose body yields: `fn` is a
-    generator that hands out the batches of the loader it is given, one pass per run of that loop
-    (`def forever(loader): while True: for b in loader: yield b`)."""
+ENDLESS = {"repeat", "itertools.repeat", "count", "itertools.count", "cycle", "itertools.cycle"}
+
+
+def endless_loop(node: cst.CSTNode) -> bool:
+    """`while ...:` or `for ... in repeat(...)/itertools.count()/cycle(...)`: a loop around passes."""
+    if isinstance(node, cst.While):
+        return True
+    return isinstance(node, cst.For) and isinstance(node.iter, cst.Call) and (dotted(node.iter.func) or "") in ENDLESS
+
+
+def generator_passes(fn: cst.FunctionDef) -> List[Tuple[str, cst.CSTNode]]:
+    """(parameter, pass) for each pass over a parameter that `fn` yields from: a `for ... in
+    <parameter>:` loop whose body yields (`def forever(loader): while True: for b in loader: yield
+    b`), or a `yield from <parameter>` statement (also `for l in repeat(loader): yield from l`)."""
     params = {p.name.value for p in fn.params.params}
-    out: List[Tuple[str, cst.For]] = []
+    out: List[Tuple[str, cst.CSTNode]] = []
+    repeated: Dict[str, str] = {}  # loop variable -> parameter it repeats
 
     class V(cst.CSTVisitor):
         def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
@@ -646,6 +657,20 @@ def generator_passes(fn: cst.FunctionDef) -> List[Tuple[str, cst.For]]:
             if isinstance(node.iter, cst.Name) and node.iter.value in params:
                 if _contains(node.body, lambda n: isinstance(n, (cst.Yield,))):
                     out.append((node.iter.value, node))
+            elif endless_loop(node) and isinstance(node.target, cst.Name) and node.iter.args:
+                src = node.iter.args[0].value
+                if isinstance(src, cst.Name) and src.value in params:
+                    repeated[node.target.value] = src.value
+
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+            for small in node.body:
+                v = small.value if isinstance(small, cst.Expr) else None
+                if isinstance(v, cst.Yield) and isinstance(v.value, cst.From) and isinstance(v.value.item, cst.Name):
+                    name = v.value.item.value
+                    if name in params:
+                        out.append((name, node))
+                    elif name in repeated:
+                        out.append((repeated[name], node))
 
     walk(fn, V())
     return out
@@ -1164,10 +1189,12 @@ def analyse(module: cst.Module) -> Anatomy:
         loop = c.loops[-1]
         trains = body_trains(loop.body, trainers, col.functions, col.methods, c.cls)
         batch_loops.append(BatchLoop(loop=loop, scope=c.scope, cls=c.cls, ref=ref, trains=trains, via="next"))
-    passes: Dict[cst.For, cst.FunctionDef] = {}
+    passes: Dict[cst.CSTNode, cst.FunctionDef] = {}
     for fn in _all_functions(col):
-        for _param, loop in generator_passes(fn):
+        for param, loop in generator_passes(fn):
             passes[loop] = fn
+            if not isinstance(loop, cst.For):  # `yield from loader`: a pass without a for-loop
+                batch_loops.append(BatchLoop(loop=loop, scope=fn, cls=None, ref=param, trains=False, via="pass"))
     for bl in batch_loops:
         if bl.loop in passes and bl.scope is passes[bl.loop]:
             bl.via = "pass"
@@ -1369,7 +1396,7 @@ def analyse(module: cst.Module) -> Anatomy:
                     ep = outer[-1]
                     found.append(EpochLoop(ep, bl.scope, bl.cls, _loop_var(ep), f'{bl.ref}["{loader.train_keys[0]}"]'))
                 continue
-            if bl.via == "pass" and not outer:
+            if bl.via == "pass" and (not outer or endless_loop(outer[-1])):
                 # `while True: for b in loader: yield b`: count the passes in the generator
                 found.append(EpochLoop(bl.loop, bl.scope, bl.cls, None, bl.ref, counted=bl.loop))
                 continue
