@@ -5,12 +5,17 @@ from __future__ import annotations
 from distify.anatomy import MAKEDIRS
 import libcst as cst
 
-from distify.anatomy import arg
-from distify.rules.base import Context, Rule, call_statement
+from distify.anatomy import LOAD, arg, dotted
+from distify.rules.base import HOROVOD_BACKEND, Context, Rule, call_statement
+from distify.rules.dst306_load_map_location import _after_barrier
+from distify.walk import walk
 
 FILE_WRITES = {
     "numpy.save", "numpy.savetxt", "numpy.savez", "numpy.savez_compressed",
     "json.dump", "pickle.dump", "yaml.dump", "yaml.safe_dump", "matplotlib.pyplot.savefig",
+    # images and other result files (the VAE, DCGAN and WGAN examples write samples every epoch)
+    "torchvision.utils.save_image", "imageio.imwrite", "imageio.v2.imwrite", "imageio.v3.imwrite",
+    "cv2.imwrite", "scipy.io.savemat", "torchaudio.save", "soundfile.write", "pandas.DataFrame.to_csv",
 }
 
 
@@ -20,7 +25,8 @@ class Rank0Filesystem(Rule):
     What it does:
         Puts ``os.makedirs``/``os.mkdir``, ``shutil`` copy/move/rmtree statements,
         ``Path(...).mkdir(...)``, result writers (``np.save``/``np.savetxt``, ``json.dump``,
-        ``pickle.dump``, ``df.to_csv``, ``plt.savefig``) under the main-process guard, and makes
+        ``pickle.dump``, ``df.to_csv``, ``plt.savefig``, ``fig.savefig``, torchvision's
+        ``save_image``, ``imageio``/``cv2`` image writes, ``Path.write_text``) under the main-process guard, and makes
         ``open(path, "w"/"a")`` write to ``os.devnull`` on the other ranks – so a ``csv.writer``
         or a ``with`` block around it runs unchanged everywhere and only rank 0 writes the file.
 
@@ -46,6 +52,7 @@ class Rank0Filesystem(Rule):
         a = ctx.anatomy
         if a.entry_owner is None:
             return
+        made = []  # directories created on rank 0 only, from here on
         for site in a.calls:
             is_fs = site.qualname in MAKEDIRS or (
                 site.qualname is None
@@ -56,12 +63,15 @@ class Rank0Filesystem(Rule):
             is_fs = is_fs or site.qualname in FILE_WRITES or (
                 site.qualname is None
                 and isinstance(site.call.func, cst.Attribute)
-                and site.call.func.attr.value in ("to_csv", "to_json", "to_parquet", "savefig")
+                and site.call.func.attr.value in ("to_csv", "to_json", "to_parquet", "savefig", "write_text", "write_bytes")
             )
             if not is_fs or not call_statement(site.stmt, site.call) or ctx.in_rank_guard(site.stmt):
                 continue
             if ctx.guard_statement(site.stmt):
                 ctx.report(self.code, site.call, f"{ctx.code(site.call.func)} runs on the main process only")
+                if site.qualname in ("os.makedirs", "os.mkdir") or getattr(site.call.func, "attr", None) is not None and site.call.func.attr.value == "mkdir":
+                    made.append(site)
+        devnulled = []
         for site in a.calls:
             if not (isinstance(site.call.func, cst.Name) and site.call.func.value == "open" and site.qualname is None):
                 continue
@@ -82,6 +92,130 @@ class Rank0Filesystem(Rule):
                 ),
             )
             ctx.report(self.code, site.call, "file written by the main process only (os.devnull elsewhere)")
+            devnulled.append(site.call)
+        for site in made:
+            self._wait_for(ctx, site, devnulled)
+
+    def _wait_for(self, ctx: Context, made, devnulled) -> None:
+        """Code of every rank that uses a directory rank 0 creates waits for it: a barrier before
+        the first such statement, where its and the creation's code paths meet. Writes into the
+        directory that run on rank 0 only (guarded, or opened on os.devnull elsewhere) and plain
+        path building (``path = os.path.join(out_dir, "x.csv")``) need no wait; anything else
+        (``os.listdir(out_dir)``, ``open(path)`` to read, a ``FileHandler``) does."""
+        a = ctx.anatomy
+        target = arg(made.call, 0, "name") or arg(made.call, 0, "path")
+        if target is None and isinstance(made.call.func, cst.Attribute):
+            keys = {_key(made.call.func.value)}  # Path(x).mkdir()
+        else:
+            keys = {_key(target.value)} if target is not None else set()
+        keys.discard(None)
+        if not keys:
+            return
+        rank0 = lambda st: any(x in ctx.edits.guards for x in (*a.stmt_parent.get(st, ()), st)) or ctx.in_rank_guard(st)
+        made_chain = (*a.stmt_parent.get(made.stmt, ()), made.stmt)
+        for stmt in a.stmt_parent:
+            if a.stmt_scope.get(stmt) is not made.scope or not a.is_before(made.stmt, stmt):
+                continue
+            if not isinstance(stmt, cst.SimpleStatementLine):
+                continue  # compound statements: their own statements are visited
+            mentioned = _mentions(ctx, stmt, keys)
+            if not mentioned or rank0(stmt):
+                continue
+            small = stmt.body[0] if len(stmt.body) == 1 else None
+            if isinstance(small, cst.Assign) and len(small.targets) == 1 and _path_building(a, small.value):
+                name = _key(small.targets[0].target)
+                if name:
+                    keys.add(name)
+                continue
+            if all(_inside_any(ctx, node, devnulled) for node in mentioned):
+                continue
+            if any(c.stmt is stmt and c.qualname in LOAD for c in a.calls):
+                continue  # torch.load of what rank 0 saved: DST306 waits for the file itself
+            chain = (*a.stmt_parent.get(stmt, ()), stmt)
+            k = 0
+            while k < min(len(chain), len(made_chain)) and chain[k] is made_chain[k]:
+                k += 1
+            if k >= len(chain):
+                return
+            anchor = chain[k]
+            if _after_barrier(ctx, chain[k - 1] if k else made.scope, anchor):
+                return
+            call = f"{ctx.hvd}.barrier()" if ctx.backend == HOROVOD_BACKEND else f"{ctx.dist}.barrier()"
+            ctx.edits.insert_before(anchor, ctx.stmts(f"{call}  # every rank waits for the directory rank 0 creates"))
+            ctx.report(
+                self.code,
+                stmt,
+                f"{call} before this statement: it uses {ctx.code(made.call.args[0].value) if made.call.args else 'the directory'}, "
+                "which rank 0 creates",
+            )
+            return
+
+
+def _key(expr) -> str:
+    """A comparable spelling of a path expression: a dotted name, or a string literal."""
+    if isinstance(expr, cst.SimpleString):
+        v = expr.evaluated_value
+        return f"str:{v.rstrip('/')}" if isinstance(v, str) and v else None
+    return dotted(expr)
+
+
+def _mentions(ctx: Context, stmt, keys) -> list:
+    """The expressions in `stmt` that spell one of `keys`."""
+    found = []
+
+    class V(cst.CSTVisitor):
+        def visit_Attribute(self, node):
+            if dotted(node) in keys:
+                found.append(node)
+                return False
+            return True
+
+        def visit_Name(self, node):
+            if node.value in keys:
+                found.append(node)
+
+        def visit_SimpleString(self, node):
+            v = node.evaluated_value
+            if isinstance(v, str) and any(k.startswith("str:") and (v == k[4:] or v.startswith(k[4:] + "/")) for k in keys):
+                found.append(node)
+
+    walk(stmt, V())
+    return found
+
+
+PATH_CALLS = {"os.path.join", "os.path.abspath", "os.path.expanduser", "pathlib.Path", "str"}
+
+
+def _path_building(a, expr) -> bool:
+    """An expression that only spells a path (joins, f-strings, `/`, `+`): it touches no file."""
+    ok = True
+
+    class V(cst.CSTVisitor):
+        def visit_Call(self, node):
+            nonlocal ok
+            q = a.qualname(node.func) or dotted(node.func)
+            if q not in PATH_CALLS:
+                ok = False
+
+    walk(expr, V())
+    return ok
+
+
+def _inside_any(ctx: Context, node, calls) -> bool:
+    """`node` sits in the arguments of one of `calls` (the writes opened on os.devnull elsewhere)."""
+    for call in calls:
+        found = []
+
+        class V(cst.CSTVisitor):
+            def on_visit(self, n):
+                if n is node:
+                    found.append(n)
+                return not found
+
+        walk(call, V())
+        if found:
+            return True
+    return False
 
 
 RULE = Rank0Filesystem()
