@@ -342,7 +342,8 @@ def sitecustomize_env(spy_dir, body: str, extra_env: Optional[Mapping[str, str]]
 # --- recording which process writes what --------------------------------------------------------
 
 # Records, per process, into $DISTIFY_E2E_FS_LOG: torch.save targets ("save"), os.mkdir calls
-# ("mkdir") and every file opened for writing ("write": open(path, "w"/"a"/"x"/"+"), which is also
+# ("mkdir"; with DISTIFY_E2E_SLOW_MKDIR=<seconds> each new folder takes that long to appear) and
+# every file opened for writing ("write": open(path, "w"/"a"/"x"/"+"), which is also
 # how torch.save, torchvision's save_image, matplotlib's savefig, json.dump and csv writers reach a
 # file). The rank is the launcher's (RANK for torchrun, HOROVOD_RANK for horovodrun; "-" for none).
 _FS_SPY = '''\
@@ -374,9 +375,15 @@ def _record(kind, path):
 
 
 if _LOG:
+    _SLOW_MKDIR = float(os.environ.get("DISTIFY_E2E_SLOW_MKDIR") or 0)
+
     def _audit(event, args):
         if event == "os.mkdir" and args and args[-1] in (-1, None):
             _record("mkdir", args[0])
+            if _SLOW_MKDIR and not os.path.isdir(args[0]):
+                import time
+
+                time.sleep(_SLOW_MKDIR)  # a slow filesystem: whoever waits for the folder must wait
         elif event == "open" and len(args) >= 2 and isinstance(args[1], str) and set(args[1]) & set("wax+"):
             if isinstance(args[0], (str, bytes, os.PathLike)):
                 _record("write", args[0])

@@ -71,7 +71,15 @@ CASES: Dict[str, Tuple[List[str], str]] = {
         "the model reaches its device after its optimizer is built, then compiles itself in place "
         "(model.compile()): wrapped after the move, plain checkpoint keys (#14.10, #14.9)",
     ),
+    "vae_results": (
+        [],
+        "save_image, plt.savefig, CSV and JSON results written into a folder rank 0 creates (#14.6), "
+        "which every rank lists right after (#14.7: a slow mkdir makes the race certain)",
+    ),
 }
+
+# extra environment of the launched run, per case
+LAUNCH_ENV = {"vae_results": {"DISTIFY_E2E_SLOW_MKDIR": "2"}}
 
 BACKENDS = [
     "ddp",
@@ -120,7 +128,7 @@ class Run:
         return torch.load(dump)
 
 
-def run(script: Path, args, root: Path, how: str) -> Run:
+def run(script: Path, args, root: Path, how: str, extra_env=None) -> Run:
     """Run `script` ("python", "torchrun" or "horovodrun") in a fresh root/run with the spies."""
     holder = {}
 
@@ -130,6 +138,7 @@ def run(script: Path, args, root: Path, how: str) -> Run:
         workdir = base / "run"
         workdir.mkdir(parents=True)
         env, log, dumps = spy_env(base)
+        env.update(extra_env or {})
         holder.update(workdir=workdir, log=log, dumps=dumps)
         if how == "python":
             return run_python(script, args, env=env, cwd=workdir, check=False)
@@ -215,7 +224,8 @@ def check(name: str, backend: str, tmp_path: Path, script: Path = None) -> None:
     original = run(FIXTURES / f"{name}.in.py", args, tmp_path / "original", "python")
     script = script or migrated(name, backend, tmp_path)
     run(script, args, tmp_path / "plain", "python")
-    distributed = run(script, args, tmp_path / "launched", "torchrun" if backend == "ddp" else "horovodrun")
+    launcher = "torchrun" if backend == "ddp" else "horovodrun"
+    distributed = run(script, args, tmp_path / "launched", launcher, LAUNCH_ENV.get(name))
     assert_ranks_identical(distributed, label)
     assert_one_writer(original, distributed, label)
     assert_checkpoint_keys(original, distributed, label)
@@ -251,3 +261,15 @@ def test_rank_check_sees_an_unwrapped_model(tmp_path):
     script.write_text(text)
     with pytest.raises(AssertionError, match="differs between rank 0 and rank 1"):
         check("late_move_compile", "ddp", tmp_path, script=script)
+
+
+def test_listing_the_folder_needs_the_wait(tmp_path):
+    """Control for #14.7: without the barrier after rank 0's os.makedirs, rank 1 lists a folder
+    that does not exist yet (the spy's slow mkdir makes this certain) and the launch fails."""
+    script = migrated("vae_results", "ddp", tmp_path)
+    lines = script.read_text().splitlines(keepends=True)
+    wait = [ln for ln in lines if "waits for the directory rank 0 creates" in ln]
+    assert len(wait) == 1, "".join(lines)
+    script.write_text("".join(ln for ln in lines if ln not in wait))
+    with pytest.raises(AssertionError, match="FileNotFoundError"):
+        check("vae_results", "ddp", tmp_path, script=script)
