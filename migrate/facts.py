@@ -251,6 +251,7 @@ class Facts:
                 else:
                     read = {dotted(n) for n in all_nodes(value) if isinstance(n, (cst.Name, cst.Attribute))}
                     pending.append((name, read))
+            functions = [fn for fn in self.all_functions() if self.callers(fn)]
             changed = True
             while changed:
                 changed = False
@@ -258,6 +259,15 @@ class Facts:
                     if name not in found and read & found:
                         found.add(name)
                         changed = True
+                # a parameter every caller passes a rank to: `Trainer(model, data, rank)` / `gpu_id`
+                for fn in functions:
+                    for p in self.params(fn):
+                        if p in found:
+                            continue
+                        values = [self.bound_value(c.call, fn, p) for c in self.callers(fn)]
+                        if all(v is not None and reads_rank(v, frozenset(found)) for v in values):
+                            found.add(p)
+                            changed = True
             self._rank_names = frozenset(found)
         return self._rank_names
 

@@ -387,6 +387,8 @@ class AuditCheck(Rule):
     def apply(self, ctx: Context) -> None:
         if self.needs_distributed and ctx.anatomy.flavour is None:
             return
+        if any((c.qualname or "").startswith("torch.distributed.rpc") for c in ctx.anatomy.calls):
+            return  # RPC (parameter servers, pipelines): not the data-parallel invariants checked here
         self.check(ctx, ctx.anatomy)
 
     def check(self, ctx: Context, a: Anatomy) -> None:  # pragma: no cover - abstract

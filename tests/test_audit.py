@@ -136,6 +136,8 @@ MISTAKES = [
     ("ddp_trainer.py", '"MODEL_STATE": self.model.module.state_dict()', '"MODEL_STATE": self.model.state_dict()', {"DST957"}),
     ("ddp_trainer.py", "if self.gpu_id == 0 and epoch % self.save_every == 0:", "if epoch % self.save_every == 0:",
      {"DST955", "DST956"}),
+    ("ddp_spawn_trainer.py", "if self.gpu_id == 0 and epoch % self.save_every == 0:", "if epoch % self.save_every == 0:",
+     {"DST955", "DST956"}),
     ("ddp_main_worker.py", "num_workers=0, sampler=train_sampler", "num_workers=0", {"DST951"}),
     ("ddp_main_worker.py", "batch_size=args.batch_size, shuffle=False)",
      "batch_size=args.batch_size, sampler=torch.utils.data.distributed.DistributedSampler(val_dataset, shuffle=False))",
