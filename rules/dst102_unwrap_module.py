@@ -88,14 +88,15 @@ class UnwrapModule(Rule):
                     mode = _still_wrapped(a, model, anchor, site.scope, dotted(x.value), site.stmt, mode)
                     if mode is None:
                         continue
-                    fn = _callee(a, site)
-                    if fn is None:
-                        continue
-                    params = [p.name.value for p in fn.params.params]
-                    if fn in a.methods and params and params[0] == "self":
-                        params = params[1:]
-                    if i >= len(params) or not _only_reads(a, fn, params[i]):
-                        continue
+                    if not _copies(site, i):
+                        fn = _callee(a, site)
+                        if fn is None:
+                            continue
+                        params = [p.name.value for p in fn.params.params]
+                        if fn in a.methods and params and params[0] == "self":
+                            params = params[1:]
+                        if i >= len(params) or not _only_reads(a, fn, params[i]):
+                            continue
                     name = dotted(x.value)
                     if mode == "module":
                         new_value = lambda n: cst.Attribute(value=n, attr=cst.Name("module"))
@@ -104,6 +105,34 @@ class UnwrapModule(Rule):
                         new_value = lambda n, rt=rt: cst.parse_expression(f"{rt}.unwrap()").with_changes(args=[cst.Arg(n)])
                     ctx.edits.replace(x.value, new_value)
                     ctx.report(self.code, x.value, f"{dotted(site.call.func)}() gets the unwrapped model: it only reads or copies it")
+
+
+# library calls that copy a model or read its parameters into a copy: argument position -> called
+COPIES = {
+    "copy.deepcopy": 0,
+    "copy.copy": 0,
+    "torch.optim.swa_utils.AveragedModel": 0,
+    "torch.optim.swa_utils.update_bn": 1,
+    "timm.utils.ModelEma": 0,
+    "timm.utils.ModelEmaV2": 0,
+    "timm.utils.ModelEmaV3": 0,
+    "timm.utils.model_ema.ModelEma": 0,
+    "timm.utils.model_ema.ModelEmaV2": 0,
+    "timm.utils.model_ema.ModelEmaV3": 0,
+}
+
+
+def _copies(site, i: int) -> bool:
+    """Argument `i` of this call is copied or averaged into a copy: an EMA / SWA model, a
+    deepcopy. The copy must be of the module, not of the DDP wrapper (its state would carry
+    `module.` keys and its updates would go through the wrapper)."""
+    if site.qualname in COPIES:
+        return COPIES[site.qualname] == i
+    func = site.call.func
+    if site.qualname is not None or not isinstance(func, cst.Attribute) or i != 0:
+        return False
+    receiver = (dotted(func.value) or "").lower()
+    return func.attr.value == "update_parameters" or (func.attr.value == "update" and "ema" in receiver)
 
 
 def _still_wrapped(a, model, anchor, scope, name, stmt, mode):
