@@ -76,6 +76,11 @@ CASES: Dict[str, Tuple[List[str], str]] = {
         "save_image, plt.savefig, CSV and JSON results written into a folder rank 0 creates (#14.6), "
         "which every rank lists right after (#14.7: a slow mkdir makes the race certain)",
     ),
+    "ema_swa": (
+        [],
+        "AveragedModel EMA and deepcopy'd best model made from the trained model after the wrap: "
+        "copies of the module, saved with the original's keys (#14.5)",
+    ),
 }
 
 # extra environment of the launched run, per case
