@@ -142,10 +142,10 @@ def test_the_check_sees_a_late_import() -> None:
         "import torch\n"
         "dist.init_process_group(**runtime.init_kwargs())\n"
         "x = 1\n"
-        "import matplotlib.pyplot as plt\n"
+        "import json\n"
         "import torch.distributed as dist\n"
         "from distify import runtime\n"
-        "def f():\n    return later\n"
-        "import later\n"
+        "def f():\n    return textwrap\n"
+        "import textwrap\n"
     )
     assert sorted(n for n, _ in late_imports(source)) == ["dist", "runtime"]
