@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import LOAD, SAVE, arg
+from distify.anatomy import LOAD, SAVE, arg, assigned_name
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, kwarg_value
 from distify.walk import walk
 
@@ -50,7 +50,30 @@ class LoadMapLocation(Rule):
     summary = "torch.load onto the rank's device, after rank 0's save of that file"
 
     def apply(self, ctx: Context) -> None:
+        private = _per_rank_temporary_loads(ctx)
+        for site in private:
+            if isinstance(site.stmt, cst.SimpleStatementLine) and ".broadcast_object(" in ctx.code(site.stmt):
+                continue  # an earlier run's
+            # rank 0 saved the file into its own temporary directory: every other rank has its own,
+            # empty one. Rank 0 reads it and hands the object to the others.
+            rt = ctx.runtime
+            main = ctx.main_process
+
+            def from_rank0(n: cst.Call, rt=rt, main=main) -> cst.BaseExpression:
+                if kwarg_value(n, "map_location") is None and len([x for x in n.args if x.keyword is None]) <= 1:
+                    n = add_kwarg(n, "map_location", cst.SimpleString('"cpu"'))
+                return cst.parse_expression(f"{rt}.broadcast_object(_ if {main} else None)").visit(_Put(n))
+
+            ctx.edits.replace(site.call, from_rank0)
+            ctx.report(
+                self.code,
+                site.call,
+                f"torch.load of a file in rank 0's own temporary directory: rank 0 reads it, {rt}.broadcast_object "
+                "hands it to the other ranks",
+            )
         for site in ctx.anatomy.calls_to(LOAD):
+            if site in private:
+                continue
             positional = [x for x in site.call.args if x.keyword is None]
             if kwarg_value(site.call, "map_location") is not None or len(positional) > 1:
                 continue
@@ -63,7 +86,10 @@ class LoadMapLocation(Rule):
         a = ctx.anatomy
         saves = [s for s in a.calls_to(SAVE) if _path(ctx, s.call, 1) is not None and _rank0_only(ctx, s.stmt)]
         placed = set()
+        private = _per_rank_temporary_loads(ctx)
         for load in a.calls_to(LOAD):
+            if load in private:
+                continue
             key = _path(ctx, load.call, 0)
             if key is None or ctx.in_rank_guard(load.stmt):
                 continue
@@ -97,6 +123,84 @@ class LoadMapLocation(Rule):
                     + (f" (line {line})" if line else "")
                     + " and every rank reads it",
                 )
+
+
+class _Put(cst.CSTTransformer):
+    """Replaces the placeholder name `_` by a node."""
+
+    def __init__(self, node: cst.BaseExpression) -> None:
+        super().__init__()
+        self.node = node
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name):
+        return self.node if original_node.value == "_" else updated_node
+
+
+TEMPORARY_DIRS = {"tempfile.TemporaryDirectory", "tempfile.mkdtemp"}
+
+
+def _per_rank_temporary_loads(ctx: Context) -> list:
+    """torch.load calls on every rank of a path inside a temporary directory the same function
+    made (``with tempfile.TemporaryDirectory() as tmp:``, ``tmp = tempfile.mkdtemp()``), where a
+    torch.save on rank 0 only wrote: each rank's temporary directory is its own."""
+    if "per_rank_tmp_loads" in ctx.state:
+        return ctx.state["per_rank_tmp_loads"]
+    a = ctx.anatomy
+    tmp_names = {}  # scope id -> names bound to a temporary directory
+    for site in a.calls_to(TEMPORARY_DIRS):
+        stmt = site.stmt
+        names = set()
+        if isinstance(stmt, cst.With):
+            for item in stmt.items:
+                if item.item is site.call and item.asname is not None and isinstance(item.asname.name, cst.Name):
+                    names.add(item.asname.name.value)
+        else:
+            name = assigned_name(stmt, site.call)
+            if name:
+                names.add(name)
+        tmp_names.setdefault(id(site.scope), set()).update(names)
+    # paths built from them: `best_path = os.path.join(tmp, "best.pt")`
+    for stmt, scope in a.stmt_scope.items():
+        names = tmp_names.get(id(scope))
+        if not names or not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+            continue
+        small = stmt.body[0]
+        if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+            if _mentions_any(cst.Arg(small.value), names):
+                names.add(small.targets[0].target.value)
+    out = []
+    if tmp_names:
+        saved_in = [
+            s for s in a.calls_to(SAVE)
+            if (s.stmt in ctx.edits.guards or ctx.in_rank_guard(s.stmt))
+            and _mentions_any(arg(s.call, 1, "f"), tmp_names.get(id(s.scope), set()))
+        ]
+        for load in a.calls_to(LOAD):
+            names = tmp_names.get(id(load.scope), set())
+            if not names or ctx.in_rank_guard(load.stmt) or not _mentions_any(arg(load.call, 0, "f"), names):
+                continue
+            if any(s.scope is load.scope for s in saved_in):
+                out.append(load)
+    ctx.state["per_rank_tmp_loads"] = out
+    return out
+
+
+def _mentions_any(a, names) -> bool:
+    if a is None or not names:
+        return False
+    found = []
+
+    class V(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            if n.value in names:
+                found.append(n)
+
+        def visit_Attribute(self, n: cst.Attribute) -> bool:
+            n.value.visit(self)
+            return False
+
+    a.value.visit(V())
+    return bool(found)
 
 
 def _path(ctx: Context, call: cst.Call, pos: int):

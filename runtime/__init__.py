@@ -34,6 +34,7 @@ __all__ = [
     "all_reduce",
     "all_reduce_sum",
     "barrier",
+    "broadcast_object",
     "choose_backend",
     "cleanup",
     "device",
@@ -415,6 +416,24 @@ def barrier() -> None:
     hvd = _horovod()
     if hvd is not None:
         hvd.barrier()
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's `obj` on every rank (any picklable object); `obj` itself without peers.
+
+    For what only rank 0 can read, such as a file in rank 0's own temporary directory:
+    ``state = runtime.broadcast_object(torch.load(path, map_location="cpu") if
+    runtime.is_main_process() else None)``."""
+    if _group_ready():
+        holder = [obj]
+        torch.distributed.broadcast_object_list(holder, src=0)
+        return holder[0]
+    hvd = _horovod()
+    if hvd is not None:
+        # one name on every rank: Horovod names the collective after type(obj) by default, which
+        # differs between rank 0's object and the others' None (and the job hangs)
+        return hvd.broadcast_object(obj, root_rank=0, name="distify.broadcast_object")
+    return obj
 
 
 _OPS = ("sum", "mean", "max", "min")
