@@ -81,6 +81,11 @@ CASES: Dict[str, Tuple[List[str], str]] = {
         "AveragedModel EMA and deepcopy'd best model made from the trained model after the wrap: "
         "copies of the module, saved with the original's keys (#14.5)",
     ),
+    "tmp_best": (
+        [],
+        "the best weights kept in a TemporaryDirectory by rank 0 and reloaded by every rank: rank 0 "
+        "reads them and broadcasts (#14.8)",
+    ),
 }
 
 # extra environment of the launched run, per case
