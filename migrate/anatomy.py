@@ -18,7 +18,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from distify.facts import Binding, Facts, arg, dotted, keeps_object, rank_dependent, training_call  # noqa: F401 - re-exported
+from distify.facts import Binding, Facts, all_nodes, arg, dotted, keeps_object, rank_dependent, reads_rank, training_call  # noqa: F401 - re-exported
 from distify.walk import walk
 from distify.standalone import find_block, is_standalone_block
 
@@ -85,6 +85,8 @@ COLLECTIVES = {
     "distify.runtime.reduce_mean",
     "distify.runtime.all_reduce_sum",
 }
+# torchrun's variables for where a process sits (horovodrun and srun set none of them)
+ENV_RANK_VARS = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE"})
 NOT_OPTIMIZERS = ("torch.optim.lr_scheduler", "torch.optim.swa_utils", "torch.optim.Optimizer")
 
 # nn.Module API that works unchanged on a DistributedDataParallel wrapper.
@@ -1108,6 +1110,48 @@ class Anatomy:
 
     def in_rank_guard(self, stmt: cst.CSTNode) -> bool:
         return self.facts.in_rank_guard(stmt)
+
+    def reads_rank(self, node: cst.CSTNode) -> bool:
+        """The expression's value differs between ranks because it reads a rank: a rank call or
+        name, a name the script binds to one, a rank environment variable (see ``facts.reads_rank``).
+        A write whose arguments read the rank goes to a per-rank file: every rank keeps it."""
+        return reads_rank(node, self.facts.rank_names)
+
+    def environ_rank(self, call: cst.Call) -> Optional[Tuple[str, Optional[cst.BaseExpression]]]:
+        """``int(os.environ["LOCAL_RANK"])`` -> ("LOCAL_RANK", None); ``int(os.environ.get("RANK",
+        -1))`` -> ("RANK", <-1>): a read of one of torchrun's rank variables (RANK, LOCAL_RANK,
+        WORLD_SIZE) with its default, else None. horovodrun and srun set none of them."""
+        if not (isinstance(call.func, cst.Name) and call.func.value == "int" and len(call.args) == 1):
+            return None
+        inner = call.args[0].value
+        key: Optional[str] = None
+        default: Optional[cst.BaseExpression] = None
+        if isinstance(inner, cst.Subscript) and self.qualname(inner.value) == "os.environ":
+            sl = inner.slice[0].slice if len(inner.slice) == 1 else None
+            if isinstance(sl, cst.Index) and isinstance(sl.value, cst.SimpleString):
+                key = sl.value.evaluated_value
+        elif (
+            isinstance(inner, cst.Call)
+            and isinstance(inner.func, cst.Attribute)
+            and inner.func.attr.value == "get"
+            and self.qualname(inner.func.value) == "os.environ"
+            and inner.args
+            and isinstance(inner.args[0].value, cst.SimpleString)
+        ):
+            key = inner.args[0].value.evaluated_value
+            default = inner.args[1].value if len(inner.args) > 1 else None
+        return (key, default) if key in ENV_RANK_VARS else None
+
+    def mentions_rank(self, node: cst.CSTNode) -> bool:
+        """The expression names a rank, a device index or a process-specific value: a per-rank file
+        name, a log line that says which rank speaks. Rules leave such a write or print on every
+        rank (each process has its own file or line); the audit does not count it as a duplicate."""
+        if self.reads_rank(node):
+            return True
+        return any(
+            isinstance(n, cst.Name) and any(k in n.value.lower() for k in ("gpu", "device", "worker", "pid"))
+            for n in all_nodes(node)
+        )
 
     def callers(self, fn: cst.FunctionDef, any_receiver: bool = False) -> List[CallSite]:
         return self.facts.callers(fn, any_receiver)

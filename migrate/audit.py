@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import libcst as cst
 
 from distify.anatomy import DDP, DIST_SAMPLER, Anatomy, CallSite, Loader, arg, dotted, ref_text
-from distify.facts import all_nodes, reads_rank
+from distify.facts import all_nodes
 
 AUDIT_CODES = tuple(f"DST95{i}" for i in range(10))
 
@@ -216,18 +216,7 @@ def feeding_loaders(a: Anatomy) -> Dict[Loader, List[cst.CSTNode]]:
     return out
 
 
-def mentions_rank(a: Anatomy, node: cst.CSTNode) -> bool:
-    """The expression names a rank, a device index or a process-specific value: a per-rank file
-    name, a log line that says which rank speaks."""
-    if reads_rank(node, a.facts.rank_names):
-        return True
-    for n in all_nodes(node):
-        if isinstance(n, cst.Name) and any(k in n.value.lower() for k in ("gpu", "device", "worker", "pid")):
-            return True
-    return False
-
-
 __all__ = [
-    "AUDIT_CODES", "DIST_SAMPLER", "feeding_loaders", "loader_loops", "is_audit", "mentions_rank",
+    "AUDIT_CODES", "DIST_SAMPLER", "feeding_loaders", "loader_loops", "is_audit",
     "sampler_of", "wrapped_models",
 ]

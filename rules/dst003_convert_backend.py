@@ -194,9 +194,9 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
                     ),
                 )
         # os.environ["LOCAL_RANK"] and friends only exist under torchrun
-        env_key = _environ_rank(ctx, call)
-        if env_key is not None:
-            neutral(call, ENV_RANKS[env_key])
+        env = a.environ_rank(call)
+        if env is not None:
+            neutral(call, ENV_RANKS[env[0]])
 
     if left:
         # left in place they would fail at run time, the old backend being gone: convert nothing
@@ -262,28 +262,6 @@ def _hvd_op(ctx: Context, call: cst.Call) -> str:
     if avg is not None and isinstance(avg.value, cst.Name) and avg.value.value == "False":
         return "sum"
     return "mean"  # hvd.allreduce averages by default
-
-
-def _environ_rank(ctx: Context, call: cst.Call) -> Optional[str]:
-    """`int(os.environ["LOCAL_RANK"])` / `int(os.environ.get("LOCAL_RANK", 0))` -> "LOCAL_RANK"."""
-    if not (isinstance(call.func, cst.Name) and call.func.value == "int" and len(call.args) == 1):
-        return None
-    inner = call.args[0].value
-    key = None
-    if isinstance(inner, cst.Subscript) and ctx.anatomy.qualname(inner.value) == "os.environ":
-        sl = inner.slice[0].slice if inner.slice else None
-        if isinstance(sl, cst.Index) and isinstance(sl.value, cst.SimpleString):
-            key = sl.value.evaluated_value
-    elif (
-        isinstance(inner, cst.Call)
-        and isinstance(inner.func, cst.Attribute)
-        and inner.func.attr.value == "get"
-        and ctx.anatomy.qualname(inner.func.value) == "os.environ"
-        and inner.args
-        and isinstance(inner.args[0].value, cst.SimpleString)
-    ):
-        key = inner.args[0].value.evaluated_value
-    return key if key in ENV_RANKS else None
 
 
 def _unwrap_skip_synchronize(ctx: Context) -> None:

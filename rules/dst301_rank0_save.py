@@ -36,6 +36,9 @@ class Rank0Save(Rule):
         for site in ctx.anatomy.save_sites():
             if not call_statement(site.stmt, site.call) or ctx.in_rank_guard(site.stmt):
                 continue
+            target = site.call.args[1:] if site.qualname in SAVE else site.call.args  # where it writes
+            if any(ctx.anatomy.reads_rank(x.value) for x in target):
+                continue  # `torch.save(state, f"ckpt_rank{rank}.pt")`: each rank saves its own file
             what = "torch.save" if site.qualname in SAVE else f"{site.call.func.attr.value}()"
             if ctx.guard_statement(site.stmt):
                 ctx.report(self.code, site.call, f"{what} runs on the main process only")

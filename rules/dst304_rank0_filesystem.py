@@ -67,6 +67,8 @@ class Rank0Filesystem(Rule):
             )
             if not is_fs or not call_statement(site.stmt, site.call) or ctx.in_rank_guard(site.stmt):
                 continue
+            if any(a.reads_rank(x.value) for x in site.call.args):
+                continue  # a per-rank file (`f"samples_rank{rank}.png"`): each rank writes its own
             if ctx.guard_statement(site.stmt):
                 ctx.report(self.code, site.call, f"{ctx.code(site.call.func)} runs on the main process only")
                 if site.qualname in ("os.makedirs", "os.mkdir") or getattr(site.call.func, "attr", None) is not None and site.call.func.attr.value == "mkdir":
@@ -81,8 +83,8 @@ class Rank0Filesystem(Rule):
                 continue
             if not set(str(mode.value.evaluated_value)) & set("wax") or "devnull" in ctx.code(path.value):
                 continue
-            if ctx.in_rank_guard(site.stmt):
-                continue
+            if ctx.in_rank_guard(site.stmt) or a.reads_rank(path.value):
+                continue  # already on some ranks, or a per-rank file each rank writes itself
             os_name = ctx.imported("os", None, "os")
             cond = ctx.main_process
             ctx.edits.replace(

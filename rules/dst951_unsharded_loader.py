@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from distify.anatomy import Anatomy
-from distify.audit import feeding_loaders, mentions_rank, sampler_of
+from distify.audit import feeding_loaders, sampler_of
 from distify.rules.base import AuditCheck, Context
 from distify.rules.dst910_iterable_dataset import is_iterable_dataset
 
@@ -41,7 +41,7 @@ class UnshardedLoader(AuditCheck):
             has_sampler, _ = sampler_of(a, loader)
             if has_sampler or is_iterable_dataset(ctx, loader):
                 continue
-            if loader.dataset is not None and mentions_rank(a, loader.dataset):
+            if loader.dataset is not None and a.mentions_rank(loader.dataset):
                 continue  # split by hand: Subset(ds, range(rank, len(ds), world)), split_dataset_by_node
             name = loader.target or "this DataLoader"
             ctx.warn(

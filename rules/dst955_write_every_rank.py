@@ -7,7 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from distify.anatomy import Anatomy, arg
-from distify.audit import SAVE_METHODS, SAVES, mentions_rank
+from distify.audit import SAVE_METHODS, SAVES
 from distify.rules.base import AuditCheck, Context
 
 
@@ -41,7 +41,7 @@ class WriteEveryRank(AuditCheck):
     def check(self, ctx: Context, a: Anatomy) -> None:
         for c in a.calls:
             what = _writes(c)
-            if what is None or a.call_on_some_ranks(c) or mentions_rank(a, c.call):
+            if what is None or a.call_on_some_ranks(c) or a.mentions_rank(c.call):
                 continue
             ctx.warn(
                 self.code,

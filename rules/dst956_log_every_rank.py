@@ -7,7 +7,6 @@ from typing import Optional
 import libcst as cst
 
 from distify.anatomy import SUMMARY_WRITER, TQDM, Anatomy, arg
-from distify.audit import mentions_rank
 from distify.rules.base import AuditCheck, Context
 
 TRACKERS = SUMMARY_WRITER | {"wandb.init", "mlflow.start_run", "comet_ml.Experiment", "neptune.init_run"}
@@ -49,7 +48,7 @@ class LogEveryRank(AuditCheck):
                 continue
             if what != "tracker" and not a.on_training_path(c.stmt):
                 continue
-            if a.call_on_some_ranks(c) or mentions_rank(a, c.call) or ctx.collectives_in(c.stmt):
+            if a.call_on_some_ranks(c) or a.mentions_rank(c.call) or ctx.collectives_in(c.stmt):
                 continue
             if what == "tracker":
                 msg = "the tracker starts on every rank (N runs or N event files); create it on rank 0 only"
@@ -68,7 +67,7 @@ def _kind(a: Anatomy, c) -> Optional[str]:
     for kinds, kind, switch in ((TQDM, "tqdm", "disable"), (TRACKERS, "tracker", "mode")):
         if q in kinds:
             off = arg(call, None, switch)
-            return None if off is not None and mentions_rank(a, off.value) else kind
+            return None if off is not None and a.mentions_rank(off.value) else kind
     return None
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from distify.anatomy import Anatomy, arg
-from distify.audit import feeding_loaders, mentions_rank
+from distify.audit import feeding_loaders
 from distify.rules.base import AuditCheck, Context
 
 DRAWS = {
@@ -44,7 +44,7 @@ class SameRandomBatches(AuditCheck):
     def check(self, ctx: Context, a: Anatomy) -> None:
         if feeding_loaders(a):
             return
-        if any(mentions_rank(a, c.call) for c in a.calls_to(SEEDS)):
+        if any(a.mentions_rank(c.call) for c in a.calls_to(SEEDS)):
             return
         for c in a.calls_to(DRAWS):
             if arg(c.call, None, "generator") is not None or not a.on_training_path(c.stmt):
