@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import libcst as cst
 
-from distify.anatomy import endless_loop
+from distify.anatomy import dotted, endless_loop
 from distify.rules.base import Context, Rule
 from distify.walk import walk
 
@@ -64,7 +66,7 @@ class SetEpoch(Rule):
                 body = ep.loop.body
                 if (ep.loop, obj) in done:
                     continue  # several batch loops of one loader in one epoch loop
-                if not isinstance(body, cst.IndentedBlock) or not body.body or _calls_set_epoch(ep.loop):
+                if not isinstance(body, cst.IndentedBlock) or not body.body or _calls_set_epoch(ep.loop, obj):
                     continue
                 first = body.body[0]
                 loader_stmt = loader.call.stmt
@@ -143,13 +145,16 @@ def _target_names(t: cst.BaseExpression):
     return set()
 
 
-def _calls_set_epoch(loop: cst.For) -> bool:
+def _calls_set_epoch(loop: cst.For, obj: Optional[str] = None) -> bool:
+    """The loop body calls ``set_epoch`` – on `obj` (a sampler's dotted name) when given: the
+    script's own ``sampler.set_epoch(epoch)`` for one loader says nothing of another loader's."""
     found = []
 
     class V(cst.CSTVisitor):
         def visit_Call(self, node: cst.Call) -> None:
             if isinstance(node.func, cst.Attribute) and node.func.attr.value == "set_epoch":
-                found.append(node)
+                if obj is None or dotted(node.func.value) in (None, obj):
+                    found.append(node)
 
     walk(loop.body, V())
     return bool(found)
