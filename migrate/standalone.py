@@ -302,6 +302,35 @@ _BARRIER = {
     ),
 }
 
+_BROADCAST_OBJECT = {
+    "ddp": Helper(
+        '''
+    @staticmethod
+    def broadcast_object(obj):
+        """Rank 0's obj (any picklable object) on every rank; obj itself without a process group."""
+        if not dist.is_initialized():
+            return obj
+        holder = [obj]
+        dist.broadcast_object_list(holder, src=0)
+        return holder[0]
+''',
+        modules=("dist",),
+    ),
+    "horovod": Helper(
+        '''
+    @staticmethod
+    def broadcast_object(obj):
+        """Rank 0's obj (any picklable object) on every rank; obj itself before hvd.init(). One
+        collective name on every rank: Horovod's default names it after type(obj), which differs
+        between rank 0's object and the others' None."""
+        if not hvd.is_initialized():
+            return obj
+        return hvd.broadcast_object(obj, root_rank=0, name="distify.broadcast_object")
+''',
+        modules=("hvd",),
+    ),
+}
+
 _ALL_REDUCE_HEAD = '''
     @staticmethod
     def all_reduce(value, op="sum"):
@@ -479,6 +508,7 @@ HELPERS: Dict[str, Dict[str, Helper]] = {
     "device": _DEVICE,
     "device_ids": _both(_DEVICE_IDS),
     "barrier": _BARRIER,
+    "broadcast_object": _BROADCAST_OBJECT,
     "all_reduce": _ALL_REDUCE,
     "reduce_mean": _both(_REDUCE_MEAN),
     "all_reduce_sum": _both(_ALL_REDUCE_SUM),
