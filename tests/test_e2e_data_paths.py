@@ -25,7 +25,6 @@ removed) and show the same checks fail.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -54,7 +53,6 @@ CORPUS = REPO_ROOT / "fixtures" / "corpus"
 B = 16
 NPROC = 2
 EPOCHS = 2
-HAVE_HOROVOD = importlib.util.find_spec("horovod") is not None
 
 # Per script: which loaders (by creation order in one process) train, which of those shuffle, which
 # are evaluated whole on every rank, and the regular expression of its log lines.
@@ -347,7 +345,6 @@ def test_ddp_data_path(name, original, tmp_path):
 
 
 @pytest.mark.horovod
-@pytest.mark.skipif(not HAVE_HOROVOD, reason="horovod is not installed (run .ci/install-horovod.sh)")
 @pytest.mark.parametrize("name", sorted(SPEC))
 def test_horovod_data_path(name, original, tmp_path):
     _check(name, "horovod", "horovodrun", original, tmp_path)

@@ -17,7 +17,6 @@ fail these checks) are in the tests at the end.
 """
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import sys
 from dataclasses import dataclass
@@ -47,7 +46,6 @@ pytestmark = pytest.mark.e2e
 
 FIXTURES = REPO_ROOT / "fixtures" / "realscripts"
 NPROC = 2
-HAVE_HOROVOD = importlib.util.find_spec("horovod") is not None
 
 # case -> (arguments, what it exercises)
 CASES: Dict[str, Tuple[List[str], str]] = {
@@ -95,7 +93,7 @@ BACKENDS = [
     "ddp",
     pytest.param(
         "horovod",
-        marks=[pytest.mark.horovod, pytest.mark.skipif(not HAVE_HOROVOD, reason="horovod is not installed")],
+        marks=[pytest.mark.horovod],
     ),
 ]
 
