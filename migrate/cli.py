@@ -37,10 +37,10 @@ def _version(value: bool) -> None:
         raise typer.Exit(EXIT_OK)
 
 
-@app.command(help="Rewrite single-GPU PyTorch training scripts for DDP or Horovod.")
+@app.command(help="Rewrite single-GPU PyTorch training scripts for DDP, FSDP2 or Horovod.")
 def run(
     paths: Optional[List[str]] = typer.Argument(None, help="Files or directories to migrate; '-' reads stdin."),
-    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="ddp (default) or horovod."),
+    backend: Optional[str] = typer.Option(None, "--backend", "-b", help="ddp (default), horovod or fsdp (FSDP2 fully_shard)."),
     diff: bool = typer.Option(False, "--diff", help="Show a unified diff; write nothing."),
     check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 if any file would change."),
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only rules whose code starts with these prefixes (comma-separated)."),
@@ -50,6 +50,7 @@ def run(
     fp16_allreduce: Optional[bool] = typer.Option(None, "--fp16-allreduce", help="All-reduce gradients in float16."),
     adasum: Optional[bool] = typer.Option(None, "--adasum", help="Horovod: combine gradients with Adasum."),
     seed_per_rank: Optional[bool] = typer.Option(None, "--seed-per-rank", help="Re-seed each rank (seed + rank) once the models are built."),
+    bf16: Optional[bool] = typer.Option(None, "--bf16", help="FSDP: bfloat16 parameters, float32 gradient reduction (MixedPrecisionPolicy)."),
     standalone: Optional[bool] = typer.Option(None, "--standalone", help="Write the few runtime helpers into the script (plain PyTorch) instead of importing distify."),
     max_size: float = typer.Option(2.0, "--max-size", help="Skip files larger than this many MiB (exit 2).", min=0.001),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Report errors only."),

@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional, Sequence
 KEYS = {
     "backend", "select", "ignore", "exclude",
     "scale-lr", "scale_lr", "fp16-allreduce", "fp16_allreduce", "adasum", "seed-per-rank", "seed_per_rank",
-    "standalone",
+    "standalone", "bf16",
     "nproc", "nodes", "port",  # distify --launch
 }
 

@@ -7,7 +7,10 @@ from typing import Sequence
 
 DDP_BACKEND = "ddp"
 HOROVOD_BACKEND = "horovod"
-BACKENDS = (DDP_BACKEND, HOROVOD_BACKEND)
+FSDP_BACKEND = "fsdp"  # FSDP2: torch.distributed.fsdp.fully_shard
+BACKENDS = (DDP_BACKEND, HOROVOD_BACKEND, FSDP_BACKEND)
+# the backends built on torch.distributed process groups (init_process_group, DistributedSampler, torchrun)
+TORCH_BACKENDS = (DDP_BACKEND, FSDP_BACKEND)
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,7 @@ class Options:
     fp16_allreduce: bool = False
     adasum: bool = False
     seed_per_rank: bool = False  # re-seed each rank once the models are built (DST403)
+    bf16: bool = False  # FSDP: a bfloat16 MixedPrecisionPolicy (parameters in bf16, gradients reduced in fp32)
     standalone: bool = False  # inline the runtime helpers: the script does not import distify
     positions: bool = True  # report line:col (the CLI turns it off with --quiet)
     max_bytes: int = 2 * 1024 * 1024  # libcst needs ~30 s per MB: refuse what is no training script

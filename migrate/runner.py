@@ -29,7 +29,7 @@ def _split(values: Optional[List[str]]) -> List[str]:
 
 
 def execute(paths, backend=None, diff=False, check=False, select=None, ignore=None, strict=False, scale_lr=None,
-            fp16_allreduce=None, adasum=None, seed_per_rank=None, standalone=None, max_size=2.0, quiet=False,
+            fp16_allreduce=None, adasum=None, seed_per_rank=None, bf16=None, standalone=None, max_size=2.0, quiet=False,
             verbose=False, list_rules=False, explain=None, launch=False, nproc=None, nodes=None, port=None,
             version=None, no_cache=False) -> int:
     """One ``distify`` run from its parsed arguments (the parameters of ``distify.cli.run``); the exit code.
@@ -58,7 +58,7 @@ def execute(paths, backend=None, diff=False, check=False, select=None, ignore=No
         return EXIT_INPUT
     backend = (backend or cfg.get("backend") or "ddp").lower()
     if backend not in BACKENDS:
-        reporter.error("distify", f"unknown backend {backend!r}: choose ddp or horovod")
+        reporter.error("distify", f"unknown backend {backend!r}: choose ddp, horovod or fsdp")
         return EXIT_INPUT
     launch_defaults = (nproc if nproc is not None else cfg.get("nproc"), _split(nodes) or _as_list(cfg.get("nodes")),
                        port if port is not None else cfg.get("port"))
@@ -74,12 +74,16 @@ def execute(paths, backend=None, diff=False, check=False, select=None, ignore=No
         fp16_allreduce=bool(fp16_allreduce if fp16_allreduce is not None else cfg.get("fp16_allreduce", False)),
         adasum=bool(adasum if adasum is not None else cfg.get("adasum", False)),
         seed_per_rank=bool(seed_per_rank if seed_per_rank is not None else cfg.get("seed_per_rank", False)),
+        bf16=bool(bf16 if bf16 is not None else cfg.get("bf16", False)),
         standalone=bool(standalone if standalone is not None else cfg.get("standalone", False)),
         max_bytes=int(max_size * 2**20),
         positions=not quiet or strict,
     )
     if options.adasum and backend != "horovod":
         reporter.error("distify", "--adasum is a Horovod feature: use it with --backend horovod")
+        return EXIT_INPUT
+    if options.bf16 and backend != "fsdp":
+        reporter.error("distify", "--bf16 is an FSDP mixed precision policy: use it with --backend fsdp")
         return EXIT_INPUT
     from distify.engine import Mode
 
@@ -245,7 +249,7 @@ def _run_hint(path: str, backend: str, nproc, nodes, port, reporter) -> None:
 _FLAGS = {
     "--check": "check", "--diff": "diff", "--strict": "strict", "--quiet": "quiet", "-q": "quiet",
     "--verbose": "verbose", "-v": "verbose", "--scale-lr": "scale_lr", "--fp16-allreduce": "fp16_allreduce",
-    "--adasum": "adasum", "--seed-per-rank": "seed_per_rank", "--standalone": "standalone", "--no-cache": "no_cache",
+    "--adasum": "adasum", "--seed-per-rank": "seed_per_rank", "--bf16": "bf16", "--standalone": "standalone", "--no-cache": "no_cache",
 }
 _VALUES = {"--backend": "backend", "-b": "backend", "--select": "select", "--ignore": "ignore", "--max-size": "max_size"}
 _SIZE = re.compile(r"\d+(\.\d*)?|\.\d+")

@@ -15,7 +15,7 @@ from distify.anatomy import COLLECTIVES, Anatomy, CallSite, arg, dotted
 from distify.edits import EditSet, parse_stmts
 
 from distify.findings import Finding  # import-light, so that a cached run can report without libcst
-from distify.options import BACKENDS, DDP_BACKEND, HOROVOD_BACKEND, Options
+from distify.options import BACKENDS, DDP_BACKEND, FSDP_BACKEND, HOROVOD_BACKEND, TORCH_BACKENDS, Options
 from distify.walk import walk
 
 
@@ -400,10 +400,12 @@ __all__ = [
     "BACKENDS",
     "Context",
     "DDP_BACKEND",
+    "FSDP_BACKEND",
     "Finding",
     "HOROVOD_BACKEND",
     "Options",
     "Rule",
+    "TORCH_BACKENDS",
     "add_kwarg",
     "call_statement",
     "dotted",

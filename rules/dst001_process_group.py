@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.edits import _is_docstring, _is_import
-from distify.rules.base import DDP_BACKEND, HOROVOD_BACKEND, Context, Rule
+from distify.rules.base import HOROVOD_BACKEND, Context, Rule
 
 
 class ProcessGroupSetup(Rule):
@@ -44,10 +44,10 @@ class ProcessGroupSetup(Rule):
         anchor = first_statement(a.entry_owner, a.entry_body)
         if anchor is None:
             return
-        if ctx.backend == DDP_BACKEND:
-            line = f"{ctx.dist}.init_process_group(**{ctx.runtime}.init_kwargs())"
-        else:
+        if ctx.backend == HOROVOD_BACKEND:
             line = f"{ctx.hvd}.init()"
+        else:
+            line = f"{ctx.dist}.init_process_group(**{ctx.runtime}.init_kwargs())"
         ctx.edits.insert_before(anchor, ctx.stmts(line))
         ctx.state["setup_anchor"] = anchor
         where = "module level" if isinstance(a.entry_owner, cst.Module) else (

@@ -157,9 +157,9 @@ def test_options_are_in_the_key(tmp_path):
     keys = {settings_key(Options(**kw)) for kw in (
         {}, {"backend": "horovod"}, {"select": ("DST2",)}, {"ignore": ("DST2",)}, {"scale_lr": True},
         {"fp16_allreduce": True}, {"adasum": True}, {"seed_per_rank": True}, {"standalone": True},
-        {"positions": False}, {"max_bytes": 1},
+        {"positions": False}, {"max_bytes": 1}, {"backend": "fsdp"}, {"backend": "fsdp", "bf16": True},
     )}
-    assert len(keys) == 11
+    assert len(keys) == 13
 
 
 def test_code_fingerprint_follows_the_package_files(tmp_path, monkeypatch):
@@ -292,7 +292,7 @@ ARGVS = [
     ["-b", "horovod", "F"], ["--backend=horovod", "F"], ["--select", "DST2", "--select=DST3,DST9", "F"],
     ["--ignore", "DST911", "-v", "F"], ["--strict", "--check", "F"], ["--max-size", "0.5", "F"],
     ["--max-size=3", "F"], ["--scale-lr", "--fp16-allreduce", "--seed-per-rank", "--standalone", "F"],
-    ["--adasum", "-b", "horovod", "F"], ["--no-cache", "-", ], ["F", "G", "--check", "--check"],
+    ["--adasum", "-b", "horovod", "F"], ["--bf16", "-b", "fsdp", "F"], ["--no-cache", "-", ], ["F", "G", "--check", "--check"],
 ]
 
 

@@ -35,7 +35,7 @@ def _expected_paths(src: Path, backend: str):
 
 
 FLAGS = {"--scale-lr": "scale_lr", "--fp16-allreduce": "fp16_allreduce", "--adasum": "adasum", "--seed-per-rank": "seed_per_rank",
-         "--standalone": "standalone"}
+         "--standalone": "standalone", "--bf16": "bf16"}
 
 
 def _options(src: Path, backend: str) -> Options:
@@ -47,6 +47,8 @@ def _options(src: Path, backend: str) -> Options:
             kwargs[FLAGS[flag]] = True
     if kwargs.get("adasum") and backend != "horovod":
         kwargs.pop("adasum")
+    if kwargs.get("bf16") and backend != "fsdp":
+        kwargs.pop("bf16")
     return Options(backend=backend, **kwargs)
 
 
