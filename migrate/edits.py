@@ -376,12 +376,29 @@ def _import_order(line: str) -> tuple:
     return (line.startswith("from distify") or line.startswith("import distify"), line.startswith("from "), line)
 
 
+def _merge_from_imports(lines: Sequence[str]) -> List[str]:
+    """One ``from M import a, b`` line for the names distify imports from one module (the
+    checkpoint API, ``get_model_state_dict`` with its ``StateDictOptions``), in first-seen order."""
+    out: List[str] = []
+    merged: dict = {}
+    for line in lines:
+        words = line.split(" import ", 1)
+        if line.startswith("from ") and len(words) == 2 and "(" not in line:
+            module = words[0][len("from "):]
+            if module in merged:
+                out[merged[module]] += ", " + words[1]
+                continue
+            merged[module] = len(out)
+        out.append(line)
+    return out
+
+
 def _insert_imports(
     body: List[cst.CSTNode], lines: Sequence[str], also_needed: Iterable[str] = ()
 ) -> List[cst.CSTNode]:
     """`body` with the import `lines` added after its import block, bound before the first statement
     that reads what they bind (or any of `also_needed`: names defined next to the imports)."""
-    new = parse_stmts("\n".join(sorted(lines, key=_import_order)))
+    new = parse_stmts("\n".join(_merge_from_imports(sorted(lines, key=_import_order))))
     needed = frozenset(also_needed).union(*(bound_by_import(line) for line in lines))
     anchor = import_anchor(body, needed)
     # keep distify's own imports last: new torch imports go above an existing `from distify ...`

@@ -215,6 +215,8 @@ class Context:
                 continue
             if parent in self.edits.guards:
                 continue
+            if any(s in self.edits.before for s, _ in guarded):
+                continue  # what goes before them (a gathered state dict) runs on every rank
             cond = conds.pop()
             for stmt, _ in guarded:
                 del self.edits.guards[stmt]

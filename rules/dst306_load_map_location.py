@@ -77,6 +77,12 @@ class LoadMapLocation(Rule):
             positional = [x for x in site.call.args if x.keyword is None]
             if kwarg_value(site.call, "map_location") is not None or len(positional) > 1:
                 continue
+            if site in ctx.state.get("cpu_loads", ()):
+                # set_model_state_dict/set_optimizer_state_dict shard rank 0's full tensors onto each
+                # rank's device: the full copy stays on the CPU (it may not fit one GPU)
+                ctx.edits.replace(site.call, lambda n: add_kwarg(n, "map_location", cst.SimpleString('"cpu"')))
+                ctx.report(self.code, site.call, 'torch.load maps tensors onto "cpu" (a full state, sharded by set_*_state_dict)')
+                continue
             dev = f"{ctx.runtime}.device()"
             ctx.edits.replace(site.call, lambda n, dev=dev: add_kwarg(n, "map_location", cst.parse_expression(dev)))
             ctx.report(self.code, site.call, f"torch.load maps tensors onto {dev}")

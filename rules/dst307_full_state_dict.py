@@ -1,0 +1,303 @@
+"""DST307 sharded state leaves and enters the process as a full state dict (FSDP)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Dict, List, Optional, Tuple
+
+import libcst as cst
+
+from distify.anatomy import LOAD, SAVE, dotted
+from distify.rules.base import FSDP_BACKEND, Context, Rule, kwarg_value, reaching_scopes
+from distify.walk import walk
+
+DCP_STATE = "torch.distributed.checkpoint.state_dict"
+# writes that take the state out of the process (the first argument is what is written)
+WRITES = SAVE | {"safetensors.torch.save_file"}
+
+
+def sharded_models(ctx: Context) -> list:
+    """(model, anchor) for every model ``fully_shard`` shards: DST121's record when it ran, else
+    every trained model, sharded right after it reaches its device (where DST121 puts it)."""
+    if "sharded" in ctx.state:
+        return ctx.state["sharded"]
+    return [(m, m.place) for m in ctx.anatomy.models]
+
+
+class FullStateDict(Rule):
+    """Save and load the full state of a sharded model and its optimizer (FSDP).
+
+    What it does:
+        Where the state of a model ``fully_shard`` shards (or of its optimizer) is written out –
+        ``torch.save(model.state_dict(), path)``, inside a dict literal
+        (``{"model": model.state_dict(), "optimizer": optimizer.state_dict()}``), through a name
+        that is saved later, or through a helper of the script that saves its argument – the
+        state comes from ``get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+        cpu_offload=True))`` (``get_optimizer_state_dict(model, optimizer, options=...)``), bound
+        to a name before the statement that writes it: every rank computes it, only the write is
+        under DST301's rank-0 guard. ``model.load_state_dict(...)`` / ``optimizer.load_state_dict(...)``
+        of a checkpoint (``torch.load``) after sharding become ``set_model_state_dict`` /
+        ``set_optimizer_state_dict`` with ``StateDictOptions(full_state_dict=True,
+        broadcast_from_rank0=True)``; that ``torch.load`` maps onto the CPU (DST306). A load before
+        sharding, and in-memory copies (``best = copy.deepcopy(model.state_dict())`` ...
+        ``model.load_state_dict(best)``) stay as they are.
+
+    Why:
+        After ``fully_shard`` every parameter is a DTensor holding one rank's shard:
+        ``model.state_dict()`` is a dict of shards, and a file saved from it does not load into the
+        single-GPU model. ``get_model_state_dict`` gathers the full tensors (a collective: every
+        rank must call it, rank 0 receives them, on the CPU, with the original keys). A plain
+        ``load_state_dict`` of full tensors into a sharded model fails ("mixed torch.Tensor and
+        DTensor"); ``set_model_state_dict`` shards rank 0's full tensors onto every rank. The
+        optimizer state is saved keyed by parameter names (torch's distributed layout), not by the
+        positions a plain ``optimizer.state_dict()`` uses.
+
+    Example:
+        torch.save({"model": model.state_dict(), "epoch": epoch}, path)
+
+        becomes
+
+        model_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if runtime.is_main_process():
+            torch.save({"model": model_state, "epoch": epoch}, path)
+    """
+
+    code = "DST307"
+    name = "full-state-dict"
+    backends = frozenset({FSDP_BACKEND})
+    summary = "save and load the full state of a sharded model (get/set_model_state_dict)"
+
+    def apply(self, ctx: Context) -> None:
+        a = ctx.anatomy
+        sharded = sharded_models(ctx)
+        if not sharded:
+            return
+        model_names: Dict[Tuple[int, str], Tuple] = {}  # (scope id, name) -> (after, model)
+        optim_names: Dict[Tuple[int, str], Tuple] = {}
+        for model, anchor in sharded:
+            for key, (after, _) in reaching_scopes(ctx, model, anchor).items():
+                model_names.setdefault(key, (after, model))
+            opt = model.optimizer
+            if opt is not None and opt.target:
+                pseudo = SimpleNamespace(name=opt.target, scope=opt.call.scope, cls=opt.call.cls)
+                for key, (after, _) in reaching_scopes(ctx, pseudo, opt.call.stmt).items():
+                    optim_names.setdefault(key, (None, model))
+        savers = _saving_functions(ctx)
+        cpu_loads = ctx.state.setdefault("cpu_loads", [])
+        for site in a.calls:
+            func = site.call.func
+            if not isinstance(func, cst.Attribute) or func.attr.value not in ("state_dict", "load_state_dict"):
+                continue
+            recv = dotted(func.value)
+            if recv is None:
+                continue
+            key = (id(site.scope), recv)
+            kind = "model" if key in model_names else "optimizer" if key in optim_names else None
+            if kind is None:
+                continue
+            after, model = (model_names if kind == "model" else optim_names)[key]
+            if after is not None and not a.is_before(after, site.stmt):
+                continue  # before sharding: the plain module
+            model_ref = recv if kind == "model" else _model_in_scope(model_names, site.scope, model)
+            if func.attr.value == "state_dict":
+                if site.call.args:
+                    continue
+                self._save(ctx, site, kind, recv, model_ref, savers)
+            else:
+                self._load(ctx, site, kind, recv, model_ref, cpu_loads)
+
+    # saves ----------------------------------------------------------------------------------
+    def _save(self, ctx: Context, site, kind, recv, model_ref, savers) -> None:
+        a = ctx.anatomy
+        how = _leaves(ctx, site, savers)
+        if how is None:
+            return
+        if model_ref is None:
+            ctx.warn(
+                self.code,
+                site.call,
+                f"{recv}.state_dict() of a sharded model's optimizer is saved where the model has no name: "
+                "it holds this rank's shards only; save get_optimizer_state_dict(model, optimizer, ...) instead",
+            )
+            return
+        opts = f"{ctx.imported(DCP_STATE, 'StateDictOptions', 'StateDictOptions')}(full_state_dict=True, cpu_offload=True)"
+        if kind == "model":
+            fn = ctx.imported(DCP_STATE, "get_model_state_dict", "get_model_state_dict")
+            expr = f"{fn}({recv}, options={opts})"
+        else:
+            fn = ctx.imported(DCP_STATE, "get_optimizer_state_dict", "get_optimizer_state_dict")
+            expr = f"{fn}({model_ref}, {recv}, options={opts})"
+        if how == "in place":
+            ctx.edits.replace(site.call, lambda n, e=expr: cst.parse_expression(e))
+            ctx.report(self.code, site.call, f"{recv}'s full state gathered on every rank ({fn}): it is saved later")
+            return
+        # the statement writes it (and is rank 0's only): gather into a name before it, on every rank
+        stmt = site.stmt
+        guards = a.rank_guards(stmt)
+        anchor = guards[0][0] if guards else stmt
+        name = ctx.fresh(f"{recv.split('.')[-1]}_state")
+        ctx.edits.insert_before(anchor, ctx.stmts(f"{name} = {expr}"))
+        ctx.edits.replace(site.call, lambda n, name=name: cst.Name(name))
+        ctx.report(
+            self.code,
+            site.call,
+            f"{recv}'s full state gathered on every rank into {name} ({fn} is a collective); only the write is rank 0's",
+        )
+
+    # loads ----------------------------------------------------------------------------------
+    def _load(self, ctx: Context, site, kind, recv, model_ref, cpu_loads) -> None:
+        call = site.call
+        if not call.args or call.args[0].keyword is not None or call.args[0].star:
+            return
+        loads = _checkpoint_loads(ctx, site, call.args[0].value)
+        if not loads:
+            return  # an in-memory copy of the sharded model's own state: it round-trips as it is
+        if model_ref is None:
+            ctx.warn(
+                self.code,
+                call,
+                f"{recv}.load_state_dict of a checkpoint where the sharded model has no name: "
+                "use set_optimizer_state_dict(model, optimizer, state, options=...)",
+            )
+            return
+        extra = []
+        strict = kwarg_value(call, "strict")
+        if strict is not None:
+            extra.append(f", strict={ctx.code(strict)}")
+        if any(x.keyword is not None and x.keyword.value not in ("strict", "state_dict") for x in call.args):
+            return
+        opts = (
+            f"{ctx.imported(DCP_STATE, 'StateDictOptions', 'StateDictOptions')}"
+            f"(full_state_dict=True, broadcast_from_rank0=True{''.join(extra)})"
+        )
+        if kind == "model":
+            fn = ctx.imported(DCP_STATE, "set_model_state_dict", "set_model_state_dict")
+            head = f"{fn}({recv}, _, options={opts})"
+        else:
+            fn = ctx.imported(DCP_STATE, "set_optimizer_state_dict", "set_optimizer_state_dict")
+            head = f"{fn}({model_ref}, {recv}, _, options={opts})"
+        template = cst.parse_expression(head)
+
+        def rewrite(n: cst.Call, template=template) -> cst.Call:
+            args = list(template.args)
+            i = next(k for k, x in enumerate(args) if isinstance(x.value, cst.Name) and x.value.value == "_")
+            args[i] = args[i].with_changes(value=n.args[0].value)
+            return template.with_changes(args=args)
+
+        ctx.edits.replace(call, rewrite)
+        cpu_loads.extend(loads)
+        ctx.report(
+            self.code,
+            call,
+            f"checkpoint loaded into the sharded {kind} with {fn} (rank 0's full tensors, sharded onto every rank)",
+        )
+
+
+def _model_in_scope(model_names, scope, model) -> Optional[str]:
+    for (scope_id, name), (_, m) in model_names.items():
+        if scope_id == id(scope) and m is model:
+            return name
+    return None
+
+
+def _inside(node: cst.CSTNode, root: cst.CSTNode) -> bool:
+    found = []
+
+    class V(cst.CSTVisitor):
+        def on_visit(self, n) -> bool:
+            if n is node:
+                found.append(n)
+            return not found
+
+    walk(root, V())
+    return bool(found)
+
+
+def _saving_functions(ctx: Context) -> Dict[cst.FunctionDef, List[str]]:
+    """Functions of the script that write one of their parameters out (``def save_checkpoint(state,
+    path): torch.save(state, path)``): function -> the parameters written."""
+    a = ctx.anatomy
+    out: Dict[cst.FunctionDef, List[str]] = {}
+    for site in a.calls_to(WRITES):
+        fn = site.scope
+        if not isinstance(fn, cst.FunctionDef) or not site.call.args:
+            continue
+        params = [p.name.value for p in fn.params.params]
+        written = _root(site.call.args[0].value)
+        if written in params:
+            out.setdefault(fn, []).append(written)
+    return out
+
+
+def _root(expr: cst.BaseExpression) -> Optional[str]:
+    while isinstance(expr, (cst.Attribute, cst.Subscript)):
+        expr = expr.value
+    return expr.value if isinstance(expr, cst.Name) else None
+
+
+def _writes_here(ctx: Context, site, savers) -> List[cst.Call]:
+    """The calls of `site`'s statement that write their first argument out."""
+    a = ctx.anatomy
+    out = []
+    for c in a.calls:
+        if c.stmt is not site.stmt or not c.call.args:
+            continue
+        if c.qualname in WRITES:
+            out.append(c.call)
+        elif a.callee(c.call, c.scope) in savers:
+            out.append(c.call)
+    return out
+
+
+def _leaves(ctx: Context, site, savers) -> Optional[str]:
+    """How the state read at `site` leaves the process: "hoist" when its own statement writes it,
+    "in place" when it is bound to a name a later statement of the scope writes; None otherwise."""
+    a = ctx.anatomy
+    for call in _writes_here(ctx, site, savers):
+        if any(_inside(site.call, x) for x in call.args):
+            return "hoist"
+    stmt = site.stmt
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+        return None
+    small = stmt.body[0]
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        target = small.targets[0].target
+    elif isinstance(small, cst.AnnAssign) and small.value is not None:
+        target = small.target
+    else:
+        return None
+    name = _root(target)
+    if name is None or a.in_rank_guard(stmt):
+        return None
+    later = [c for c in a.calls if c.scope is site.scope and a.is_before(stmt, c.stmt)]
+    written = False
+    for c in later:
+        if not c.call.args:
+            continue
+        if c.qualname in WRITES or a.callee(c.call, c.scope) in savers:
+            if any(_root(x.value) == name for x in c.call.args):
+                written = True
+        func = c.call.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "load_state_dict":
+            if any(_root(x.value) == name for x in c.call.args):
+                return None  # also loaded back in memory (best weights): the sharded dict round-trips
+    return "in place" if written else None
+
+
+def _checkpoint_loads(ctx: Context, site, value: cst.BaseExpression) -> List:
+    """The torch.load calls the loaded state comes from: in the argument itself, or in the
+    statement that bound its root name (``ckpt = torch.load(p)`` ... ``ckpt["model"]``)."""
+    a = ctx.anatomy
+    loads = [c for c in a.calls_to(LOAD) if c.stmt is site.stmt and _inside(c.call, value)]
+    if loads:
+        return loads
+    name = _root(value)
+    if name is None:
+        return []
+    bound = a.reaching_binding(site.scope, name, site.stmt)
+    if bound is None:
+        return []
+    return [c for c in a.calls_to(LOAD) if c.stmt is bound.stmt and c.scope is site.scope]
+
+
+RULE = FullStateDict()
