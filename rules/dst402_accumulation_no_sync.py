@@ -1,4 +1,4 @@
-"""DST402 one all-reduce per optimizer step under gradient accumulation (DDP)."""
+"""DST402 one gradient reduction per optimizer step under gradient accumulation (DDP, FSDP)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,19 @@ from typing import List, Optional
 import libcst as cst
 
 from distify.anatomy import dotted
-from distify.rules.base import DDP_BACKEND, Context, Rule, method_calls_in, names_in, reaching_scopes
+from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, Context, Rule, method_calls_in, names_in, reaching_scopes
 from distify.walk import walk
 
 
 class AccumulationNoSync(Rule):
-    """Skip the gradient all-reduce on micro-batches that do not step the optimizer (DDP).
+    """Skip the gradient all-reduce on micro-batches that do not step the optimizer (DDP, FSDP).
 
     What it does:
         In a batch loop that steps the optimizer under ``if (step + 1) % accum == 0:``, puts the
         statements up to and including ``backward()`` under
         ``with model.no_sync() if (step + 1) % accum != 0 else contextlib.nullcontext():``.
+        With FSDP (``--backend fsdp``) ``model.set_requires_gradient_sync((step + 1) % accum == 0)``
+        goes before the micro-batch's first statement instead: FSDP2 has no ``no_sync()``.
         (With Horovod the same idiom becomes ``backward_passes_per_step``, see DST111.)
 
     Why:
@@ -25,6 +27,8 @@ class AccumulationNoSync(Rule):
         micro-batch before ``step()`` needs it: ``no_sync`` lets the others accumulate locally, so
         there is one all-reduce per optimizer step instead of one per micro-batch, with the same
         result. The forward pass must be inside the context too – DDP prepares the reduction there.
+        FSDP reduce-scatters gradients in ``backward()`` unless told otherwise; with the sync off
+        each rank accumulates its unsharded gradients until the micro-batch that steps.
 
     Example:
         for step, (x, y) in enumerate(loader):
@@ -41,16 +45,28 @@ class AccumulationNoSync(Rule):
                 loss.backward()
             if (step + 1) % accum == 0:
                 optimizer.step()
+
+        and with FSDP
+
+        for step, (x, y) in enumerate(loader):
+            model.set_requires_gradient_sync((step + 1) % accum == 0)
+            loss = criterion(model(x), y) / accum
+            ...
     """
 
     code = "DST402"
     name = "accumulation-no-sync"
-    backends = frozenset({DDP_BACKEND})
+    backends = frozenset({DDP_BACKEND, FSDP_BACKEND})
     summary = "all-reduce once per optimizer step under gradient accumulation"
 
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
-        wrapped = ctx.state.get("wrapped", [])
+        if ctx.backend == FSDP_BACKEND:
+            from distify.rules.dst307_full_state_dict import sharded_models
+
+            wrapped = sharded_models(ctx)
+        else:
+            wrapped = ctx.state.get("wrapped", [])
         if not wrapped:
             return
         done = set()
@@ -63,7 +79,7 @@ class AccumulationNoSync(Rule):
 
     def _loop(self, ctx: Context, bl, wrapped) -> None:
         body = list(bl.loop.body.body)
-        if "no_sync" in ctx.code(bl.loop.body):
+        if "no_sync" in ctx.code(bl.loop.body) or "set_requires_gradient_sync" in ctx.code(bl.loop.body):
             return
         step_if = _accumulation_if(body)
         if step_if is None:
@@ -78,13 +94,23 @@ class AccumulationNoSync(Rule):
                 self.code,
                 step_if,
                 "accumulation condition depends on values computed in the loop: no no_sync added; "
-                "DDP all-reduces on every micro-batch (correct, slower)",
+                "gradients are reduced on every micro-batch (correct, slower)",
             )
             return
         models = self._models_here(ctx, bl, wrapped)
         if len(models) != 1:
             return
         model = models[0]
+        if ctx.backend == FSDP_BACKEND:
+            # the condition under which this micro-batch steps: sync its gradients then
+            steps = ctx.code(step_if.test)
+            ctx.edits.insert_before(body[0], ctx.stmts(f"{model}.set_requires_gradient_sync({steps})"))
+            ctx.report(
+                self.code,
+                bl.loop,
+                f"gradients reduced once per optimizer step ({model}.set_requires_gradient_sync({steps}))",
+            )
+            return
         cond = _negate(ctx, step_if.test)
         contextlib = ctx.imported("contextlib", None, "contextlib")
         item = f"{model}.no_sync() if {cond} else {contextlib}.nullcontext()"
