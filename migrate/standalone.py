@@ -422,6 +422,51 @@ _SHARD_SAMPLER = Helper(
     modules=("torch",),
 )
 
+_SHARD_LOADER = Helper(
+    '''
+    @staticmethod
+    def shard_loader(loader, num_replicas=None, rank=None):
+        """The same DataLoader over this rank's shard: rebuilt over its dataset with a
+        DistributedSampler (shuffling when the original shuffled), every other argument kept.
+        Refuses what a sampler cannot split: no plain DataLoader, an IterableDataset, a custom
+        sampler or batch_sampler."""
+        data = torch.utils.data
+        if isinstance(getattr(loader, "sampler", None), data.distributed.DistributedSampler):
+            return loader
+        where = "build it with sampler=DistributedSampler(dataset) where it is made"
+        if type(loader) is not data.DataLoader or isinstance(loader.dataset, data.IterableDataset):
+            raise TypeError(f"shard_loader: cannot shard {type(loader).__name__} over {type(getattr(loader, 'dataset', None)).__name__}; {where}")
+        batches, sampler = loader.batch_sampler, loader.sampler
+        if batches is not None and type(batches) is not data.BatchSampler:
+            raise ValueError(f"shard_loader: a custom batch_sampler cannot be sharded; {where}")
+        if type(sampler) is data.RandomSampler and not sampler.replacement and sampler._num_samples is None:
+            shuffle, generator = True, sampler.generator
+        elif type(sampler) is data.SequentialSampler:
+            shuffle, generator = False, None
+        else:
+            raise ValueError(f"shard_loader: a custom sampler ({type(sampler).__name__}) cannot be sharded; {where}")
+        shard = data.distributed.DistributedSampler(
+            loader.dataset,
+            num_replicas=runtime.world_size() if num_replicas is None else num_replicas,
+            rank=runtime.rank() if rank is None else rank,
+            shuffle=shuffle,
+            seed=generator.initial_seed() if generator is not None else 0,
+        )
+        import inspect
+
+        names = ("batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout", "worker_init_fn",
+                 "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers",
+                 "pin_memory_device", "in_order")
+        accepted = inspect.signature(data.DataLoader.__init__).parameters
+        kwargs = {n: getattr(loader, n) for n in names if n in accepted and hasattr(loader, n)}
+        if batches is None:
+            kwargs["batch_size"] = None  # no automatic batching
+        return data.DataLoader(loader.dataset, sampler=shard, **kwargs)
+''',
+    needs=("rank", "world_size"),
+    modules=("torch",),
+)
+
 _UNWRAP_SOURCE = '''
     @staticmethod
     def unwrap(model):
@@ -513,6 +558,7 @@ HELPERS: Dict[str, Dict[str, Helper]] = {
     "reduce_mean": _both(_REDUCE_MEAN),
     "all_reduce_sum": _both(_ALL_REDUCE_SUM),
     "ShardSampler": _both(_SHARD_SAMPLER),
+    "shard_loader": _both(_SHARD_LOADER),
     "_DDPType": {"ddp": _DDP_TYPE},
     "DDP": {"ddp": _DDP},
     "unwrap": _UNWRAP,

@@ -47,6 +47,7 @@ __all__ = [
     "local_rank",
     "rank",
     "reduce_mean",
+    "shard_loader",
     "unwrap",
     "world_size",
 ]
@@ -600,6 +601,73 @@ class ShardSampler(torch.utils.data.Sampler):
 
     def __len__(self) -> int:
         return len(self._indices())
+
+
+# DataLoader arguments shard_loader carries over to the rebuilt loader, where this torch has them
+_LOADER_ARGS = (
+    "batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout", "worker_init_fn",
+    "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order",
+)
+
+
+def _process_rank() -> int:
+    return rank()  # shard_loader's parameter `rank` hides the module's function
+
+
+def shard_loader(loader: Any, num_replicas: Optional[int] = None, rank: Optional[int] = None) -> Any:
+    """The same DataLoader, reading this rank's shard: a loader built where distify cannot rewrite it
+    (a function of another module) is rebuilt over the same dataset with a ``DistributedSampler``.
+
+    Every argument of the original is kept (batch size, ``drop_last``, workers, ``collate_fn``,
+    pinning, ``worker_init_fn``, ``generator``, prefetching, timeout ...). The sampler shuffles when
+    the original shuffled (a ``RandomSampler``), seeded from the loader's generator when it was
+    given one, else with ``DistributedSampler``'s seed 0, so every rank draws the same permutation;
+    call ``loader.sampler.set_epoch(epoch)`` on each pass. Rank and world size are the process
+    group's (else Horovod's, else the launcher's) unless given. A loader that already has a
+    ``DistributedSampler`` is returned as it is.
+
+    Refuses (``TypeError`` / ``ValueError``) what it cannot translate without changing what the
+    script reads: no DataLoader, a DataLoader subclass, an ``IterableDataset``, a custom
+    ``sampler``/``batch_sampler``, a ``RandomSampler`` drawing with replacement or a sample count.
+    """
+    data = torch.utils.data
+    where = "build it with sampler=DistributedSampler(dataset) where it is made"
+    if not isinstance(loader, data.DataLoader):
+        raise TypeError(f"shard_loader: expected a torch DataLoader, got {type(loader).__name__}; {where}")
+    if isinstance(loader.sampler, data.distributed.DistributedSampler):
+        return loader
+    if type(loader) is not data.DataLoader:
+        raise TypeError(f"shard_loader: cannot rebuild a {type(loader).__name__} (a DataLoader subclass); {where}")
+    if isinstance(loader.dataset, data.IterableDataset):
+        raise TypeError(
+            "shard_loader: the loader reads an IterableDataset, which no sampler can split; give each rank "
+            "its own part inside the dataset (torch.utils.data.get_worker_info() and the rank)"
+        )
+    batch_sampler, sampler = loader.batch_sampler, loader.sampler
+    if batch_sampler is not None and type(batch_sampler) is not data.BatchSampler:
+        raise ValueError(f"shard_loader: a custom batch_sampler ({type(batch_sampler).__name__}) cannot be sharded; {where}")
+    generator = None
+    if type(sampler) is data.RandomSampler:
+        if sampler.replacement or sampler._num_samples is not None:
+            raise ValueError(f"shard_loader: a RandomSampler with replacement or num_samples cannot be sharded; {where}")
+        shuffle, generator = True, sampler.generator
+    elif type(sampler) is data.SequentialSampler:
+        shuffle = False
+    else:
+        raise ValueError(f"shard_loader: a custom sampler ({type(sampler).__name__}) cannot be sharded; {where}")
+    seed = int(generator.initial_seed()) if generator is not None else 0
+    replicas = world_size() if num_replicas is None else int(num_replicas)
+    index = _process_rank() if rank is None else int(rank)
+    shard = data.distributed.DistributedSampler(
+        loader.dataset, num_replicas=replicas, rank=index, shuffle=shuffle, seed=seed
+    )
+    import inspect
+
+    accepted = inspect.signature(data.DataLoader.__init__).parameters
+    kwargs = {name: getattr(loader, name) for name in _LOADER_ARGS if name in accepted and hasattr(loader, name)}
+    if batch_sampler is None:
+        kwargs["batch_size"] = None  # no automatic batching: one sample at a time
+    return data.DataLoader(loader.dataset, sampler=shard, **kwargs)
 
 
 def unwrap(model: Any) -> Any:

@@ -781,3 +781,89 @@ def test_import_is_torch_only_and_cheap(launcher_free_env):
     assert overhead_us is not None, proc.stderr[-2000:]
     print(f"distify.runtime import overhead over torch: {overhead_us / 1000:.1f} ms")
     assert overhead_us < 300_000
+
+
+# --- shard_loader: a loader built elsewhere, re-sharded where the script binds it ----------------
+
+
+def _indices(loader):
+    out = []
+    for batch in loader:
+        values = batch[0] if isinstance(batch, (list, tuple)) else batch
+        out += [int(v) for v in values.reshape(-1)]
+    return out
+
+
+def test_shard_loader_keeps_every_argument_and_splits_the_data():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from distify import runtime
+
+    ds = TensorDataset(torch.arange(12))
+    g = torch.Generator()
+    g.manual_seed(5)
+
+    def collate(batch):
+        return torch.utils.data.default_collate(batch)
+
+    def init_worker(worker_id):
+        pass
+
+    original = DataLoader(ds, batch_size=2, shuffle=True, drop_last=True, collate_fn=collate,
+                          worker_init_fn=init_worker, generator=g, timeout=0, pin_memory=False)
+    shards = [runtime.shard_loader(original, num_replicas=2, rank=r) for r in (0, 1)]
+    for s in shards:
+        assert type(s.sampler).__name__ == "DistributedSampler" and s.sampler.shuffle and s.sampler.seed == 5
+        assert (s.batch_size, s.drop_last, s.collate_fn, s.worker_init_fn, s.generator) == (
+            2, True, collate, init_worker, g)
+    a, b = (_indices(s) for s in shards)
+    assert len(a) == len(b) == 6 and sorted(a + b) == list(range(12))  # 3 batches of 2 each, disjoint
+    shards[0].sampler.set_epoch(1)
+    assert _indices(shards[0]) != a  # a new epoch, a new order
+    assert runtime.shard_loader(shards[0]) is shards[0]  # already sharded: unchanged
+
+
+def test_shard_loader_in_one_process_reads_what_the_original_reads():
+    """Plain `python`: a world of one; a loader that did not shuffle reads the same batches."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from distify import runtime
+
+    ds = TensorDataset(torch.arange(7))
+    original = DataLoader(ds, batch_size=3)
+    one = runtime.shard_loader(original)
+    assert [b[0].tolist() for b in one] == [b[0].tolist() for b in original]
+    unbatched = DataLoader(ds, batch_size=None)
+    assert [int(x[0]) for x in runtime.shard_loader(unbatched)] == list(range(7))
+
+
+def test_shard_loader_refuses_what_a_sampler_cannot_split():
+    import torch
+    from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler, TensorDataset
+
+    from distify import runtime
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(4))
+
+    class MyLoader(DataLoader):
+        pass
+
+    ds = TensorDataset(torch.arange(8))
+    cases = {
+        "expected a torch DataLoader": [1, 2, 3],
+        "IterableDataset": DataLoader(Stream()),
+        "DataLoader subclass": MyLoader(ds),
+        "custom sampler": DataLoader(ds, sampler=[3, 2, 1]),
+        "custom batch_sampler": DataLoader(ds, batch_sampler=[[0, 1], [2, 3]]),
+        "replacement": DataLoader(ds, sampler=RandomSampler(ds, replacement=True)),
+    }
+    for message, loader in cases.items():
+        with pytest.raises((TypeError, ValueError), match=message):
+            runtime.shard_loader(loader, num_replicas=2, rank=0)
+    # a BatchSampler over a sequential sampler passed explicitly is the default batching: accepted
+    plain = DataLoader(ds, batch_sampler=BatchSampler(SequentialSampler(ds), 4, False))
+    assert _indices(runtime.shard_loader(plain, num_replicas=2, rank=1)) == [1, 3, 5, 7]

@@ -284,3 +284,26 @@ def test_inline_horovod_class_stays_on_cuda(monkeypatch, fake_accelerator):
     fake_accelerator("xpu", 2)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert inline_runtime("horovod", LAUNCHED).device() == torch.device("cpu")
+
+
+@pytest.mark.parametrize("backend", ["ddp", "horovod"])
+def test_inline_shard_loader_matches_distify_runtime(backend):
+    """runtime.shard_loader and its inline twin hand each rank the same batches, and refuse alike."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from distify import runtime as rt
+
+    ds = TensorDataset(torch.arange(13))
+    g = torch.Generator()
+    g.manual_seed(3)
+    for make in (lambda: DataLoader(ds, batch_size=2, shuffle=True, generator=g), lambda: DataLoader(ds, batch_size=4)):
+        for rank in (0, 1):
+            runtime = inline_runtime(backend, {"RANK": str(rank), "WORLD_SIZE": "2"})
+            mine = runtime.shard_loader(make())
+            theirs = rt.shard_loader(make(), num_replicas=2, rank=rank)
+            assert [b[0].tolist() for b in mine] == [b[0].tolist() for b in theirs]
+            assert (mine.sampler.shuffle, mine.sampler.seed) == (theirs.sampler.shuffle, theirs.sampler.seed)
+    runtime = inline_runtime(backend, {})
+    with pytest.raises(ValueError, match="custom sampler"):
+        runtime.shard_loader(DataLoader(ds, sampler=[1, 0]))
