@@ -901,6 +901,14 @@ class ForeignLoader:
     name: str  # how the building scope names it
     call: "CallSite"  # the call that builds it
     builder: str  # its qualified name ("utils.get_training_dataloader")
+    # the statement that binds `name` to it when it is a plain `name = builder(...)` (or a tuple
+    # of names): the place to re-shard it; None when the value is bound otherwise
+    binding: Optional[cst.SimpleStatementLine] = None
+    # the script already re-shards it there (`name = runtime.shard_loader(name)`)
+    resharded: bool = False
+    # the loops that run its passes (`for epoch in ...` around the batch loop or around a call of
+    # the function that holds it), `loader_ref` spelling it where each loop runs
+    epochs: List["EpochLoop"] = field(default_factory=list)
 
 
 def foreign_loaders(anatomy: "Anatomy") -> List[ForeignLoader]:
@@ -920,11 +928,56 @@ def foreign_loaders(anatomy: "Anatomy") -> List[ForeignLoader]:
         site, name = origin
         q = site.qualname or ""
         root = q.split(".")[0]
-        if not q or root in ("torch", "builtins") or (dotted(site.call.func) or "") in a.functions:
+        if not q or root in ("torch", "builtins", "distify") or (dotted(site.call.func) or "") in a.functions:
             continue
+        if _is_reshard(site.call):
+            continue  # `loader = runtime.shard_loader(...)` bound before the builder's own line
         seen.add(bl.loop)
-        out.append(ForeignLoader(bl, name, site, q))
+        stmt = site.stmt if isinstance(site.stmt, cst.SimpleStatementLine) else None
+        out.append(ForeignLoader(bl, name, site, q, stmt, _resharded(a, site, name), _passes_of(a, bl)))
     return out
+
+
+def _is_reshard(call: cst.Call) -> bool:
+    """`runtime.shard_loader(x, ...)` (distify's runtime or its inline twin)."""
+    return isinstance(call.func, cst.Attribute) and call.func.attr.value == "shard_loader"
+
+
+def _resharded(a: "Anatomy", site: "CallSite", name: str) -> bool:
+    """The scope that binds `name` from `site` also rebinds it through ``shard_loader(name)``."""
+    for c in a.calls:
+        if c.scope is site.scope and _is_reshard(c.call) and c.call.args:
+            if dotted(c.call.args[0].value) == name and assigned_name(c.stmt, c.call) == name:
+                return True
+    return False
+
+
+def _passes_of(a: "Anatomy", bl: BatchLoop) -> List["EpochLoop"]:
+    """The loop that runs the passes of a training batch loop: the outermost `for` around it in its
+    function, else the innermost `for` around a call of that function (climbing callers), with the
+    batch loop's iterable translated into that scope's terms (through the parameter it was passed
+    as). None for a loop that draws with next() (it has no passes of its own)."""
+    if bl.via != "for":
+        return []
+    outer = [p for p in a.stmt_parent.get(bl.loop, ()) if isinstance(p, cst.For) and p is not bl.loop]
+    if outer:
+        return [EpochLoop(outer[-1], bl.scope, bl.cls, _loop_var(outer[-1]), bl.ref)]
+    fn, ref = bl.scope, bl.ref
+    for _ in range(4):
+        if not isinstance(fn, cst.FunctionDef):
+            break
+        sites = a.facts.callers(fn)
+        if not sites:
+            break
+        site = sites[0]
+        if ref in a.facts.params(fn):
+            v = a.facts.bound_value(site.call, fn, ref)
+            ref = dotted(v) if v is not None else None
+        if site.loops:
+            ep = site.loops[-1]
+            return [EpochLoop(ep, site.scope, site.cls, _loop_var(ep), ref)]
+        fn = site.scope
+    return []
 
 
 def _training_loops(a: "Anatomy") -> List[BatchLoop]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import arg, dotted, foreign_loaders
+from distify.anatomy import Loader, arg, dotted, foreign_loaders
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, loader_stem
 from distify.rules.dst203_shard_eval import eval_plans, shard_eval_enabled
 from distify.rules.dst910_iterable_dataset import is_iterable_dataset
@@ -23,7 +23,12 @@ class DistributedSamplerRule(Rule):
         A loader built in a helper is judged by how the callers use what the helper returns
         (``train_loader, val_loader = get_loaders(args)``, ``loader = make_loader(ds)``); when one helper builds both the training and the evaluation
         loader (``make_loader(train_ds)``, ``make_loader(val_ds)``) it is left alone, with a warning,
-        since a sampler there would shard evaluation as well.
+        since a sampler there would shard evaluation as well. A loader built by a function of
+        another module (``from utils import get_training_dataloader``), which distify does not
+        rewrite, is re-sharded where the script binds it: ``loader = runtime.shard_loader(loader)``
+        rebuilds it over the same dataset with a ``DistributedSampler`` (every other argument kept,
+        shuffling when it shuffled; it refuses at run time what a sampler cannot split, such as
+        a custom sampler or an ``IterableDataset``), and DST202 gives it ``set_epoch``.
 
     Why:
         Without it every process iterates the whole dataset: N ranks do the same work N times and
@@ -45,7 +50,7 @@ class DistributedSamplerRule(Rule):
 
     def apply(self, ctx: Context) -> None:
         samplers = ctx.state.setdefault("samplers", {})
-        self._foreign(ctx)
+        self._foreign(ctx, samplers)
         plans = eval_plans(ctx)
         sharding = shard_eval_enabled(ctx)
         for loader in ctx.anatomy.loaders:
@@ -147,16 +152,52 @@ class DistributedSamplerRule(Rule):
             ctx.report(self.code, call, f"{label} now shards its dataset with DistributedSampler{moved}")
 
 
-    def _foreign(self, ctx: Context) -> None:
-        """Training data built by a function of another module: say where, and what to add there."""
+    def _foreign(self, ctx: Context, samplers) -> None:
+        """Training data built by a function of another module (`from utils import
+        get_training_dataloader`): distify cannot rewrite that DataLoader, so it re-shards it where
+        the script binds it, `loader = runtime.shard_loader(loader)`; DST202 then gives its sampler
+        the epoch. Where the value is not bound by a plain assignment: say where, and what to add."""
+        done = set()
         for f in foreign_loaders(ctx.anatomy):
+            key = (id(f.call.call), f.name)
+            if f.resharded or key in done:
+                continue
+            done.add(key)
             module, _, func = f.builder.rpartition(".")
-            ctx.warn(
+            where = f"{func}() of {module}" if module else f"{func}()"
+            stmt = f.binding
+            small = stmt.body[0] if stmt is not None and len(stmt.body) == 1 else None
+            if not (isinstance(small, cst.Assign) and small.value is f.call.call and len(small.targets) == 1):
+                ctx.warn(
+                    self.code, f.call.call,
+                    f"{f.name} feeds the training loop but is built by {where} in another module, which distify "
+                    f"does not rewrite: every rank would read all of it. Bind it to a name and pass it through "
+                    f"{ctx.runtime}.shard_loader({f.name}), or in {module or 'that module'} build its DataLoader with "
+                    f"sampler=DistributedSampler(dataset, shuffle=...) instead of shuffle=; call "
+                    f"{f.name}.sampler.set_epoch(epoch) at the start of each epoch",
+                )
+                continue
+            extra = f", num_replicas={ctx.hvd}.size(), rank={ctx.hvd}.rank()" if ctx.backend == HOROVOD_BACKEND else ""
+            lines = f"{f.name} = {ctx.runtime}.shard_loader({f.name}{extra})"
+            inside = [ep for ep in f.epochs if ep.loop in ctx.anatomy.stmt_parent.get(stmt, ()) and ep.var]
+            if inside:
+                # built afresh every epoch: the new sampler gets the epoch right away
+                lines += f"\n{f.name}.sampler.set_epoch({inside[-1].var})"
+            else:
+                pseudo = Loader(call=f.call, target=f.name, dataset=None, role="train", batch_loops=[f.loop])
+                samplers[pseudo] = None  # reached through `<loader>.sampler`
+                ctx.state.setdefault("foreign_epoch_loops", {})[pseudo] = f.epochs
+                if not f.epochs:
+                    ctx.warn(
+                        "DST903", f.call.call,
+                        f"{f.name}: no loop over epochs found: if it shuffles, call "
+                        f"{f.name}.sampler.set_epoch(epoch) at the start of each pass",
+                    )
+            ctx.edits.insert_after(stmt, ctx.stmts(lines))
+            ctx.report(
                 self.code, f.call.call,
-                f"{f.name} feeds the training loop but is built by {f.builder}() in another module, which distify "
-                f"does not rewrite: every rank would read all of it. In {module or 'that module'}, build its DataLoader "
-                f"with sampler=DistributedSampler(dataset, shuffle=...) instead of shuffle=, and call "
-                f"{f.name}.sampler.set_epoch(epoch) at the start of each epoch",
+                f"{f.name} is built by {where} (another module, not rewritten): re-sharded here with "
+                f"{ctx.runtime}.shard_loader, a DataLoader over the same dataset with a DistributedSampler",
             )
 
     def _family(self, ctx: Context, loader, samplers) -> None:
