@@ -65,6 +65,9 @@ SPEC = {
     "hf_style_local": dict(train=[0], shuffled=[], whole=[1], log=r"^epoch \d+", checkpoint="final.pt/pytorch_model.bin"),
     "phase_dict_loaders": dict(train=[0], shuffled=[0], whole=[1], log=r"^epoch \d+"),
     "randint_get_batch": dict(train=[], shuffled=[], whole=[], draws=True, log=r"^step \d+"),
+    # the loaders come from cifar_utils.py (copied next to the migrated script): #0 is the one it
+    # builds, #1 that loader rebuilt by runtime.shard_loader over this rank's shard, #2 evaluation
+    "loader_from_utils": dict(train=[1], shuffled=[1], whole=[2], log=r"^epoch \d+", modules=["cifar_utils.py"]),
 }
 
 
@@ -308,6 +311,8 @@ def original(tmp_path_factory):
 def _migrated(name, backend, tmp_path) -> Path:
     target = tmp_path / "script" / f"{name}.py"
     migrate(CORPUS / f"{name}.in.py", target, backend=backend)
+    for module in SPEC[name].get("modules", ()):  # the script's own helper modules, unmigrated
+        shutil.copyfile(CORPUS / module, target.parent / module)
     assert target.read_bytes() != (CORPUS / f"{name}.in.py").read_bytes(), f"distify left {name} unchanged"
     return target
 
@@ -431,3 +436,29 @@ def test_control_hf_loader_unsharded(tmp_path):
     _, loaders, _, _ = _run("torchrun", script, tmp_path)
     with pytest.raises(AssertionError, match="loader #0 in pass 0: the loader is not sharded"):
         check_shards("control", loaders, SPEC["hf_style_local"])
+
+
+def test_control_loader_from_utils_unsharded(tmp_path):
+    """cifar_utils.get_training_dataloader(): without the runtime.shard_loader line (and the
+    set_epoch it makes possible) the loader cifar_utils builds is the one trained on, #0, and both
+    ranks read all of it."""
+    script = _broken(
+        "loader_from_utils", tmp_path,
+        lambda t: t.replace("    training_loader = runtime.shard_loader(training_loader)\n", "").replace(
+            "        training_loader.sampler.set_epoch(epoch)\n", ""
+        ),
+    )
+    _, loaders, _, _ = _run("torchrun", script, tmp_path)
+    spec = dict(SPEC["loader_from_utils"], train=[0], shuffled=[0], whole=[1])  # no rebuilt loader in between
+    with pytest.raises(AssertionError, match="loader #0 in pass 0: the loader is not sharded"):
+        check_shards("control", loaders, spec)
+
+
+def test_control_loader_from_utils_without_set_epoch(tmp_path):
+    """Re-sharded but never told the epoch: each rank reads its shard in the same order every epoch."""
+    script = _broken(
+        "loader_from_utils", tmp_path, lambda t: t.replace("        training_loader.sampler.set_epoch(epoch)\n", "")
+    )
+    _, loaders, _, _ = _run("torchrun", script, tmp_path)
+    with pytest.raises(AssertionError, match="same order in two passes"):
+        check_shards("control", loaders, SPEC["loader_from_utils"])
