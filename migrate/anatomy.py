@@ -920,21 +920,18 @@ def foreign_loaders(anatomy: "Anatomy") -> List[ForeignLoader]:
     out: List[ForeignLoader] = []
     seen = set()
     for bl in _training_loops(a):
-        if id(bl) in own or bl.via == "pass" or bl.loop in seen:
+        if id(bl) in own or bl.via == "pass":
             continue
-        origin = _origin_call(a, bl.scope, bl.ref, 0)
-        if origin is None:
-            continue
-        site, name = origin
-        q = site.qualname or ""
-        root = q.split(".")[0]
-        if not q or root in ("torch", "builtins", "distify") or (dotted(site.call.func) or "") in a.functions:
-            continue
-        if _is_reshard(site.call):
-            continue  # `loader = runtime.shard_loader(...)` bound before the builder's own line
-        seen.add(bl.loop)
-        stmt = site.stmt if isinstance(site.stmt, cst.SimpleStatementLine) else None
-        out.append(ForeignLoader(bl, name, site, q, stmt, _resharded(a, site, name), _passes_of(a, bl)))
+        for site, name, via in _origin_calls(a, bl.scope, bl.ref, 0, ()):
+            q = site.qualname or ""
+            root = q.split(".")[0]
+            if not q or root in ("torch", "builtins", "distify") or (dotted(site.call.func) or "") in a.functions:
+                continue
+            if _is_reshard(site.call) or (bl.loop, id(site.call), name) in seen:
+                continue  # `loader = runtime.shard_loader(...)` bound before the builder's own line
+            seen.add((bl.loop, id(site.call), name))
+            stmt = site.stmt if isinstance(site.stmt, cst.SimpleStatementLine) else None
+            out.append(ForeignLoader(bl, name, site, q, stmt, _resharded(a, site, name), _passes_of(a, bl, via)))
     return out
 
 
@@ -952,7 +949,7 @@ def _resharded(a: "Anatomy", site: "CallSite", name: str) -> bool:
     return False
 
 
-def _passes_of(a: "Anatomy", bl: BatchLoop) -> List["EpochLoop"]:
+def _passes_of(a: "Anatomy", bl: BatchLoop, via=()) -> List["EpochLoop"]:
     """The loop that runs the passes of a training batch loop: the outermost `for` around it in its
     function, else the innermost `for` around a call of that function (climbing callers), with the
     batch loop's iterable translated into that scope's terms (through the parameter it was passed
@@ -962,6 +959,12 @@ def _passes_of(a: "Anatomy", bl: BatchLoop) -> List["EpochLoop"]:
     outer = [p for p in a.stmt_parent.get(bl.loop, ()) if isinstance(p, cst.For) and p is not bl.loop]
     if outer:
         return [EpochLoop(outer[-1], bl.scope, bl.cls, _loop_var(outer[-1]), bl.ref)]
+    for site, ref in via:  # the calls that handed the loader in, innermost first
+        if site.loops:
+            ep = site.loops[-1]
+            return [EpochLoop(ep, site.scope, site.cls, _loop_var(ep), ref)]
+    if via:
+        return []
     fn, ref = bl.scope, bl.ref
     for _ in range(4):
         if not isinstance(fn, cst.FunctionDef):
@@ -984,30 +987,34 @@ def _training_loops(a: "Anatomy") -> List[BatchLoop]:
     return [bl for bl in a.batch_loops if bl.trains]
 
 
-def _origin_call(a: "Anatomy", scope: Scope, name: str, depth: int):
-    """(call site, name) of the call whose result `name` holds in `scope`: an assignment there, or
-    through the parameter callers bind, or a module-level global."""
+def _origin_calls(a: "Anatomy", scope: Scope, name: str, depth: int, via: tuple) -> list:
+    """Every (call site, name, via) whose call's result `name` holds in `scope`: an assignment
+    there, or through the parameter each caller binds (`via`: those calls with the name each one
+    passes, innermost first), or a module-level global."""
     if depth > 4 or "." in name or "[" in name:
-        return None
+        return []
     if isinstance(scope, cst.FunctionDef) and name in a.facts.params(scope):
+        out = []
         for site in a.facts.callers(scope):
             v = a.facts.bound_value(site.call, scope, name)
             if v is not None and dotted(v) is not None:
-                found = _origin_call(a, site.scope, dotted(v), depth + 1)
-                if found is not None:
-                    return found
-        return None
+                out += _origin_calls(a, site.scope, dotted(v), depth + 1, via + ((site, dotted(v)),))
+        return out
     for c in a.calls:
         if c.scope is scope and isinstance(c.stmt, cst.SimpleStatementLine) and len(c.stmt.body) == 1:
             small = c.stmt.body[0]
+            if isinstance(small, cst.AnnAssign) and small.value is c.call and dotted(small.target) == name:
+                return [(c, name, via)]  # `train_loader: DataLoader = get_loader(...)`
             if isinstance(small, cst.Assign) and small.value is c.call and len(small.targets) == 1:
                 t = small.targets[0].target
                 names = [dotted(t)] if dotted(t) else [dotted(e.value) for e in getattr(t, "elements", [])]
                 if name in names:
-                    return c, name
+                    return [(c, name, via)]
     if isinstance(scope, cst.FunctionDef) and name not in a.facts.bindings(scope):
-        return _origin_call(a, a.module, name, depth + 1)
-    return None
+        return _origin_calls(a, a.module, name, depth + 1, via)
+    return []
+
+
 # --- end of data flow -------------------------------------------------------------------------------
 
 

@@ -434,8 +434,10 @@ _SHARD_LOADER = Helper(
         if isinstance(getattr(loader, "sampler", None), data.distributed.DistributedSampler):
             return loader
         where = "build it with sampler=DistributedSampler(dataset) where it is made"
-        if type(loader) is not data.DataLoader or isinstance(loader.dataset, data.IterableDataset):
-            raise TypeError(f"shard_loader: cannot shard {type(loader).__name__} over {type(getattr(loader, 'dataset', None)).__name__}; {where}")
+        if type(loader) is not data.DataLoader:
+            raise TypeError(f"shard_loader: cannot rebuild a {type(loader).__name__}; {where}")
+        if isinstance(loader.dataset, data.IterableDataset):
+            raise TypeError("shard_loader: an IterableDataset cannot be split by a sampler; split it by rank inside")
         batches, sampler = loader.batch_sampler, loader.sampler
         if batches is not None and type(batches) is not data.BatchSampler:
             raise ValueError(f"shard_loader: a custom batch_sampler cannot be sharded; {where}")

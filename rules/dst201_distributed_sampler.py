@@ -167,7 +167,8 @@ class DistributedSamplerRule(Rule):
             where = f"{func}() of {module}" if module else f"{func}()"
             stmt = f.binding
             small = stmt.body[0] if stmt is not None and len(stmt.body) == 1 else None
-            if not (isinstance(small, cst.Assign) and small.value is f.call.call and len(small.targets) == 1):
+            bound = isinstance(small, cst.AnnAssign) or (isinstance(small, cst.Assign) and len(small.targets) == 1)
+            if not (bound and small.value is f.call.call):
                 ctx.warn(
                     self.code, f.call.call,
                     f"{f.name} feeds the training loop but is built by {where} in another module, which distify "
