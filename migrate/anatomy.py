@@ -18,7 +18,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from distify.facts import Binding, Facts, all_nodes, arg, dotted, keeps_object, rank_dependent, reads_rank, training_call  # noqa: F401 - re-exported
+from distify.facts import Binding, Facts, RepeatedBlocks, all_nodes, arg, dotted, keeps_object, rank_dependent, reads_rank, repeated_blocks, training_call  # noqa: F401 - re-exported
 from distify.walk import walk
 from distify.standalone import find_block, is_standalone_block
 
@@ -1091,6 +1091,31 @@ class Anatomy:
             return "ddp"
         return None
 
+    def model_class(self, model: "Model") -> Optional[cst.ClassDef]:
+        """The class of this file a model is built from (``GPT(cfg).to(device)``, also through
+        DataParallel, torch.compile and ``.to``/``.cuda``/``.train`` chains), None for a model of
+        another module (torchvision, ``from_pretrained``) or one that arrives as a parameter."""
+        expr = model.value
+        while expr is not None:
+            expr = through_compile(self.qualname, through_data_parallel(self.qualname, expr))
+            if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _SAME_MODULE:
+                expr = expr.func.value
+                continue
+            break
+        if isinstance(expr, cst.Call):
+            name = dotted(expr.func)
+            if name in self.classes:
+                return self.classes[name]
+        return None
+
+    def repeated_blocks(self, model: "Model") -> List[RepeatedBlocks]:
+        """The repeated-block containers of a model whose class this file defines (see
+        ``distify.facts.repeated_blocks``): what FSDP shards one by one before the root."""
+        cls = self.model_class(model)
+        if cls is None:
+            return []
+        return repeated_blocks(cls, self.classes, self.qualname)
+
     def sampler_call(self, loader: "Loader") -> Optional[cst.Call]:
         """The DistributedSampler(...) call a loader already uses (inline or through a name)."""
         a = arg(loader.call.call, 5, "sampler")
@@ -1662,6 +1687,8 @@ def through_data_parallel(qualname, expr: cst.BaseExpression) -> cst.BaseExpress
 
 
 COMPILE = {"torch.compile"}
+# methods that return the module they are called on
+_SAME_MODULE = frozenset({"to", "cuda", "cpu", "train", "float", "double", "half", "bfloat16", "requires_grad_"})
 
 
 def compiled_module(qualname, expr: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
