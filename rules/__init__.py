@@ -21,6 +21,7 @@ _MODULES = (
     "dst101_ddp_wrap",
     "dst102_unwrap_module",
     "dst103_fp16_comm_hook",
+    "dst121_fully_shard",
     "dst111_distributed_optimizer",
     "dst112_broadcast_state",
     "dst113_horovod_amp",
@@ -49,6 +50,7 @@ _MODULES = (
     "dst909_manual_allreduce",
     "dst910_iterable_dataset",
     "dst911_collective_in_rank_branch",
+    "dst912_optimizer_before_shard",
     # the output audit (distify.audit): run on the rewritten module and by `distify lint`
     "dst950_not_distributed",
     "dst951_unsharded_loader",

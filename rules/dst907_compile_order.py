@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.anatomy import COMPILE, assigned_name, compiled_module, dotted
-from distify.rules.base import DDP_BACKEND, Context, Rule
+from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, Context, Rule
 
 
 class CompileOrder(Rule):
@@ -19,7 +19,9 @@ class CompileOrder(Rule):
         wrapped and ``raw_model`` stays the plain module. A ``model.compile()`` after the wrap
         compiles the inner module (``model.module.compile()``). Checkpoints keep the original's
         keys: ``_orig_mod.`` where the original saved the compiled module, none where it saved the
-        plain one, never ``module.``. With Horovod nothing changes: its optimizer averages the
+        plain one, never ``module.``. With FSDP the plain module is sharded first and compiled after
+        (``fully_shard(model)`` then ``model = torch.compile(model)``; a ``torch.compile(Net())``
+        construction is split in two), so the keys stay the original's too. With Horovod nothing changes: its optimizer averages the
         gradients of the parameters, which compiled and plain module share.
         Any other ``torch.compile`` (a compiled copy under a name distify does not wrap, trained
         while the wrapper is bypassed) leaves the file unchanged with this warning.
@@ -48,6 +50,9 @@ class CompileOrder(Rule):
     summary = "wrap the compiled module; refuse a compiled copy the wrapper would miss"
 
     def apply(self, ctx: Context) -> None:
+        if ctx.backend == FSDP_BACKEND:
+            self._fsdp(ctx)
+            return
         if ctx.backend != DDP_BACKEND:
             return
         a = ctx.anatomy
@@ -61,6 +66,21 @@ class CompileOrder(Rule):
                 "torch.compile of a model distify does not wrap: file not migrated; compile the model "
                 "the optimizer trains and wrap that one: model = runtime.DDP(torch.compile(model), "
                 "device_ids=runtime.device_ids())",
+            )
+
+    def _fsdp(self, ctx: Context) -> None:
+        """FSDP: the model is sharded, then compiled (DST121 puts the shard before the compile of the
+        model it shards); any other torch.compile is refused as with DDP."""
+        handled = ctx.state.get("sharded_compiles", set())
+        for site in ctx.anatomy.calls_to(COMPILE):
+            small = site.stmt.body[0] if isinstance(site.stmt, cst.SimpleStatementLine) else None
+            if small is not None and small in handled:
+                continue
+            ctx.block(
+                self.code,
+                site.call,
+                "torch.compile of a model distify does not shard: file not migrated; shard the model the "
+                "optimizer trains, then compile that one: fully_shard(model); model = torch.compile(model)",
             )
 
     def _covered(self, ctx: Context, site, wrapped) -> bool:

@@ -1,0 +1,286 @@
+"""DST121 shard trained models with FSDP2's fully_shard: repeated blocks first, then the root."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Set, Tuple
+
+import libcst as cst
+
+from distify.anatomy import COMPILE, Model, compiled_module, compiles_model, dotted
+from distify.facts import all_nodes, names, stmt_bindings
+from distify.rules.base import FSDP_BACKEND, Context, Rule
+
+# FSDP2's sharding call (public since torch 2.6; `_composable.fsdp` is where it lived before)
+FULLY_SHARD = {
+    "torch.distributed.fsdp.fully_shard",
+    "torch.distributed.fsdp._fully_shard.fully_shard",
+    "torch.distributed._composable.fsdp.fully_shard",
+    "torch.distributed._composable.fsdp.fully_shard.fully_shard",
+}
+SCHEDULER_PREFIX = "torch.optim.lr_scheduler."
+# a one-line comment above the shard calls with --bf16
+BF16_COMMENT = "bf16 mixed precision: parameters gathered and computed in bfloat16, gradients reduced in float32"
+
+
+class FullyShard(Rule):
+    """Shard every trained model with ``fully_shard`` (FSDP2): its repeated blocks, then the root.
+
+    What it does:
+        Finds each model whose parameters an optimizer receives, at the place DST101 would wrap it
+        for DDP (after it is built and moved to its device), and shards it there:
+        ``for block in model.blocks: fully_shard(block)`` for each repeated-block container of its
+        class (a ``ModuleList`` / ``Sequential`` attribute of a model class of this file built by
+        repetition, ``[Block(...) for _ in range(n)]`` or ``*[...]``, or holding two or more
+        instances of one module class of this file), then ``fully_shard(model)`` for the root. A
+        model whose class is not defined in the file (torchvision, ``from_pretrained``) or has no
+        repeated blocks is sharded as one unit (the root only). A compiled model is sharded first
+        and compiled after (``model = torch.compile(Net())`` becomes ``model = Net()``, the shard,
+        then ``model = torch.compile(model)``): its ``state_dict`` keys stay the original's. An
+        optimizer built before the shard point is moved after it, with the LR schedulers built from
+        it; where moving is unsafe DST912 leaves the file unchanged. With ``--bf16`` every call gets
+        ``mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``.
+
+    Why:
+        DDP keeps a full copy of the model, its gradients and the optimizer state on every rank;
+        FSDP2 splits every parameter across the ranks (parameters become DTensors in place) and
+        gathers a unit's parameters only for its forward and backward. Sharding each block as its
+        own unit means only one block is gathered at a time; the root collects what is left
+        (embeddings, heads). Gradients are reduce-scattered (averaged), so every rank takes the
+        step of the big batch. An optimizer built before sharding holds the old tensors and
+        silently updates nothing.
+
+    Example:
+        model = GPT(cfg).to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+
+        becomes
+
+        model = GPT(cfg).to(device)
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    """
+
+    code = "DST121"
+    name = "fully-shard"
+    backends = frozenset({FSDP_BACKEND})
+    summary = "shard trained models with fully_shard (repeated blocks, then the root)"
+
+    def apply(self, ctx: Context) -> None:
+        a = ctx.anatomy
+        wrapped = ctx.state.setdefault("wrapped", [])
+        handled = ctx.state.setdefault("sharded_compiles", set())
+        refusals = ctx.state.setdefault("optimizer_before_shard", [])
+        done: Set[Tuple[int, str]] = set()
+        for model in a.models:
+            key = (id(model.scope), model.name)
+            if key in done:
+                continue
+            done.add(key)
+            existing = _existing_shard(ctx, model)
+            if existing is not None:
+                wrapped.append((model, existing))  # sharded already (incremental run)
+                for site in a.calls_to(COMPILE):  # and compiled after the shard, as DST121 writes it
+                    small = site.stmt.body[0] if isinstance(site.stmt, cst.SimpleStatementLine) else None
+                    if (
+                        site.scope is existing_scope(a, existing)
+                        and compiles_model(a.qualname, site.call, model.name)
+                        and a.is_before(existing, site.stmt)
+                        and isinstance(small, cst.Assign)
+                    ):
+                        handled.add(small)
+                continue
+            point = _shard_point(ctx, model)
+            if isinstance(point, str):
+                ctx.block("DST907", model.assign, point)
+                continue
+            stmt, where, compiled = point
+            if compiled is not None:
+                handled.add(compiled)
+            blocks = a.repeated_blocks(model)
+            fs = ctx.imported("torch.distributed.fsdp", "fully_shard", "fully_shard")
+            mp = ""
+            if ctx.options.bf16:
+                policy = ctx.imported("torch.distributed.fsdp", "MixedPrecisionPolicy", "MixedPrecisionPolicy")
+                torch = ctx.imported("torch", None, "torch")
+                mp = f", mp_policy={policy}(param_dtype={torch}.bfloat16, reduce_dtype={torch}.float32)"
+            code = f"# {BF16_COMMENT}\n" if mp else ""
+            var = None
+            for b in blocks:
+                var = var or ctx.fresh("block")
+                code += f"for {var} in {model.name}.{b.path}:\n    {fs}({var}{mp})\n"
+            code += f"{fs}({model.name}{mp})\n"
+            shard = ctx.stmts(code)
+            moved = _move_optimizer(ctx, model, stmt, where)
+            if isinstance(moved, str):
+                refusals.append((model.optimizer.call.call, moved))
+                moved = []
+            if compiled is not None and where == "replace":
+                # `model = torch.compile(Net())`: build, shard, then compile the sharded module
+                inner = compiled_module(a.qualname, compiled.value)
+                text = ctx.code(compiled.value.with_changes(args=[
+                    compiled.value.args[0].with_changes(value=cst.Name("_model_")), *compiled.value.args[1:]
+                ])).replace("_model_", model.name, 1)
+                ctx.edits.replace(compiled, lambda n, inner=inner: n.with_changes(value=inner))
+                ctx.edits.insert_after(stmt, [*shard, *ctx.stmts(f"{model.name} = {text}\n"), *moved])
+            elif where == "before":
+                ctx.edits.insert_before(stmt, shard)
+                if moved:
+                    ctx.edits.insert_after(stmt, moved)  # pragma: no cover - refused by _move_optimizer
+            else:
+                ctx.edits.insert_after(stmt, [*shard, *moved])
+            wrapped.append((model, stmt))
+            if blocks:
+                parts = "; ".join(
+                    f"{model.name}.{b.path} ({b.container} of {b.member}, "
+                    + ("built by repetition" if b.how == "repetition" else "instances of one class")
+                    + f" in {b.owner}.__init__)"
+                    for b in blocks
+                )
+                why = f"each block of {parts} sharded as its own unit, then the root"
+            else:
+                cls = a.model_class(model)
+                why = (
+                    f"sharded as one unit: its class {cls.name.value} has no repeated-block container"
+                    if cls is not None
+                    else "sharded as one unit: its class is not defined in this file (no repeated blocks known)"
+                )
+            ctx.report(self.code, model.assign, f"{model.name} sharded with fully_shard: {why}")
+            if mp:
+                ctx.report(self.code, model.assign, f"{model.name}: bf16 MixedPrecisionPolicy (--bf16)")
+
+
+def existing_scope(a, stmt: cst.CSTNode):
+    return a.stmt_scope.get(stmt)
+
+
+def _existing_shard(ctx: Context, model: Model) -> Optional[cst.CSTNode]:
+    """The statement `fully_shard(model)` already in the model's scope (an earlier run's)."""
+    for site in ctx.anatomy.calls_to(FULLY_SHARD):
+        args = site.call.args
+        if args and dotted(args[0].value) == model.name and (
+            site.scope is model.scope or (model.name.startswith("self.") and site.cls is model.cls)
+        ):
+            return site.stmt
+    return None
+
+
+def _shard_point(ctx: Context, model: Model):
+    """(statement, "after" | "before" | "replace", compile Assign or None), or why not.
+
+    The shard goes where DST101 wraps for DDP (after ``model.place``), except around a
+    ``torch.compile`` of the model: FSDP shards the plain module and the compiled one calls it."""
+    a = ctx.anatomy
+    if model.assign_node is not None and model.value is not None and compiled_module(a.qualname, model.value) is not None:
+        if model.place is not model.assign:
+            return (
+                "torch.compile(...) around the model's construction, moved to its device later: file not "
+                "migrated; build and move the model first, then shard it and compile: fully_shard(model); "
+                "model = torch.compile(model)"
+            )
+        return model.assign, "replace", model.assign_node
+    level = a.stmt_parent.get(model.assign, ())
+    for site in a.calls_to(COMPILE):
+        if site.scope is not model.scope or not compiles_model(a.qualname, site.call, model.name):
+            continue
+        if not (a.is_before(model.assign, site.stmt) and (site.stmt is model.place or a.is_before(site.stmt, model.place) or model.place in a.stmt_parent.get(site.stmt, ()))):
+            continue
+        at = next((s for s in (*a.stmt_parent.get(site.stmt, ()), site.stmt) if a.stmt_parent.get(s, ()) == level), None)
+        if at is None:
+            return "torch.compile of the model at another level than its construction: file not migrated"
+        small = site.stmt.body[0] if isinstance(site.stmt, cst.SimpleStatementLine) else None
+        node = small if isinstance(small, cst.Assign) else None
+        if at is not model.place and not (model.place in a.stmt_parent and a.is_before(model.place, at)):
+            return (
+                "the model moves to its device after torch.compile: file not migrated; move it first, "
+                "then compile (distify shards it between the two)"
+            )
+        return at, "before", node
+    return model.place, "after", None
+
+
+def _move_optimizer(ctx: Context, model: Model, point: cst.CSTNode, where: str):
+    """The optimizer (and the schedulers built from it) re-written after the shard when it is built
+    before it; [] when it already follows; a reason (str) when moving it is not safe."""
+    a = ctx.anatomy
+    opt = model.optimizer
+    stmt = opt.call.stmt
+    if opt.call.scope is not model.scope or not a.is_before(stmt, point) or (where == "before" and stmt is point):
+        return []
+    if where == "before":
+        return "the optimizer is built before the model is compiled: build it after the compile"
+    if opt.target is None or a.stmt_parent.get(stmt, ()) != a.stmt_parent.get(point, ()):
+        return "its construction is not a plain `optimizer = ...` line next to where the model is sharded"
+    between = [
+        s for s in a.facts.statements(model.scope)
+        if a.is_before(stmt, s) and not a.is_before(point, s) and s is not point
+        and a.stmt_parent.get(s, ()) == a.stmt_parent.get(stmt, ())
+    ]
+    moved: List[cst.CSTNode] = [stmt]
+    carried = {opt.target}
+    rest = []
+    for s in between:
+        value = _scheduler_of(ctx, s, carried)
+        if value is not None:
+            moved.append(s)
+            carried.add(value)
+        else:
+            rest.append(s)
+    model_root = model.name
+    read: Set[str] = set()
+    for m in moved:
+        read |= {n.value for n, how in names(m) if how == "load"}
+    for s in rest + [point]:
+        mentioned = _dotted_mentions(s)
+        used = sorted(carried & mentioned)
+        if used:
+            return f"{used[0]} is used between its construction and the point where the model is sharded"
+        if s is point:
+            continue
+        bound = {name for name, _, _ in stmt_bindings(s)} - {model_root.split(".")[0]}
+        clash = sorted(bound & read)
+        if clash:
+            return f"{clash[0]}, which its construction reads, is rebound before the model is sharded"
+    for m in moved:
+        ctx.edits.remove(m)
+    ctx.report(
+        "DST121",
+        opt.call.call,
+        f"{opt.target} (and the schedulers built from it) built after fully_shard: an optimizer built "
+        "before sharding holds the old tensors and would update nothing",
+    )
+    return [_strip(m) for m in moved]
+
+
+def _strip(stmt: cst.CSTNode) -> cst.CSTNode:
+    return stmt.with_changes(leading_lines=[l for l in stmt.leading_lines if l.comment is not None])
+
+
+def _scheduler_of(ctx: Context, stmt: cst.CSTNode, carried: Set[str]) -> Optional[str]:
+    """`name` when `stmt` is `name = <torch.optim.lr_scheduler.X>(<a carried optimizer>, ...)`."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
+        return None
+    small = stmt.body[0]
+    if len(small.targets) != 1 or not isinstance(small.value, cst.Call):
+        return None
+    q = ctx.anatomy.qualname(small.value.func) or ""
+    target = dotted(small.targets[0].target)
+    if not q.startswith(SCHEDULER_PREFIX) or target is None:
+        return None
+    if any(dotted(x.value) in carried for x in small.value.args):
+        return target
+    return None
+
+
+def _dotted_mentions(stmt: cst.CSTNode) -> Set[str]:
+    out: Set[str] = set()
+    for n in all_nodes(stmt):
+        if isinstance(n, (cst.Name, cst.Attribute)):
+            d = dotted(n)
+            if d:
+                out.add(d)
+    return out
+
+
+RULE = FullyShard()
