@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from distify.findings import Finding
-from distify.options import Options
+from distify.options import DDP_BACKEND, FSDP_BACKEND, Options
 
 # libcst, the anatomy and the rules are imported where a file is parsed (``_migrate``): a run whose
 # files all come from the cache (``distify.cache``) never loads them.
@@ -120,7 +120,7 @@ def _migrate(source: bytes, options: Options) -> MigrationResult:
     if standalone_name is not None and not options.standalone:
         options = replace(options, standalone=True)  # an earlier --standalone output stays standalone
     incremental = False
-    if anatomy.flavour == options.backend:
+    if anatomy.flavour == options.backend or _unsharded_fsdp_output(anatomy, options):
         if not anatomy.migrated_by_distify:
             return MigrationResult(
                 source, source, _advice(anatomy, options),
@@ -274,6 +274,19 @@ def _check_syntax(source: bytes) -> None:
         raise InputError(f"cannot parse: too deeply nested ({type(e).__name__})") from None
     except ValueError as e:  # e.g. NUL bytes
         raise InputError(f"cannot parse: {e}") from None
+
+
+def _unsharded_fsdp_output(anatomy, options: Options) -> bool:
+    """distify's own --backend fsdp output in which no model could be sharded (DST905 said why): it
+    has a process group and samplers but no wrapper, which reads as "ddp"; it is not converted."""
+    from distify.anatomy import DDP
+
+    return (
+        options.backend == FSDP_BACKEND
+        and anatomy.flavour == DDP_BACKEND
+        and anatomy.migrated_by_distify
+        and not anatomy.calls_to(DDP)
+    )
 
 
 def _first_line(msg: str) -> str:

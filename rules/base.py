@@ -175,6 +175,31 @@ class Context:
             c for c in self.state["collectives"] if c.scope is scope and (c.stmt is stmt or stmt in c.parents)
         ]
 
+    def forward_in(self, stmt: cst.CSTNode, depth: int = 0) -> Optional[cst.Call]:
+        """A call in `stmt` that runs a forward pass of a sharded (FSDP) model: the model called
+        (``model(x)``), or a function or method of this script that is handed the model
+        (``evaluate(model, loader)``) or that calls it itself (``self.evaluate()``)."""
+        a = self.anatomy
+        sharded = {m.name for m, _ in self.state.get("wrapped", [])}
+        if not sharded or depth > 3:
+            return None
+        scope = a.stmt_scope.get(stmt)
+        for site in a.calls:
+            if site.scope is not scope or not (site.stmt is stmt or stmt in site.parents):
+                continue
+            name = dotted(site.call.func)
+            if name in sharded:
+                return site.call
+            callee = a.callee(site.call, scope)
+            if callee is None:
+                continue
+            if any(dotted(x.value) in sharded for x in site.call.args):
+                return site.call
+            for inner in callee.body.body if isinstance(callee.body, cst.IndentedBlock) else ():
+                if self.forward_in(inner, depth + 1) is not None:
+                    return site.call
+        return None
+
     def guard_statement(self, stmt: cst.CSTNode) -> bool:
         """Run `stmt` on the main process only (see `finish` for how guards are laid out).
 
@@ -182,6 +207,17 @@ class Context:
         unguarded, with a DST911 warning: the other ranks would never join the collective and the
         job would hang. Returns whether the guard was added.
         """
+        if self.backend == FSDP_BACKEND:
+            forward = self.forward_in(stmt)
+            if forward is not None:
+                self.warn(
+                    "DST911",
+                    forward,
+                    f"{self.code(forward.func)}() runs a forward pass of the sharded model, a collective every "
+                    "rank must join under FSDP: this statement stays on all ranks (no rank-0 guard); compute "
+                    "the value on every rank first, then guard only its use",
+                )
+                return False
         found = self.collectives_in(stmt)
         if found:
             c = found[0]

@@ -9,10 +9,15 @@ import libcst as cst
 
 from distify.anatomy import CallSite, Loader, arg, assigned_name, dotted, iterated_ref
 from distify.facts import all_nodes, header_names, names, uses
-from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, binds_locally, loader_stem
+from distify.rules.base import FSDP_BACKEND, HOROVOD_BACKEND, Context, Rule, add_kwarg, binds_locally, loader_stem
 from distify.rules.dst910_iterable_dataset import is_iterable_dataset
 
 CODE = "DST203"
+# why evaluation loaders stay whole under --backend fsdp
+FSDP_WHOLE = (
+    "with FSDP each forward pass gathers the sharded parameters from every rank (a collective), so all "
+    "ranks must run the same number of them; uneven evaluation shards would leave a rank waiting forever"
+)
 Scope = Union[cst.Module, cst.FunctionDef]
 
 NO_GRAD = {
@@ -42,6 +47,9 @@ class ShardEval(Rule):
         results collected in a list, ``len(loader)`` as a denominator, prints or ``break`` in the
         loop, a rank check around the evaluation, a DDP forward with gradients enabled) leaves the
         loader whole, and DST201 says why in an info line.
+
+        With FSDP evaluation loaders are left whole (every rank evaluates the full set): each FSDP
+        forward is a collective, and uneven shards would give the ranks different numbers of them.
 
     Why:
         Evaluating the full set on every rank costs N times the work of one shard. Sharding alone
@@ -179,6 +187,9 @@ class _Planner:
 
     def plan(self, loader: Loader) -> EvalPlan:
         plan = EvalPlan(loader, None)
+        if self.ctx.backend == FSDP_BACKEND:
+            plan.reason = FSDP_WHOLE
+            return plan
         if loader.target is None:
             plan.reason = "it is not bound to a name distify can follow"
             return plan

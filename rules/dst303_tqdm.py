@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.anatomy import TQDM
-from distify.rules.base import Context, Rule, add_kwarg, kwarg_value
+from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, kwarg_value
 
 
 class Rank0Tqdm(Rule):
@@ -35,7 +35,7 @@ class Rank0Tqdm(Rule):
         for site in ctx.anatomy.calls_to(TQDM):
             if ctx.in_rank_guard(site.stmt):
                 continue
-            cond = f"not {ctx.main_process}" if ctx.backend == "ddp" else f"{ctx.hvd}.rank() != 0"
+            cond = f"not {ctx.main_process}" if ctx.backend != HOROVOD_BACKEND else f"{ctx.hvd}.rank() != 0"
             existing = kwarg_value(site.call, "disable")
             if existing is not None:
                 if "main_process" in ctx.code(existing) or "rank" in ctx.code(existing):

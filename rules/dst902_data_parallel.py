@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Set, Tuple, Union
 import libcst as cst
 
 from distify.anatomy import DATA_PARALLEL, Model, data_parallel_module, dotted
-from distify.rules.base import HOROVOD_BACKEND, Context, Rule, reaching_scopes
+from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, HOROVOD_BACKEND, Context, Rule, reaching_scopes
 from distify.walk import walk
 
 # methods that return the module itself and may follow `nn.DataParallel(...)` in a chain
@@ -24,7 +24,8 @@ class DataParallel(Rule):
         ``nn.DataParallel(Net()).to(device)`` keeps just ``Net().to(device)``. With DDP the model
         is then wrapped by DST101 like any other; ``model.module`` keeps working (DDP has
         ``.module`` too) and ``isinstance(model, nn.DataParallel)`` tests for ``runtime.DDP``
-        instead. With Horovod the model is not wrapped at all, so ``model.module.x`` becomes
+        instead. With Horovod the model is not wrapped at all, and with FSDP the sharded model is
+        the module itself (``fully_shard`` adds no wrapper), so ``model.module.x`` becomes
         ``model.x``. A DataParallel distify cannot remove safely – around a model no optimizer in
         that function trains, inside a larger expression, or (with DDP) the class used other than
         in a call or ``isinstance()`` – leaves the whole file unchanged, with a warning.
@@ -58,7 +59,7 @@ class DataParallel(Rule):
         references = _class_references(a)
         if not sites and not references:
             return
-        backend = "Horovod" if ctx.backend == HOROVOD_BACKEND else "DDP"
+        backend = {HOROVOD_BACKEND: "Horovod", FSDP_BACKEND: "FSDP"}.get(ctx.backend, "DDP")
         plans: List[_Plan] = []
         for site in sites:
             plan = _plan(ctx, site)
@@ -70,8 +71,8 @@ class DataParallel(Rule):
         for node, in_isinstance in references:
             if in_isinstance:
                 isinstance_refs.append(node)
-            elif ctx.backend != HOROVOD_BACKEND:
-                # with Horovod no DataParallel is left for such a test to find, which is right
+            elif ctx.backend == DDP_BACKEND:
+                # with Horovod and FSDP no DataParallel is left for such a test to find, which is right
                 ctx.block(
                     self.code,
                     node,
@@ -88,7 +89,8 @@ class DataParallel(Rule):
             if plan.stmt in removed_ifs or any(p in removed_ifs for p in a.stmt_parent.get(plan.stmt, ())):
                 message += " (with the `if` that chose it)"
             ctx.report(self.code, plan.call, message)
-        if ctx.backend == HOROVOD_BACKEND:
+        if ctx.backend != DDP_BACKEND:
+            # Horovod wraps nothing; FSDP's sharded model is the module itself (it has no .module)
             _drop_module(ctx, plans, everywhere=True)
             isinstance_refs = []  # left as they are: no DataParallel is left for them to find
         else:
@@ -149,7 +151,7 @@ def _plan(ctx: Context, site) -> Union[_Plan, str]:
                 "file not migrated; " + _HOW
             )
         wrapped_in_place = (
-            ctx.backend != HOROVOD_BACKEND and small is model.assign_node and model.place is model.assign
+            ctx.backend == DDP_BACKEND and small is model.assign_node and model.place is model.assign
         )
         action = "remove" if base == target and top is call and not wrapped_in_place else "inline"
         return _checked(ctx, _Plan(site, holder, index, model, action))
@@ -161,6 +163,11 @@ def _plan(ctx: Context, site) -> Union[_Plan, str]:
 
 def _checked(ctx: Context, plan: _Plan) -> Union[_Plan, str]:
     if ctx.backend != HOROVOD_BACKEND and not any(m is plan.model for m, _ in ctx.state.get("wrapped", [])):
+        if ctx.backend == FSDP_BACKEND:
+            return (
+                f"{plan.model.name} is not sharded with fully_shard (DST121 not selected?), so "
+                "nn.DataParallel cannot go: file not migrated"
+            )
         return (
             f"{plan.model.name} is not wrapped in DistributedDataParallel (DST101 not selected?), so "
             "nn.DataParallel cannot go: file not migrated"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from distify.rules.base import DDP_BACKEND, Context, Rule
+from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, Context, Rule
 
 
 class UnwrappedModel(Rule):
@@ -16,7 +16,8 @@ class UnwrappedModel(Rule):
     Why:
         Wrapping in the wrong place is worse than not wrapping: a model wrapped after the
         optimizer, or twice, silently trains wrong. Wrap it yourself right after it is moved to
-        its device: ``model = runtime.DDP(model, device_ids=runtime.device_ids())``.
+        its device: ``model = runtime.DDP(model, device_ids=runtime.device_ids())``; with FSDP
+        shard it there (``fully_shard(model)``) and build the optimizer after the shard.
 
     Example:
         optimizer = optim.SGD(build().parameters(), lr=0.1)   # DST905
@@ -24,7 +25,7 @@ class UnwrappedModel(Rule):
 
     code = "DST905"
     name = "unwrapped-model"
-    backends = frozenset({DDP_BACKEND})
+    backends = frozenset({DDP_BACKEND, FSDP_BACKEND})
     summary = "trained model not found: not wrapped"
 
     def apply(self, ctx: Context) -> None:
@@ -38,11 +39,17 @@ class UnwrappedModel(Rule):
             for m in missing:
                 if any(mm.name == m for mm in a.models):
                     continue  # the same model was found through another optimizer
+                if ctx.backend == FSDP_BACKEND:
+                    how = (
+                        "not sharded; shard it with fully_shard(model) yourself (its repeated blocks first) "
+                        "and build this optimizer after that"
+                    )
+                else:
+                    how = "not wrapped; wrap it with runtime.DDP(model, device_ids=runtime.device_ids()) yourself"
                 ctx.warn(
                     self.code,
                     opt.call.call,
-                    f"model for this optimizer ({m}) is not built in this scope before it: not wrapped; "
-                    "wrap it with runtime.DDP(model, device_ids=runtime.device_ids()) yourself",
+                    f"model for this optimizer ({m}) is not built in this scope before it: {how}",
                 )
 
 
