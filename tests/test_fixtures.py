@@ -19,7 +19,7 @@ from distify.engine import migrate_source
 from distify.rules.base import Options
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-BACKENDS = ("ddp", "horovod")
+BACKENDS = ("ddp", "horovod", "fsdp")
 UPDATE = os.environ.get("DISTIFY_UPDATE_GOLDENS") == "1"
 
 

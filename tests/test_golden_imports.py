@@ -123,7 +123,7 @@ def late_imports(source: str) -> List[Tuple[str, int]]:
 
 def goldens():
     for path in sorted(FIXTURES.rglob("*.py")):
-        if path.name.endswith((".ddp.py", ".horovod.py")):
+        if path.name.endswith((".ddp.py", ".horovod.py", ".fsdp.py")):
             yield pytest.param(path, id=f"{path.parent.name}/{path.name}")
 
 

@@ -37,7 +37,7 @@ on_demand = pytest.mark.skipif(
 FIXTURES = REPO_ROOT / "fixtures"
 RUNNER = Path(__file__).resolve().parent / "scripts" / "run_scripts.py"
 TIMEOUT = 60  # seconds a script may take; the fixtures train a few tiny epochs
-BACKENDS = ("ddp", "horovod")
+BACKENDS = ("ddp", "horovod", "fsdp")
 
 
 def _cases(backend: str):

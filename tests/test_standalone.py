@@ -20,7 +20,9 @@ from distify.engine import migrate_source
 from distify.options import Options
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-GOLDENS = sorted((FIXTURES / "standalone").glob("*.*.py"))
+# the inline runtime speaks ddp and horovod; --standalone with --backend fsdp is not written yet (its
+# goldens import distify, with a DST001 warning that says so)
+GOLDENS = sorted(p for p in (FIXTURES / "standalone").glob("*.*.py") if not p.name.endswith(".fsdp.py"))
 GOLDENS = [p for p in GOLDENS if not p.name.endswith(".in.py")]
 
 
