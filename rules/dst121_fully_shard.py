@@ -70,6 +70,7 @@ class FullyShard(Rule):
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
         wrapped = ctx.state.setdefault("wrapped", [])
+        ctx.state["sharded"] = wrapped  # DST307 follows the sharded models from here
         handled = ctx.state.setdefault("sharded_compiles", set())
         refusals = ctx.state.setdefault("optimizer_before_shard", [])
         done: Set[Tuple[int, str]] = set()

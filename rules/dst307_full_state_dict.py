@@ -91,6 +91,8 @@ class FullStateDict(Rule):
             recv = dotted(func.value)
             if recv is None:
                 continue
+            if recv.endswith(".module") and (id(site.scope), recv[: -len(".module")]) in model_names:
+                recv = recv[: -len(".module")]  # DataParallel's .module, which DST902 drops under FSDP
             key = (id(site.scope), recv)
             kind = "model" if key in model_names else "optimizer" if key in optim_names else None
             if kind is None:
