@@ -85,16 +85,17 @@ def _quick_skip(text: str) -> bool:
     return "torch" not in text
 
 
-def migrate_source(source: bytes, options: Options) -> MigrationResult:
-    """Rewrite one script's bytes. Raises InputError for bad input."""
+def migrate_source(source: bytes, options: Options, path: Optional[str] = None) -> MigrationResult:
+    """Rewrite one script's bytes. Raises InputError for bad input. `path`, where the script is
+    a file, lets rules read the project's modules next to it (see distify.siblings)."""
     try:
-        return _migrate(source, options)
+        return _migrate(source, options, path)
     except RecursionError:
         # libcst's visitors recurse per nesting level: code Python accepts can still be too deep
         raise InputError("cannot process: nested too deeply for distify (RecursionError)") from None
 
 
-def _migrate(source: bytes, options: Options) -> MigrationResult:
+def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> MigrationResult:
     text, encoding = decode(source)
     if _quick_skip(text):
         return MigrationResult(source, source, note="no torch code", encoding=encoding)
@@ -153,6 +154,7 @@ def _migrate(source: bytes, options: Options) -> MigrationResult:
 
     ctx = Context(anatomy, options)
     ctx.state["incremental"] = incremental
+    ctx.state["script_path"] = path
     if standalone_name is not None:
         ctx.state["standalone_runtime"] = standalone_name  # the class may have gone with a conversion
     for rule in rules:
@@ -346,7 +348,7 @@ def process_file(path: str, mode: Mode, options: Options, cache=None, parse: boo
     if not parse:
         return None
     try:
-        result = migrate_source(source, options)
+        result = migrate_source(source, options, real)
     except InputError as e:
         return FileResult(path, Status.ERROR, message=str(e), source=source)
     except Exception as e:  # noqa: BLE001 - reported as an internal failure, exit 123

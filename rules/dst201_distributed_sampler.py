@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.anatomy import Loader, arg, dotted, foreign_loaders
+from distify.siblings import find_builder
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, loader_stem
 from distify.rules.dst203_shard_eval import eval_plans, shard_eval_enabled
 from distify.rules.dst910_iterable_dataset import is_iterable_dataset
@@ -28,7 +29,10 @@ class DistributedSamplerRule(Rule):
         rewrite, is re-sharded where the script binds it: ``loader = runtime.shard_loader(loader)``
         rebuilds it over the same dataset with a ``DistributedSampler`` (every other argument kept,
         shuffling when it shuffled; it refuses at run time what a sampler cannot split, such as
-        a custom sampler or an ``IterableDataset``), and DST202 gives it ``set_epoch``.
+        a custom sampler or an ``IterableDataset``), and DST202 gives it ``set_epoch``. When that
+        module sits next to the script, distify reads it: the report names the ``def`` and its
+        line; a loader given a ``DistributedSampler`` there only gets ``set_epoch``; one given its
+        own ``sampler=``/``batch_sampler=`` is left with a warning saying what to change there.
 
     Why:
         Without it every process iterates the whole dataset: N ranks do the same work N times and
@@ -164,11 +168,24 @@ class DistributedSamplerRule(Rule):
                 continue
             done.add(key)
             module, _, func = f.builder.rpartition(".")
-            where = f"{func}() of {module}" if module else f"{func}()"
+            # the module next to the script, where distify can read it: name the def, see its sampler
+            b = find_builder(ctx.state.get("script_path"), f.builder)
+            where = f"{func}() in {b.where}" if b else (f"{func}() of {module}" if module else f"{func}()")
+            if b is not None and b.sampler in ("sampler", "batch_sampler"):
+                ctx.warn(
+                    self.code, f.call.call,
+                    f"{f.name} feeds the training loop but {where} builds it with its own {b.sampler}=, which "
+                    f"distify cannot translate: every rank would read all of it. Make that {b.sampler} yield "
+                    f"this rank's part (by rank and world size) or use "
+                    f"sampler=DistributedSampler(dataset) there, and call its set_epoch(epoch) each epoch",
+                )
+                continue
+            reshard = not (b is not None and b.sampler == "distributed")
             stmt = f.binding
             small = stmt.body[0] if stmt is not None and len(stmt.body) == 1 else None
             bound = isinstance(small, cst.AnnAssign) or (isinstance(small, cst.Assign) and len(small.targets) == 1)
-            if not (bound and small.value is f.call.call):
+            bound = bound and small.value is f.call.call
+            if reshard and not bound:
                 ctx.warn(
                     self.code, f.call.call,
                     f"{f.name} feeds the training loop but is built by {where} in another module, which distify "
@@ -178,13 +195,15 @@ class DistributedSamplerRule(Rule):
                     f"{f.name}.sampler.set_epoch(epoch) at the start of each epoch",
                 )
                 continue
-            extra = f", num_replicas={ctx.hvd}.size(), rank={ctx.hvd}.rank()" if ctx.backend == HOROVOD_BACKEND else ""
-            lines = f"{f.name} = {ctx.runtime}.shard_loader({f.name}{extra})"
-            inside = [ep for ep in f.epochs if ep.loop in ctx.anatomy.stmt_parent.get(stmt, ()) and ep.var]
-            if inside:
+            lines = []
+            if reshard:
+                extra = f", num_replicas={ctx.hvd}.size(), rank={ctx.hvd}.rank()" if ctx.backend == HOROVOD_BACKEND else ""
+                lines.append(f"{f.name} = {ctx.runtime}.shard_loader({f.name}{extra})")
+            inside = [ep for ep in f.epochs if ep.loop in ctx.anatomy.stmt_parent.get(stmt, ()) and ep.var] if bound else []
+            if inside and not _calls_set_epoch_after(ctx, stmt, f.name):
                 # built afresh every epoch: the new sampler gets the epoch right away
-                lines += f"\n{f.name}.sampler.set_epoch({inside[-1].var})"
-            else:
+                lines.append(f"{f.name}.sampler.set_epoch({inside[-1].var})")
+            elif not inside:
                 pseudo = Loader(call=f.call, target=f.name, dataset=None, role="train", batch_loops=[f.loop])
                 samplers[pseudo] = None  # reached through `<loader>.sampler`
                 ctx.state.setdefault("foreign_epoch_loops", {})[pseudo] = f.epochs
@@ -194,12 +213,20 @@ class DistributedSamplerRule(Rule):
                         f"{f.name}: no loop over epochs found: if it shuffles, call "
                         f"{f.name}.sampler.set_epoch(epoch) at the start of each pass",
                     )
-            ctx.edits.insert_after(stmt, ctx.stmts(lines))
-            ctx.report(
-                self.code, f.call.call,
-                f"{f.name} is built by {where} (another module, not rewritten): re-sharded here with "
-                f"{ctx.runtime}.shard_loader, a DataLoader over the same dataset with a DistributedSampler",
-            )
+            if lines:
+                ctx.edits.insert_after(stmt, ctx.stmts("\n".join(lines)))
+            if reshard:
+                ctx.report(
+                    self.code, f.call.call,
+                    f"{f.name} is built by {where} (another module, not rewritten): re-sharded here with "
+                    f"{ctx.runtime}.shard_loader, a DataLoader over the same dataset with a DistributedSampler",
+                )
+            else:
+                ctx.report(
+                    self.code, f.call.call,
+                    f"{f.name} is built by {where} with a DistributedSampler already: left as it is",
+                    kind="info",
+                )
 
     def _family(self, ctx: Context, loader, samplers) -> None:
         """`loaders = {x: DataLoader(ds[x], shuffle=True) for x in ["train", "val"]}` with one training
@@ -288,6 +315,14 @@ def _substitute(expr: cst.BaseExpression, name: str, value: cst.BaseExpression) 
             return updated.with_changes(keyword=original.keyword)
 
     return expr.visit(T())
+
+
+def _calls_set_epoch_after(ctx: Context, stmt, name: str) -> bool:
+    """The block holding `stmt` already calls `<name>.sampler.set_epoch(...)` (an earlier run's, or
+    the script's own)."""
+    parents = ctx.anatomy.stmt_parent.get(stmt, ())
+    block = parents[-1] if parents else ctx.anatomy.module
+    return f"{name}.sampler.set_epoch(" in ctx.code(block)
 
 
 def _is_assignment(stmt: cst.CSTNode, call: cst.Call) -> bool:

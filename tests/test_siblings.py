@@ -1,0 +1,121 @@
+"""A training loader built by a function of the project's own module next to the script (issue 13,
+category 4): distify reads that module to name the function and line, and to see what the
+DataLoader gets there: a plain loader is re-sharded in the script (runtime.shard_loader), one that
+has a DistributedSampler already only gets set_epoch, one with its own sampler/batch_sampler is
+left with a warning (shard_loader would refuse it at run time)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from distify.engine import migrate_source
+from distify.options import Options
+from distify.siblings import find_builder
+
+SCRIPT = textwrap.dedent('''\
+    import torch
+    import torch.nn.functional as F
+
+    from {module} import get_training_dataloader
+
+
+    def main():
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        train_loader = get_training_dataloader(batch_size=8)
+        for epoch in range(3):
+            for x, y in train_loader:
+                optimizer.zero_grad()
+                F.mse_loss(model(x), y).backward()
+                optimizer.step()
+
+
+    if __name__ == "__main__":
+        main()
+''').format(module="utils")  # the project's own module, written next to the script by each test
+
+UTILS = {
+    "plain": "    return DataLoader(ds, batch_size=batch_size, shuffle=True)\n",
+    "distributed": "    sampler = DistributedSampler(ds)\n    return DataLoader(ds, batch_size=batch_size, sampler=sampler)\n",
+    "sampler": "    return DataLoader(ds, batch_size=batch_size, sampler=WeightedRandomSampler(w, len(ds)))\n",
+    "batch_sampler": "    return DataLoader(ds, batch_sampler=BucketSampler(ds, batch_size))\n",
+}
+
+
+def _project(tmp_path: Path, kind: str) -> Path:
+    (tmp_path / "utils.py").write_text(
+        "from torch.utils.data import DataLoader, DistributedSampler\n\n\n"
+        "def get_training_dataloader(batch_size=16):\n    ds = make_dataset()\n" + UTILS[kind]
+    )
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    return script
+
+
+def _migrate(script: Path, backend="ddp"):
+    return migrate_source(script.read_bytes(), Options(backend=backend), str(script))
+
+
+@pytest.mark.parametrize("kind,expected", [("plain", None), ("distributed", "distributed"), ("sampler", "sampler"),
+                                           ("batch_sampler", "batch_sampler")])
+def test_find_builder_reads_the_sampler_the_module_gives(tmp_path, kind, expected):
+    script = _project(tmp_path, kind)
+    b = find_builder(str(script), "utils.get_training_dataloader")
+    assert (b.file, b.line, b.sampler) == ("utils.py", 4, expected)
+
+
+def test_find_builder_packages_and_what_it_cannot_read(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "loaders.py").write_text("def train_loader():\n    return DataLoader(ds)\n")
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    script = str(tmp_path / "train.py")
+    assert find_builder(script, "data.loaders.train_loader").where == "data/loaders.py:1"
+    assert find_builder(script, "data.loaders.missing") is None
+    assert find_builder(script, "broken.f") is None
+    assert find_builder(script, "elsewhere.f") is None
+    assert find_builder(None, "data.loaders.train_loader") is None
+
+
+@pytest.mark.parametrize("backend", ["ddp", "horovod"])
+def test_plain_loader_is_resharded_and_the_report_names_the_def(tmp_path, backend):
+    result = _migrate(_project(tmp_path, "plain"), backend)
+    out = result.output.decode()
+    assert "train_loader = runtime.shard_loader(train_loader" in out
+    assert "train_loader.sampler.set_epoch(epoch)" in out
+    assert any(f.code == "DST201" and "get_training_dataloader() in utils.py:4" in f.message for f in result.findings)
+
+
+def test_loader_with_a_distributed_sampler_only_gets_set_epoch(tmp_path):
+    script = _project(tmp_path, "distributed")
+    result = _migrate(script)
+    out = result.output.decode()
+    assert "shard_loader" not in out and "train_loader.sampler.set_epoch(epoch)" in out
+    again = migrate_source(result.output, Options(backend="ddp"), str(script))
+    assert again.output == result.output
+
+
+@pytest.mark.parametrize("kind", ["sampler", "batch_sampler"])
+def test_loader_with_its_own_sampler_is_left_with_a_warning(tmp_path, kind):
+    result = _migrate(_project(tmp_path, kind))
+    assert b"shard_loader" not in result.output
+    warned = [f for f in result.findings if f.kind == "warning" and f.code == "DST201"]
+    assert len(warned) == 1 and f"utils.py:4 builds it with its own {kind}=" in warned[0].message
+
+
+def test_without_the_module_the_loader_is_resharded_all_the_same(tmp_path):
+    """No file to read (stdin, a module elsewhere): shard_loader decides at run time."""
+    script = _project(tmp_path, "batch_sampler")
+    result = migrate_source(script.read_bytes(), Options(backend="ddp"))
+    assert b"train_loader = runtime.shard_loader(train_loader)" in result.output
+
+
+def test_cli_reads_the_module_next_to_the_file(tmp_path):
+    script = _project(tmp_path, "batch_sampler")
+    proc = subprocess.run([sys.executable, "-m", "distify", str(script), "--diff"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode in (0, 1), proc.stderr
+    assert "shard_loader" not in proc.stdout and "utils.py:4 builds it with its own batch_sampler=" in proc.stderr
