@@ -440,6 +440,79 @@ if _DIR:
 '''
 
 
+# FSDP: like PARAM_SPY, but the parameters are DTensor shards, so each rank gathers the FULL
+# tensors (p.full_tensor(), a collective) and also counts what it holds locally: parameters
+# (p.to_local()) and the optimizers' state tensors. The dump happens where every rank still has the
+# process group: just before dist.destroy_process_group() (distify's runtime calls it at exit), or
+# at exit in a run without a group (the original script). <dir>/rank<RANK or single>.pt holds
+# {"params": [full tensors, optimizer order], "counts": {...}}.
+FSDP_SPY = '''\
+import os
+
+_FSDP_DIR = os.environ.get("DISTIFY_E2E_FSDP_DIR")
+
+if _FSDP_DIR:
+    import atexit
+
+    def _patch_fsdp(torch):
+        import torch.distributed as dist
+
+        optimizer_cls = torch.optim.Optimizer
+        real_init = optimizer_cls.__init__
+        params, seen, optimizers, done = [], set(), [], []
+
+        def __init__(self, *args, **kwargs):
+            real_init(self, *args, **kwargs)
+            optimizers.append(self)
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        params.append(p)
+
+        optimizer_cls.__init__ = __init__
+
+        def local(t):
+            return t.to_local() if hasattr(t, "to_local") else t
+
+        def dump():
+            if done or not params:  # (the launcher's own process imports torch too)
+                return
+            done.append(True)
+            full = [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu().clone() for p in params]
+            state = [t for o in optimizers for s in o.state.values() for t in s.values()
+                     if torch.is_tensor(t) and t.dim() > 0]
+            counts = {
+                "params_local": sum(local(p).numel() for p in params),
+                "params_full": sum(p.numel() for p in params),
+                "params_sharded": sum(1 for p in params if hasattr(p, "to_local")),
+                "params": len(params),
+                "optim_local": sum(local(t).numel() for t in state),
+                "optim_full": sum(t.numel() for t in state),
+            }
+            rank = os.environ.get("RANK") or "single"
+            torch.save({"params": full, "counts": counts}, os.path.join(_FSDP_DIR, "rank%s.pt" % rank))
+
+        real_init_group, real_destroy = dist.init_process_group, dist.destroy_process_group
+
+        def init_process_group(*args, **kwargs):
+            out = real_init_group(*args, **kwargs)
+            atexit.register(dump)  # runs before the exit handlers registered earlier (the runtime's cleanup)
+            return out
+
+        def destroy_process_group(*args, **kwargs):
+            if dist.is_initialized():
+                dump()
+            return real_destroy(*args, **kwargs)
+
+        dist.init_process_group = init_process_group
+        dist.destroy_process_group = destroy_process_group
+        atexit.register(dump)
+
+    _after_torch_import(_patch_fsdp)
+'''
+
+
 # Stand-ins for torchvision and matplotlib where they are not installed (the test machine has
 # neither). A script imports them as users do (`from torchvision.utils import save_image`,
 # `import matplotlib.pyplot as plt`); save_image and savefig write a small file through open(),
