@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from distify.anatomy import Anatomy
+import libcst as cst
+
+from distify.anatomy import Anatomy, dotted, foreign_loaders
 from distify.audit import feeding_loaders, sampler_of
 from distify.rules.base import AuditCheck, Context
 from distify.rules.dst910_iterable_dataset import is_iterable_dataset
@@ -17,7 +19,9 @@ class UnshardedLoader(AuditCheck):
         directly, zipped with another loader, through a progress bar, a dict of loaders by phase
         or a function parameter – that has neither a ``sampler=`` nor a ``batch_sampler=`` and
         whose dataset is not already split by rank. Loaders over an ``IterableDataset`` are left
-        to DST910 (they split inside the dataset).
+        to DST910 (they split inside the dataset). In distify's own output, also a training loader
+        built by a function of another module that is not passed through ``runtime.shard_loader``
+        (and whose sampler the script never gives an epoch, which would say that module shards it).
 
     Why:
         Without a distributed sampler every rank reads the whole dataset in the same order: N
@@ -49,6 +53,28 @@ class UnshardedLoader(AuditCheck):
                 loader.call.call,
                 f"{name} feeds a training loop but has no distributed sampler: every rank reads "
                 "the whole dataset; pass sampler=DistributedSampler(dataset) and call its set_epoch(epoch) each epoch",
+            )
+        if a.migrated_by_distify:
+            self._foreign(ctx, a)
+
+    def _foreign(self, ctx: Context, a: Anatomy) -> None:
+        """distify's output: a training loader another module builds must pass through
+        ``runtime.shard_loader`` (DST201), unless the script treats it as sharded already (it calls
+        ``<loader>.sampler.set_epoch``: the module gives it a DistributedSampler)."""
+        told = {
+            dotted(c.call.func.value)
+            for c in a.calls
+            if isinstance(c.call.func, cst.Attribute) and c.call.func.attr.value == "set_epoch"
+        }
+        for f in foreign_loaders(a):
+            if f.resharded or {f"{f.name}.sampler", f"{f.loop.ref}.sampler"} & told:
+                continue
+            ctx.warn(
+                self.code,
+                f.call.call,
+                f"{f.name} feeds a training loop but is built by {f.builder}() in another module and not "
+                f"re-sharded here: every rank reads all of it; add {f.name} = runtime.shard_loader({f.name}) "
+                "after it, or give it a DistributedSampler where it is built",
             )
 
 

@@ -283,3 +283,20 @@ def test_the_audit_does_not_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
+
+
+# ------------------------------------------------------------------ a loader built in another module
+
+
+@pytest.mark.parametrize("backend", ["ddp", "horovod"])
+def test_a_module_built_loader_left_whole_is_flagged(backend) -> None:
+    """loader_from_utils: distify's output passes; with the shard_loader line (and the set_epoch it
+    made possible) taken out, the control, the audit reports the loader. A script that tells the
+    loader's sampler the epoch without re-sharding it says its module shards it: trusted."""
+    out = (FIXTURES / "corpus" / f"loader_from_utils.{backend}.py").read_text()
+    assert codes(lint_source(out.encode())) == set()
+    line = next(ln for ln in out.splitlines(keepends=True) if "runtime.shard_loader(" in ln)
+    sharded_there = broken(out, line, "")
+    assert codes(lint_source(sharded_there)) == set()
+    whole = broken(sharded_there.decode(), "        training_loader.sampler.set_epoch(epoch)\n", "")
+    assert codes(lint_source(whole)) == {"DST951"}
