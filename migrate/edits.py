@@ -390,6 +390,11 @@ def _merge_from_imports(lines: Sequence[str]) -> List[str]:
                 continue
             merged[module] = len(out)
         out.append(line)
+    for i, line in enumerate(out):
+        if len(line) > 99 and "(" not in line:  # one name a line, as black would
+            head, names = line.split(" import ", 1)
+            inner = "".join(f"    {n.strip()},\n" for n in names.split(","))
+            out[i] = f"{head} import (\n{inner})"
     return out
 
 

@@ -17,11 +17,9 @@ WRITES = SAVE | {"safetensors.torch.save_file"}
 
 
 def sharded_models(ctx: Context) -> list:
-    """(model, anchor) for every model ``fully_shard`` shards: DST121's record when it ran, else
-    every trained model, sharded right after it reaches its device (where DST121 puts it)."""
-    if "sharded" in ctx.state:
-        return ctx.state["sharded"]
-    return [(m, m.place) for m in ctx.anatomy.models]
+    """(model, anchor) for every model ``fully_shard`` shards: DST121's record (none when DST121
+    did not run, ``--select DST3``: nothing is sharded then)."""
+    return ctx.state.get("sharded", [])
 
 
 class FullStateDict(Rule):
@@ -96,6 +94,7 @@ class FullStateDict(Rule):
             key = (id(site.scope), recv)
             kind = "model" if key in model_names else "optimizer" if key in optim_names else None
             if kind is None:
+                self._submodule(ctx, site, recv, model_names, savers)
                 continue
             after, model = (model_names if kind == "model" else optim_names)[key]
             if after is not None and not a.is_before(after, site.stmt):
@@ -145,6 +144,26 @@ class FullStateDict(Rule):
             site.call,
             f"{recv}'s full state gathered on every rank into {name} ({fn} is a collective); only the write is rank 0's",
         )
+
+    def _submodule(self, ctx: Context, site, recv, model_names, savers) -> None:
+        """`torch.save(model.encoder.state_dict(), path)`: a part of a sharded model, saved."""
+        if site.call.func.attr.value != "state_dict" or site.call.args:
+            return
+        parts = recv.split(".")
+        for i in range(len(parts) - 1, 0, -1):
+            found = model_names.get((id(site.scope), ".".join(parts[:i])))
+            if found is None:
+                continue
+            after, _ = found
+            if (after is None or ctx.anatomy.is_before(after, site.stmt)) and _leaves(ctx, site, savers):
+                ctx.warn(
+                    self.code,
+                    site.call,
+                    f"{recv}.state_dict() of a part of a sharded model is saved: it holds this rank's DTensor shards; "
+                    f"gather the model's full state (get_model_state_dict({'.'.join(parts[:i])}, options=...)) and "
+                    f"keep the keys that start with '{'.'.join(parts[i:])}.'",
+                )
+            return
 
     # loads ----------------------------------------------------------------------------------
     def _load(self, ctx: Context, site, kind, recv, model_ref, cpu_loads) -> None:
