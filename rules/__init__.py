@@ -51,6 +51,10 @@ _MODULES = (
     "dst910_iterable_dataset",
     "dst911_collective_in_rank_branch",
     "dst912_optimizer_before_shard",
+    "dst921_tied_across_blocks",
+    "dst922_parameter_outside_forward",
+    "dst923_module_attribute",
+    "dst924_custom_state_code",
     # the output audit (distify.audit): run on the rewritten module and by `distify lint`
     "dst950_not_distributed",
     "dst951_unsharded_loader",

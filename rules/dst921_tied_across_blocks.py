@@ -1,0 +1,127 @@
+"""DST921 weights tied across modules that FSDP shards separately (FSDP)."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import libcst as cst
+
+from distify.rules.base import FSDP_BACKEND, Context, Rule
+
+
+class TiedAcrossBlocks(Rule):
+    """Warn where a model ties a parameter across modules that are sharded as separate units (FSDP).
+
+    What it does:
+        For a model class of this file whose repeated blocks DST121 shards one by one
+        (``for block in model.blocks: fully_shard(block)``, then the root), an assignment in its
+        ``__init__`` that makes two modules share a parameter (``self.head.weight =
+        self.blocks[0].proj.weight``) where one side is inside a block and the other is not (or in
+        another block) gets a warning. Ties between modules of the same unit – the usual
+        ``self.head.weight = self.emb.weight``, both outside the blocks – shard correctly and are
+        left alone.
+
+    Why:
+        Each ``fully_shard`` call manages the parameters of its module as one group. A parameter
+        that belongs to two groups cannot be sharded twice: ``fully_shard`` raises ``ValueError:
+        Parameter ... is shared with a parameter already managed by another FSDP group``. The fix
+        is to shard the modules that share it together – ``fully_shard([module_a, module_b])`` –
+        or to leave the block that holds it to the root's unit.
+
+    Example:
+        self.blocks = nn.ModuleList([Block() for _ in range(4)])
+        self.head.weight = self.blocks[0].proj.weight
+
+        warns
+
+        DST921 self.head.weight is tied to self.blocks[0].proj.weight across fully_shard units ...
+    """
+
+    code = "DST921"
+    name = "tied-across-blocks"
+    backends = frozenset({FSDP_BACKEND})
+    summary = "warn on weights tied across separately sharded blocks"
+
+    def apply(self, ctx: Context) -> None:
+        from distify.rules.dst307_full_state_dict import sharded_models
+
+        a = ctx.anatomy
+        done = set()
+        for model, _anchor in sharded_models(ctx):
+            cls = _model_class(ctx, model)
+            if cls is None or id(cls) in done:
+                continue
+            done.add(id(cls))
+            found = getattr(a, "repeated_blocks", None)  # DST121's fact
+            blocks = [b.path for b in (found(model) if found else []) if b.owner == cls.name.value]
+            if not blocks:
+                continue
+            init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+            if init is None:
+                continue
+            for node in _assigns(init):
+                target, value = node.targets[0].target, node.value
+                left, right = _self_path(ctx, target), _self_path(ctx, value)
+                if left is None or right is None:
+                    continue
+                if _unit(left, blocks) == _unit(right, blocks):
+                    continue
+                ctx.warn(
+                    self.code,
+                    node,
+                    f"{ctx.code(target)} is tied to {ctx.code(value)} across fully_shard units (the blocks are "
+                    "sharded one by one, then the root): fully_shard raises ValueError for a parameter in two "
+                    "groups; shard the modules that share it together (fully_shard([a, b])) or leave that "
+                    "block to the root",
+                )
+
+
+def _model_class(ctx: Context, model) -> Optional[cst.ClassDef]:
+    value = model.value
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):  # Net().to(device)
+        value = value.func.value
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
+        return ctx.anatomy.classes.get(value.func.value)
+    return None
+
+
+def _assigns(fn: cst.FunctionDef) -> List[cst.Assign]:
+    out = []
+
+    class V(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            if len(node.targets) == 1:
+                out.append(node)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is fn
+
+    fn.visit(V())
+    return out
+
+
+def _self_path(ctx: Context, expr: cst.BaseExpression) -> Optional[str]:
+    """`self.a.b[0].weight` -> "a.b[0].weight" for an attribute chain ending in a parameter name."""
+    if not (isinstance(expr, cst.Attribute) and expr.attr.value in ("weight", "bias")):
+        return None
+    node = expr
+    while isinstance(node, (cst.Attribute, cst.Subscript)):
+        node = node.value
+    if not (isinstance(node, cst.Name) and node.value == "self"):
+        return None
+    text = "".join(ctx.code(expr).split())
+    return text[len("self."):]
+
+
+def _unit(path: str, blocks: List[str]) -> str:
+    """Which fully_shard unit a parameter path falls in: one block of a container, or the root."""
+    for b in blocks:
+        if path.startswith(b + "["):
+            return path[: path.index("]", len(b)) + 1]
+        if path.startswith(b + "."):
+            rest = path[len(b) + 1 :].split(".")
+            return f"{b}.{rest[0]}"  # nn.Sequential's `blocks.0` or a ModuleDict key
+    return "root"
+
+
+RULE = TiedAcrossBlocks()
