@@ -1,0 +1,138 @@
+"""FSDP2 state that leaves and enters the process, and accumulation (DST307, DST402), executed.
+
+Under ``torchrun --nproc-per-node 2`` (gloo, CPU):
+- accumulation: 2 ranks x batch B x A micro-batches end with the original's weights at batch
+  2·A·B without accumulation (< 1e-5), reduce-scattering gradients once per optimizer step; a
+  control copy without ``set_requires_gradient_sync`` reduce-scatters on every micro-batch (it is
+  a saving, not a correctness fix: its weights are the same, so the count tells them apart);
+- checkpoints: the file the migrated script writes (``get_model_state_dict``) loads with a plain
+  ``load_state_dict`` into the ORIGINAL class; a control that saves ``model.state_dict()`` (the
+  shards) does not;
+- resume: a 2-rank run of one epoch, resumed for one more under 2 ranks and under plain python
+  (``set_model_state_dict``), ends where the original ends after two epochs (plain SGD: a resumed
+  epoch is the next epoch).
+"""
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from e2e_support import SCENARIOS, assert_same_weights, load_state, migrate, run_python, run_torchrun  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+B, ACCUM, NPROC, EPOCHS = 16, 2, 2, 2
+COUNTER = Path(__file__).resolve().parent / "scripts" / "count_reduce_scatter.py"
+ACCUMULATION = SCENARIOS / "accumulation.in.py"
+RESUME = SCENARIOS / "resume.in.py"
+SYNC = "model.set_requires_gradient_sync((step + 1) % args.accum_steps == 0)"
+GATHER = "get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))"
+
+
+@pytest.fixture(scope="module")
+def migrated(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fsdp-state")
+    out = {}
+    for src in (ACCUMULATION, RESUME):
+        target = folder / src.name.replace(".in.py", ".py")
+        migrate(src, target, backend="fsdp")
+        text = target.read_text()
+        assert "fully_shard(" in text, text
+        out[src.name.split(".")[0]] = target
+    assert SYNC in out["accumulation"].read_text()
+    resume = out["resume"].read_text()
+    assert GATHER in resume and "set_model_state_dict(model, torch.load(" in resume, resume
+    return out
+
+
+def _accum_args(batch, accum):
+    return ["--batch-size", batch, "--accum-steps", accum, "--epochs", EPOCHS, "--checkpoint", "final.pt"]
+
+
+def _counted(script: Path, workdir: Path):
+    out = workdir / "counts"
+    out.mkdir(parents=True)
+    run_torchrun(COUNTER, [out, script, *_accum_args(B, ACCUM)], nproc=NPROC, cwd=workdir)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(NPROC)]
+
+
+@pytest.fixture(scope="module")
+def accumulated(migrated, tmp_path_factory):
+    """The migrated accumulation script on 2 ranks, its reduce-scatters and steps counted (the
+    counter runs the script unchanged: its final.pt serves the weights test too)."""
+    work = tmp_path_factory.mktemp("fsdp-accum")
+    return work, _counted(migrated["accumulation"], work)
+
+
+def test_accumulated_weights_match_the_big_batch(accumulated, tmp_path_factory):
+    big = tmp_path_factory.mktemp("fsdp-accum-big")
+    run_python(ACCUMULATION, _accum_args(NPROC * ACCUM * B, 1), cwd=big)
+    work, _ = accumulated
+    assert_same_weights(load_state(big / "final.pt"), load_state(work / "final.pt"), atol=1e-5, label="fsdp accumulation")
+
+
+def test_one_reduce_scatter_round_per_optimizer_step(migrated, accumulated, tmp_path):
+    _, synced = accumulated
+    control = tmp_path / "control.py"
+    text = migrated["accumulation"].read_text()
+    control.write_text("".join(line for line in text.splitlines(True) if "set_requires_gradient_sync" not in line))
+    every = _counted(control, tmp_path)
+    for s, e in zip(synced, every):
+        assert s["steps"] == e["steps"] == EPOCHS * (512 // NPROC // B) // ACCUM, (s, e)
+        assert s["reduce_scatter"] > 0 and s["reduce_scatter"] % s["steps"] == 0, s
+        assert e["reduce_scatter"] == ACCUM * s["reduce_scatter"], (s, e)
+
+
+def _resume_args(batch, checkpoint, resume=None):
+    args = ["--batch-size", batch, "--epochs", 1, "--checkpoint", checkpoint]
+    return args + ["--resume", resume] if resume else args
+
+
+@pytest.fixture(scope="module")
+def resumed(migrated, tmp_path_factory):
+    """Original, two epochs at 2B; migrated, one epoch on 2 ranks, then resumed from its
+    checkpoint for one more on 2 ranks and in one plain process."""
+    work = tmp_path_factory.mktemp("fsdp-resume")
+    run_python(RESUME, ["--batch-size", NPROC * B, "--epochs", 2, "--checkpoint", "original.pt"], cwd=work)
+    script = migrated["resume"]
+    run_torchrun(script, _resume_args(B, "first.pt"), nproc=NPROC, cwd=work)
+    out = run_torchrun(script, _resume_args(B, "ranks.pt", "first.pt"), nproc=NPROC, cwd=work)
+    assert out.stdout.count("resumed from first.pt") == 1, out.stdout
+    run_python(script, _resume_args(NPROC * B, "plain.pt", "first.pt"), cwd=work)
+    return work
+
+
+def test_resume_under_two_ranks_and_plain_python(resumed):
+    original = load_state(resumed / "original.pt")
+    assert_same_weights(original, load_state(resumed / "ranks.pt"), atol=1e-5, label="resumed on 2 ranks")
+    assert_same_weights(original, load_state(resumed / "plain.pt"), atol=1e-5, label="resumed under plain python")
+
+
+def _load_into_original(path: Path):
+    import torch
+
+    classifier = runpy.run_path(str(RESUME), run_name="original")["Classifier"]()
+    classifier.load_state_dict(torch.load(str(path)))  # the original's own, plain load
+    return classifier
+
+
+def test_checkpoint_loads_into_the_original_model(resumed):
+    saved = load_state(resumed / "ranks.pt")
+    model = _load_into_original(resumed / "ranks.pt")
+    assert list(model.state_dict()) == list(saved)
+    assert_same_weights(model.state_dict(), load_state(resumed / "original.pt"), atol=1e-5, label="loaded")
+
+
+def test_control_a_saved_shard_does_not_load_into_the_original(migrated, tmp_path):
+    text = migrated["resume"].read_text()
+    control = tmp_path / "control.py"
+    control.write_text(text.replace(GATHER, "model.state_dict()"))
+    run_torchrun(control, _resume_args(B, "shards.pt"), nproc=NPROC, cwd=tmp_path)
+    with pytest.raises(Exception):
+        _load_into_original(tmp_path / "shards.pt")
