@@ -47,6 +47,24 @@ DDP = {
     "torch.nn.parallel.distributed.DistributedDataParallel",
     "distify.runtime.DDP",  # torch's wrapper, or a pass-through in a one-process run
 }
+# FSDP2's per-module sharding call (public in torch.distributed.fsdp since 2.6; the _composable
+# path is where it lived before) and FSDP1's deprecated wrapper class: either makes a script "fsdp"
+FULLY_SHARD = {
+    "torch.distributed.fsdp.fully_shard",
+    "torch.distributed.fsdp._fully_shard.fully_shard",
+    "torch.distributed._composable.fsdp.fully_shard",
+    "torch.distributed._composable.fsdp.fully_shard.fully_shard",
+}
+FSDP1 = {
+    "torch.distributed.fsdp.FullyShardedDataParallel",
+    "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
+}
+# torch.distributed.checkpoint.state_dict's collectives over a sharded model's state (every rank calls them)
+DCP_STATE = {
+    f"torch.distributed.checkpoint.state_dict.{n}"
+    for n in ("get_model_state_dict", "get_optimizer_state_dict", "get_state_dict",
+              "set_model_state_dict", "set_optimizer_state_dict", "set_state_dict")
+}
 DATA_PARALLEL = {
     "torch.nn.DataParallel",
     "torch.nn.parallel.DataParallel",
@@ -84,6 +102,7 @@ COLLECTIVES = {
     "distify.runtime.all_reduce",
     "distify.runtime.reduce_mean",
     "distify.runtime.all_reduce_sum",
+    *DCP_STATE,  # gathers or scatters a sharded model's state: every rank takes part
 }
 # torchrun's variables for where a process sits (horovodrun and srun set none of them)
 ENV_RANK_VARS = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE"})
@@ -1084,9 +1103,12 @@ class Anatomy:
 
     @property
     def flavour(self) -> Optional[str]:
-        """The distributed backend the script already uses: "horovod", "ddp" or None."""
+        """The distributed backend the script already uses: "horovod", "fsdp", "ddp" or None.
+        A sharded script also calls init_process_group: sharding decides before the process group."""
         if "imports horovod" in self.distributed:
             return "horovod"
+        if {"shards a model with fully_shard", "wraps a model in FullyShardedDataParallel"} & set(self.distributed):
+            return "fsdp"
         if {"calls init_process_group", "wraps a model in DistributedDataParallel"} & set(self.distributed):
             return "ddp"
         return None
@@ -1283,6 +1305,10 @@ def analyse(module: cst.Module) -> Anatomy:
             distributed.append("wraps a model in DistributedDataParallel")
         elif c.qualname in DIST_SAMPLER:
             distributed.append("uses DistributedSampler")
+        elif c.qualname in FULLY_SHARD:
+            distributed.append("shards a model with fully_shard")
+        elif c.qualname in FSDP1:
+            distributed.append("wraps a model in FullyShardedDataParallel")
 
     # loaders --------------------------------------------------------------------------------
     loaders: List[Loader] = []
