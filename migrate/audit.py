@@ -18,16 +18,12 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from distify.anatomy import DDP, DIST_SAMPLER, Anatomy, CallSite, Loader, arg, dotted, ref_text
+from distify.anatomy import DDP, DIST_SAMPLER, FSDP1, FULLY_SHARD, Anatomy, CallSite, Loader, arg, dotted, ref_text
 from distify.facts import all_nodes
 
 AUDIT_CODES = tuple(f"DST95{i}" for i in range(10))
 
-FSDP = {
-    "torch.distributed.fsdp.FullyShardedDataParallel",
-    "torch.distributed.fsdp.fully_shard",
-    "torch.distributed._composable.fsdp.fully_shard",
-}
+FSDP = FULLY_SHARD | FSDP1
 HVD_OPTIMIZER = {"horovod.torch.DistributedOptimizer"}
 SAVES = {
     "torch.save",
@@ -65,6 +61,27 @@ def wrapped_models(a: Anatomy) -> Tuple[Set[str], Set[str]]:
         elif c.qualname in FSDP and root:
             wrappers.add(root)  # fully_shard(model) shards in place
     return wrappers, _same_modules(a, inner)
+
+
+def sharded_models(a: Anatomy) -> Set[str]:
+    """Names bound to a module FSDP shards (``fully_shard(model)`` in place, ``model = FSDP(net)``),
+    with the names bound to the same module objects: their forward and backward are collectives
+    (all-gather, reduce-scatter) and their parameters and ``state_dict()`` values are shards."""
+    cached = a.__dict__.get("_sharded_models")
+    if cached is not None:
+        return cached
+    names: Set[str] = set()
+    for c in a.calls_to(FSDP):
+        m = arg(c.call, 0, "module")
+        root = dotted(m.value) if m is not None else None
+        target = assigned_to(c)
+        if target:
+            names.add(target)
+        if root and (c.qualname in FULLY_SHARD or target == root):
+            names.add(root)
+    out = _same_modules(a, names)
+    a.__dict__["_sharded_models"] = out
+    return out
 
 
 def _same_modules(a: Anatomy, names: Set[str]) -> Set[str]:
@@ -218,5 +235,5 @@ def feeding_loaders(a: Anatomy) -> Dict[Loader, List[cst.CSTNode]]:
 
 __all__ = [
     "AUDIT_CODES", "DIST_SAMPLER", "feeding_loaders", "loader_loops", "is_audit",
-    "sampler_of", "wrapped_models",
+    "sampler_of", "sharded_models", "wrapped_models",
 ]

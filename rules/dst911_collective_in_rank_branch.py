@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Dict, Set
+from typing import Dict, List, Set
 
 import libcst as cst
 
-from distify.anatomy import COLLECTIVES
+from distify.anatomy import COLLECTIVES, FSDP1, Anatomy, dotted
+from distify.audit import assigned_to, sharded_models
 from distify.facts import branch_of
 from distify.rules.base import Context, Rule
 
@@ -29,9 +30,16 @@ class CollectiveInRankBranch(Rule):
         DST304, DST305) off any statement that itself calls a collective
         (``print(runtime.reduce_mean(loss))`` stays on every rank, with this warning).
 
+        In an FSDP script the forward of a sharded model is a collective too (it all-gathers the
+        parameters of each sharded block): a call of the model (``model(x)``, ``model.generate``)
+        or of a function of the script it is handed to (``evaluate(model, loader)``) under a rank
+        condition is reported, as are ``get_model_state_dict``/``get_optimizer_state_dict`` and
+        their ``set_`` counterparts (they gather or scatter the shards), and the ``state_dict()``
+        of an FSDP1 ``FullyShardedDataParallel`` wrapper (it gathers the full state by default).
+
         Limits: only collectives written in the branch itself are seen – not those reached
-        through a function called there, nor a DDP model's forward/backward, nor a branch
-        skipped by an early ``return`` on some ranks.
+        through a function called there (other than a sharded model handed to it), nor a DDP
+        model's forward/backward, nor a branch skipped by an early ``return`` on some ranks.
 
     Why:
         A collective completes only when every rank of the group calls it. Ranks that skip the
@@ -58,6 +66,8 @@ class CollectiveInRankBranch(Rule):
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
         sites = a.calls_to(COLLECTIVES)
+        forwards = _sharded_forwards(a) if a.flavour == "fsdp" else {}
+        sites = sites + [c for c in a.calls if id(c) in forwards]
         branches: Dict[cst.If, Set[str]] = {}
         found = []
         for c in sites:
@@ -77,12 +87,50 @@ class CollectiveInRankBranch(Rule):
                 continue  # both sides call a collective: the usual root / non-root split
             cond = " ".join(ctx.code(parent.test).split())
             where = f"`if {cond}`" if side == "body" else f"the else branch of `if {cond}`"
+            if id(c) in forwards:
+                ctx.warn(
+                    self.code,
+                    c.call,
+                    f"{ctx.code(c.call.func)}() inside {where} gathers the sharded model {forwards[id(c)]}'s state on "
+                    "some ranks only (FSDP1's state_dict is a collective: hang); call it on all ranks before the `if`, "
+                    "keep only the save inside"
+                    if isinstance(c.call.func, cst.Attribute) and c.call.func.attr.value == "state_dict"
+                    else f"{ctx.code(c.call.func)}() inside {where} runs a forward of the sharded model {forwards[id(c)]} "
+                    "on some ranks only: FSDP's forward all-gathers the parameters with every rank (hang); run it "
+                    "on all ranks, keep only the print or save of its result inside",
+                )
+                continue
             ctx.warn(
                 self.code,
                 c.call,
                 f"{ctx.code(c.call.func)}() inside {where} runs on some ranks only and every rank waits "
                 "for it (hang): call it on all ranks before the `if`, keep only the use of its result inside",
             )
+
+
+def _sharded_forwards(a: Anatomy) -> Dict[int, str]:
+    """Calls that run a forward of a module FSDP shards: the model called (``model(x)``,
+    ``model.forward``/``generate``), or handed to a function of this script (``evaluate(model)``);
+    keyed by id of the call site, with the model's name."""
+    sharded = sharded_models(a)
+    out: Dict[int, str] = {}
+    if not sharded:
+        return out
+    fsdp1 = {assigned_to(c) for c in a.calls_to(FSDP1)} - {None}
+    for c in a.calls:
+        f = c.call.func
+        name = dotted(f)
+        if name in sharded:
+            out[id(c)] = name
+        elif isinstance(f, cst.Attribute) and f.attr.value in ("forward", "generate") and dotted(f.value) in sharded:
+            out[id(c)] = dotted(f.value)
+        elif isinstance(f, cst.Attribute) and f.attr.value == "state_dict" and dotted(f.value) in fsdp1:
+            out[id(c)] = dotted(f.value)
+        elif a.callee(c.call, c.scope) is not None:
+            handed: List[str] = [dotted(x.value) for x in c.call.args if dotted(x.value) in sharded]
+            if handed:
+                out[id(c)] = handed[0]
+    return out
 
 
 RULE = CollectiveInRankBranch()

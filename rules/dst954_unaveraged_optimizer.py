@@ -7,7 +7,8 @@ from typing import Set
 import libcst as cst
 
 from distify.anatomy import COLLECTIVES, DDP, Anatomy, arg, dotted
-from distify.audit import FSDP, HVD_OPTIMIZER, wrapped_models
+from distify.audit import FSDP, HVD_OPTIMIZER, _same_modules, wrapped_models
+from distify.anatomy import FULLY_SHARD
 from distify.facts import all_nodes
 from distify.rules.base import AuditCheck, Context
 
@@ -19,14 +20,18 @@ class UnaveragedOptimizer(AuditCheck):
         Part of the output audit (and of ``distify lint``). In a DDP script, reports an optimizer
         built from ``X.parameters()`` when ``X`` is neither wrapped in DDP/FSDP nor the module a
         wrapper wraps, and is not handed on to code of the script that wraps a model (returned,
-        or passed to a function or class that calls DDP). In a Horovod script, reports an optimizer that is never passed to
+        or passed to a function or class that calls DDP). ``fully_shard(X)`` (FSDP2) averages
+        too; in an FSDP script an optimizer built over ``X.parameters()`` *before* ``fully_shard(X)``
+        in the same scope is reported (and one rebuilt after it is not). In a Horovod script, reports an optimizer that is never passed to
         ``hvd.DistributedOptimizer``. An optimizer that is never stepped, and a script that
         averages gradients itself (a collective over ``.grad``), are not reported.
 
     Why:
         DDP averages gradients only for the parameters of the module it wraps, and Horovod only
         for the optimizer it wraps. Any other optimizer steps on this rank's gradients alone:
-        the replicas drift apart from the first step, with no error.
+        the replicas drift apart from the first step, with no error. ``fully_shard`` replaces each
+        parameter with a DTensor shard in place: an optimizer built before it holds the old
+        tensors, which the model no longer uses, and updates nothing (no error either).
 
     Example:
         model = DDP(net, device_ids=[local_rank])
@@ -61,6 +66,7 @@ class UnaveragedOptimizer(AuditCheck):
                     )
             return
         wrappers, inner = (set(x) for x in wrapped_models(a))
+        self._built_before_sharding(ctx, a, stepped)
         for opt in a.optimizers:
             if not opt.models or (opt.target and opt.target not in stepped):
                 continue
@@ -71,8 +77,44 @@ class UnaveragedOptimizer(AuditCheck):
                     opt.call.call,
                     f"{', '.join(loose)} is not wrapped in DistributedDataParallel: this optimizer's updates are not "
                     f"averaged across ranks and the replicas drift apart; wrap it (model = DDP(model, ...)) before "
-                    "building the optimizer",
+                    "building the optimizer"
+                    if a.flavour != "fsdp"
+                    else f"{', '.join(loose)} is not sharded with fully_shard: this optimizer's updates are not "
+                    "averaged across ranks and the replicas drift apart; fully_shard it before building the optimizer",
                 )
+
+    def _built_before_sharding(self, ctx: Context, a: Anatomy, stepped: Set[str]) -> None:
+        """An optimizer over X.parameters() built before fully_shard(X) in the same scope, and not
+        built again after it."""
+        shards = []
+        for c in a.calls_to(FULLY_SHARD):
+            m = arg(c.call, 0, "module")
+            if m is not None and dotted(m.value):
+                shards.append((c, _same_modules(a, {dotted(m.value)})))
+        for opt in a.optimizers:
+            if not opt.models or (opt.target and opt.target not in stepped):
+                continue
+            for c, names in shards:
+                if c.scope is not opt.call.scope or not set(opt.models) & names:
+                    continue
+                if not a.is_before(opt.call.stmt, c.stmt):
+                    continue
+                rebuilt = any(
+                    o is not opt and o.target == opt.target and o.call.scope is opt.call.scope
+                    and a.is_before(c.stmt, o.call.stmt)
+                    for o in a.optimizers
+                )
+                if rebuilt:
+                    continue
+                line = a.position(c.call)[0]
+                ctx.warn(
+                    self.code,
+                    opt.call.call,
+                    f"{opt.target or 'this optimizer'} is built before {ctx.code(c.call.func)}({ctx.code(c.call.args[0].value)}) "
+                    f"(line {line}), which replaces the parameters with DTensor shards: it updates tensors the model "
+                    "no longer uses (no error, no training); build it after fully_shard",
+                )
+                break
 
 
 def _escapes(a: Anatomy, scope, name: str) -> bool:

@@ -1,4 +1,4 @@
-"""DST957 a checkpoint saved with the DDP wrapper's `module.` prefix."""
+"""DST957 a checkpoint saved with the DDP wrapper's `module.` prefix, or as an FSDP model's shards."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Dict, List, Set, Tuple
 
 import libcst as cst
 
-from distify.anatomy import DDP, SAVE, Anatomy, arg, dotted
-from distify.audit import assigned_to
+from distify.anatomy import DDP, FULLY_SHARD, SAVE, Anatomy, arg, dotted
+from distify.audit import assigned_to, sharded_models
 from distify.facts import all_nodes
 from distify.rules.base import AuditCheck, Context
 
@@ -19,18 +19,27 @@ class WrapperPrefix(AuditCheck):
         Part of the output audit (and of ``distify lint``). Reports ``X.state_dict()`` saved by
         ``torch.save`` – inside its arguments, or through a name bound just before
         (``state = {"model": X.state_dict()}``) – when ``X`` is a DistributedDataParallel
-        wrapper in that scope (or a parameter every caller passes one to).
+        wrapper in that scope (or a parameter every caller passes one to). In an FSDP2 script,
+        reports ``X.state_dict()`` saved the same way when ``X`` is a module ``fully_shard`` shards.
 
     Why:
         A DDP wrapper's ``state_dict`` keys all start with ``module.``. The checkpoint then no
         longer loads into the plain model – for inference, fine-tuning or a one-process run –
-        without renaming every key.
+        without renaming every key. A sharded model's ``state_dict()`` has the original keys but
+        its values are DTensor shards: each rank holds a slice, and the file rank 0 writes is not
+        the model (nor loadable into the plain one).
 
     Example:
         model = DDP(net, device_ids=[local_rank])
         torch.save(model.state_dict(), "model.pt")      # DST957: keys are "module.fc.weight", ...
 
         fix: torch.save(model.module.state_dict(), "model.pt")
+
+        fully_shard(model)
+        torch.save(model.state_dict(), "model.pt")      # DST957: DTensor shards
+
+        fix: state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+        cpu_offload=True)) on every rank, then torch.save(state, "model.pt") on rank 0
     """
 
     code = "DST957"
@@ -38,6 +47,9 @@ class WrapperPrefix(AuditCheck):
     summary = "audit: a checkpoint keyed with the wrapper's module. prefix"
 
     def check(self, ctx: Context, a: Anatomy) -> None:
+        if a.flavour == "fsdp":
+            self._sharded(ctx, a)
+            return
         if a.flavour != "ddp":
             return
         wrappers: Dict[Tuple[int, str], bool] = {}
@@ -95,6 +107,44 @@ class WrapperPrefix(AuditCheck):
                             f"{who} is a DistributedDataParallel wrapper: its state_dict keys start with "
                             f"'module.' and will not load into the plain model; save {who}.module.state_dict()",
                         )
+
+
+    def _sharded(self, ctx: Context, a: Anatomy) -> None:
+        """torch.save of a fully_shard-ed model's own state_dict() (DTensor shards)."""
+        if not a.calls_to(FULLY_SHARD):
+            return  # FSDP1's state_dict() gathers a full dict by default
+        sharded = sharded_models(a)
+        for c in a.calls_to(SAVE):
+            for n in _state_dict_calls(a, c):
+                who = dotted(n.func.value)
+                if who in sharded:
+                    ctx.warn(
+                        self.code,
+                        n,
+                        f"{who} is sharded by fully_shard: its state_dict() values are DTensor shards (a slice per rank), "
+                        f"not the model; save get_model_state_dict({who}, options=StateDictOptions(full_state_dict=True, "
+                        "cpu_offload=True)), called on every rank, from rank 0",
+                    )
+
+
+def _state_dict_calls(a: Anatomy, c) -> List[cst.Call]:
+    """``X.state_dict()`` calls in a save's object, or in the value of a name bound just before."""
+    obj = arg(c.call, 0, "obj")
+    if obj is None:
+        return []
+    exprs: List[cst.CSTNode] = [obj.value]
+    for n in all_nodes(obj.value):
+        if isinstance(n, cst.Name):
+            b = a.reaching_binding(c.scope, n.value, c.stmt)
+            if b is not None and b.kind == "assign":
+                exprs.append(b.stmt)
+    return [
+        n
+        for e in exprs
+        for n in all_nodes(e)
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "state_dict"
+        and dotted(n.func.value)
+    ]
 
 
 RULE = WrapperPrefix()

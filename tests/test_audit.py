@@ -131,6 +131,15 @@ def test_lint_is_quiet_on_correct_hand_written_scripts(script) -> None:
     assert lint_source((SCRIPTS / script).read_bytes()) == ()
 
 
+FSDP2_LM_SHARDING = (
+    "    for layer in model.layers:\n        fully_shard(layer, mp_policy=mp)\n    fully_shard(model, mp_policy=mp)\n"
+    "    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+)
+OPTIMIZER_FIRST = (
+    "    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+    "    for layer in model.layers:\n        fully_shard(layer, mp_policy=mp)\n    fully_shard(model, mp_policy=mp)\n"
+)
+
 MISTAKES = [
     ("ddp_trainer.py", "        self.train_data.sampler.set_epoch(epoch)\n", "", {"DST952"}),
     ("ddp_trainer.py", '"MODEL_STATE": self.model.module.state_dict()', '"MODEL_STATE": self.model.state_dict()', {"DST957"}),
@@ -167,6 +176,32 @@ MISTAKES = [
     ("ddp_char_lm.py", "if iter_num % eval_interval == 0 and master_process:", "if iter_num % eval_interval == 0:",
      {"DST955", "DST956"}),
     ("ddp_char_lm.py", '{"model": raw_model.state_dict()', '{"model": model.state_dict()', {"DST957"}),
+    # FSDP2 (fully_shard) and FSDP1: each break of a correct hand-written script, one finding
+    ("fsdp2_lm.py", "        sampler.set_epoch(epoch)\n", "", {"DST952"}),
+    ("fsdp2_lm.py", FSDP2_LM_SHARDING, OPTIMIZER_FIRST, {"DST954"}),
+    ("fsdp2_lm.py", "    fully_shard(model, mp_policy=mp)\n    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)\n",
+     "    fully_shard(model, mp_policy=mp)\n    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+     "    head = nn.Linear(VOCAB, VOCAB)\n    head_optimizer = torch.optim.SGD(head.parameters(), lr=0.1)\n"
+     "    head_optimizer.step()\n", {"DST954"}),
+    ("fsdp2_lm.py", "    model_state = get_model_state_dict(model, options=options)\n    optim_state = "
+     "get_optimizer_state_dict(model, optimizer, options=options)\n    if rank == 0:\n",
+     "    if rank == 0:\n        model_state = get_model_state_dict(model, options=options)\n        optim_state = "
+     "get_optimizer_state_dict(model, optimizer, options=options)\n", {"DST911"}),
+    ("fsdp2_lm.py", "    model_state = get_model_state_dict(model, options=options)\n",
+     "    model_state = model.state_dict()\n", {"DST957"}),
+    ("fsdp2_lm.py", "    if rank == 0:\n        os.makedirs(", "    if True:\n        os.makedirs(", {"DST955"}),
+    ("fsdp2_example.py", "        accuracy = evaluate(model, val_loader)\n        if rank == 0:\n",
+     "        if rank == 0:\n            accuracy = evaluate(model, val_loader)\n", {"DST911"}),
+    ("fsdp2_example.py", "    val_loader = DataLoader(val_set, batch_size=64)",
+     "    val_loader = DataLoader(val_set, batch_size=64, sampler=ShardSampler(val_set))", {"DST953"}),
+    ("fsdp2_example.py", "    train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=train_sampler)",
+     "    train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True)", {"DST951"}),
+    ("fsdp2_example.py", "        set_model_state_dict(model, full,", "        if rank == 0:\n            set_model_state_dict(model, full,",
+     {"DST911"}),
+    ("fsdp1_classifier.py", "    state = model.state_dict()\n    if rank == 0:\n", "    if rank == 0:\n        state = model.state_dict()\n",
+     {"DST911"}),
+    ("fsdp1_classifier.py", "        sampler.set_epoch(epoch)\n", "", {"DST952"}),
+    ("fsdp1_classifier.py", "        if rank == 0:\n            print(", "        if True:\n            print(", {"DST956"}),
 ]
 
 
@@ -174,6 +209,29 @@ MISTAKES = [
 def test_lint_reports_the_real_mistake_and_nothing_else(script, old, new, expected) -> None:
     source = (SCRIPTS / script).read_text()
     assert codes(lint_source(broken(source, old, new))) == expected
+
+
+def test_lint_scripts_flavours() -> None:
+    """The FSDP lint scripts are recognised as FSDP (fully_shard, or FSDP1's wrapper), so the FSDP
+    invariants are what lint checks in them."""
+    import libcst as cst
+
+    from distify.anatomy import analyse
+
+    for script in ("fsdp2_lm.py", "fsdp2_example.py", "fsdp1_classifier.py"):
+        assert analyse(cst.parse_module((SCRIPTS / script).read_bytes())).flavour == "fsdp"
+    assert analyse(cst.parse_module((SCRIPTS / "ddp_trainer.py").read_bytes())).flavour == "ddp"
+
+
+def test_an_optimizer_built_again_after_fully_shard_is_not_flagged() -> None:
+    """Control of DST954's built-before-sharding check: the optimizer moved above fully_shard is
+    flagged; the same early optimizer built again after fully_shard is the correct shape (the
+    first one never steps), and so is the script as written."""
+    source = (SCRIPTS / "fsdp2_lm.py").read_text()
+    assert codes(lint_source(broken(source, FSDP2_LM_SHARDING, OPTIMIZER_FIRST))) == {"DST954"}
+    rebuilt = broken(source, FSDP2_LM_SHARDING, "    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)\n" + FSDP2_LM_SHARDING)
+    assert codes(lint_source(rebuilt)) == set()
+    assert codes(lint_source(source.encode())) == set()
 
 
 # ------------------------------------------------------------------ fixtures
