@@ -24,7 +24,8 @@ What each launcher gives the script, and why the commands look the way they do:
   the pod must run ``torchrun`` so that each process gets its own rank.
 
 ``hvd.init()`` reads neither torchrun's nor the training operator's variables (each process would
-train alone in a world of one), so a Horovod script gets no torchrun or PyTorchJob lines.
+train alone in a world of one), so a Horovod script gets no torchrun or PyTorchJob lines. An FSDP
+script is launched exactly like a DDP one (the same process group, the same environment).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
+
+from distify.options import BACKENDS, HOROVOD_BACKEND, TORCH_BACKENDS
 
 DEFAULT_PORT = 29500  # torch.distributed's and distify.runtime's default rendezvous port
 
@@ -77,8 +80,8 @@ class LaunchPlan:
     script_args: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.backend not in ("ddp", "horovod"):
-            raise LaunchError(f"unknown backend {self.backend!r}: choose ddp or horovod")
+        if self.backend not in BACKENDS:
+            raise LaunchError(f"unknown backend {self.backend!r}: choose {', '.join(BACKENDS)}")
         if not isinstance(self.nproc, int) or isinstance(self.nproc, bool) or self.nproc < 1:
             raise LaunchError(f"--nproc must be a positive integer, not {self.nproc!r}")
         if self.port is not None and (
@@ -178,7 +181,7 @@ def horovodrun_command(plan: LaunchPlan) -> str:
     """One ``horovodrun`` for the whole job, started on the first host."""
     hosts = ",".join(f"{h}:{plan.nproc}" for h in plan.nodes) if plan.multi_node else f"localhost:{plan.nproc}"
     env: List[Tuple[str, str]] = []
-    if plan.backend == "ddp":
+    if plan.backend in TORCH_BACKENDS:
         if plan.multi_node:
             env = [("MASTER_ADDR", plan.nodes[0]), ("MASTER_PORT", str(plan.rendezvous_port))]
         elif plan.port is not None:
@@ -189,14 +192,14 @@ def horovodrun_command(plan: LaunchPlan) -> str:
 
 def srun_command(plan: LaunchPlan) -> str:
     """One ``srun`` step for the whole job, run inside an allocation (``salloc``/``sbatch``)."""
-    env = [("MASTER_PORT", str(plan.port))] if plan.backend == "ddp" and plan.port is not None else []
+    env = [("MASTER_PORT", str(plan.port))] if plan.backend in TORCH_BACKENDS and plan.port is not None else []
     argv = [
         "srun",
         f"--nodes={max(1, len(plan.nodes))}",
         f"--ntasks-per-node={plan.nproc}",
         f"--gpus-per-node={plan.nproc}",
     ]
-    if plan.backend == "horovod":
+    if plan.backend == HOROVOD_BACKEND:
         argv.append("--mpi=pmix")
     argv += ["python", *plan.script_argv()]
     return _env_prefix(env) + _join(argv)
@@ -280,7 +283,7 @@ def _where(plan: LaunchPlan) -> str:
 
 
 def _torchrun_section(plan: LaunchPlan, recommended: bool) -> Section:
-    title = "torchrun" + (" (recommended for --backend ddp)" if recommended else "")
+    title = "torchrun" + (f" (recommended for --backend {plan.backend})" if recommended else "")
     commands = torchrun_commands(plan)
     if not plan.multi_node:
         return Section("torchrun", (f"{title}: on {_where(plan)}",), commands[0][1])
@@ -300,7 +303,7 @@ def _horovodrun_section(plan: LaunchPlan, recommended: bool) -> Section:
 def _srun_section(plan: LaunchPlan) -> Section:
     nodes = max(1, len(plan.nodes))
     alloc = f"inside an allocation of {nodes} node{'s' if nodes != 1 else ''} (salloc, or an sbatch script)"
-    if plan.backend == "horovod":
+    if plan.backend == HOROVOD_BACKEND:
         comments = (f"SLURM: {alloc}; needs Horovod built with MPI",)
     else:
         port = "MASTER_PORT as set here" if plan.port is not None else "a port derived from SLURM_JOB_ID"
@@ -322,7 +325,7 @@ def _kubeflow_section(plan: LaunchPlan) -> Section:
 
 def sections(plan: LaunchPlan) -> List[Section]:
     """The launchers that can start ``plan.script``, the recommended one first."""
-    if plan.backend == "horovod":
+    if plan.backend == HOROVOD_BACKEND:
         return [
             _horovodrun_section(plan, recommended=True),
             _srun_section(plan),
@@ -357,6 +360,6 @@ def render(plan: LaunchPlan) -> str:
 
 def run_hint(plan: LaunchPlan) -> str:
     """The one command to suggest right after a rewrite: the recommended single-machine launch."""
-    if plan.backend == "horovod":
+    if plan.backend == HOROVOD_BACKEND:
         return horovodrun_command(plan)
     return torchrun_commands(plan)[0][1]

@@ -133,14 +133,25 @@ def test_two_node_commands_exactly(cli, script_dir, backend, expected):
     assert (script_dir / "train.py").read_bytes() == before  # --launch rewrites nothing
 
 
+def test_fsdp_is_launched_like_ddp(cli, script_dir):
+    """An FSDP2 script uses the same process group and environment as a DDP one: the same
+    launchers, torchrun recommended, only the title names the backend."""
+    result = cli("--launch", "train.py", "--nodes", "node1,node2", "--nproc", "4", "--port", "29400",
+                 "--backend", "fsdp", "--", "--epochs", "3")
+    assert result.exit_code == EXIT_OK, result.stderr
+    assert result.stdout == TWO_NODE_DDP.replace("recommended for --backend ddp", "recommended for --backend fsdp")
+    assert "recommended for --backend fsdp" in result.stdout  # control: the replace did something
+
+
 def test_recommended_launcher_comes_first(cli, script_dir):
     first = {}
-    for backend in ("ddp", "horovod"):
+    for backend in ("ddp", "horovod", "fsdp"):
         out = cli("--launch", "train.py", "--nproc", "2", "--backend", backend).stdout
         first[backend] = next(ln for ln in out.splitlines() if not ln.startswith("#"))
     assert first == {
         "ddp": "torchrun --standalone --nproc-per-node 2 train.py",
         "horovod": "horovodrun -np 2 -H localhost:2 python train.py",
+        "fsdp": "torchrun --standalone --nproc-per-node 2 train.py",
     }
 
 
