@@ -1,8 +1,9 @@
-"""DST003 backend conversion: DDP -> Horovod and Horovod -> DDP, in source.
+"""DST003 backend conversion between DDP, Horovod and FSDP (FSDP2), in source.
 
 A script already written for one backend is first *stripped* of what only that backend needs –
-its init call, the DDP wrapper and ``.module`` accesses, or Horovod's DistributedOptimizer and
-broadcasts – and its rank queries are rewritten to the backend-neutral ``runtime`` helpers. What is
+its init call, the DDP wrapper and ``.module`` accesses, Horovod's DistributedOptimizer and
+broadcasts, or FSDP's ``fully_shard`` calls and full-state-dict collectives – and its rank queries
+are rewritten to the backend-neutral ``runtime`` helpers. What is
 left is a single-process script that still has its DistributedSamplers, set_epoch calls and rank-0
 guards; the normal migration then adds the requested backend's pieces and adapts the samplers.
 The two steps are two passes over the code (each one transformer), so each rule stays simple.
@@ -14,7 +15,9 @@ from typing import List, Optional, Set, Tuple
 
 import libcst as cst
 
-from distify.anatomy import DDP, DIST_SAMPLER, INIT_PG, Anatomy, CallSite, arg, assigned_name, dotted
+from distify.anatomy import (
+    DDP, DIST_SAMPLER, FSDP1, FULLY_SHARD, INIT_PG, Anatomy, CallSite, arg, assigned_name, dotted,
+)
 from distify.edits import ApplyEdits, EditSet
 from distify.rules.base import Context, Finding, Options, Rule, call_statement
 from distify.standalone import find_block
@@ -23,7 +26,7 @@ CONVERT_CODE = "DST003"
 
 
 class ConvertBackend(Rule):
-    """Convert a script written for one backend to the other (DDP <-> Horovod).
+    """Convert a script written for one backend to another (DDP <-> Horovod, DDP <-> FSDP, Horovod -> FSDP).
 
     What it does:
         On a script that already uses DDP, ``--backend horovod`` removes ``init_process_group``,
@@ -33,8 +36,15 @@ class ConvertBackend(Rule):
         the existing DistributedSampler Horovod's size and rank. ``--backend ddp`` on a Horovod
         script removes ``hvd.init``, ``DistributedOptimizer``, the broadcasts and
         ``synchronize``/``skip_synchronize``, maps ``hvd.rank()``/``hvd.allreduce`` to ``runtime``,
-        and the DDP rules add the process group and the wrapper. Samplers, ``set_epoch`` and rank-0
-        guards are kept.
+        and the DDP rules add the process group and the wrapper. ``--backend fsdp`` on a DDP or
+        Horovod script strips it the same way, and the FSDP rules shard the model with
+        ``fully_shard`` and save through ``get_model_state_dict``. ``--backend ddp`` (or horovod)
+        on an FSDP2 script removes the ``fully_shard`` calls (a loop that only shards blocks goes
+        with them), their ``MixedPrecisionPolicy``/device mesh, and
+        ``set_requires_gradient_sync``; ``get_model_state_dict(model, ...)`` becomes
+        ``model.state_dict()``, ``get_optimizer_state_dict(model, opt, ...)``
+        ``opt.state_dict()``, and the ``set_`` forms ``load_state_dict``. Samplers, ``set_epoch``
+        and rank-0 guards are kept.
 
     Why:
         Moving a job between clusters (MPI/Horovod on one, torchrun on the other) should not mean
@@ -55,7 +65,7 @@ class ConvertBackend(Rule):
 
     code = CONVERT_CODE
     name = "convert-backend"
-    summary = "convert a DDP script to Horovod and back"
+    summary = "convert a script between DDP, Horovod and FSDP"
 
     def apply(self, ctx: Context) -> None:
         """Conversion runs as the engine's pre-pass (`strip`), before the other rules see the code."""
@@ -83,6 +93,31 @@ HVD_DROP = {
     "horovod.torch.broadcast_object",
 }
 DDP_DROP = INIT_PG | {"torch.distributed.destroy_process_group"}
+# what only FSDP needs, dropped with the statement that calls it (a value bound to a name only the
+# dropped calls use: the mesh, the mixed precision policy, the state dict options)
+FSDP_SETUP = {
+    "torch.distributed.fsdp.MixedPrecisionPolicy",
+    "torch.distributed.fsdp.CPUOffloadPolicy",
+    "torch.distributed.fsdp.OffloadPolicy",
+    "torch.distributed.device_mesh.init_device_mesh",
+    "torch.distributed.init_device_mesh",
+    "torch.distributed.checkpoint.state_dict.StateDictOptions",
+}
+DCP = "torch.distributed.checkpoint.state_dict."
+# the full-state collectives and what they are on an unsharded model: (method, receiver argument
+# index/keyword, state argument index/keyword or None)
+FSDP_STATE = {
+    DCP + "get_model_state_dict": ("state_dict", (0, "model"), None),
+    DCP + "get_optimizer_state_dict": ("state_dict", (1, "optimizers"), None),
+    DCP + "set_model_state_dict": ("load_state_dict", (0, "model"), (1, "model_state_dict")),
+    DCP + "set_optimizer_state_dict": ("load_state_dict", (1, "optimizers"), (2, "optim_state_dict")),
+}
+TARGET_NAMES = {"ddp": "DDP", "horovod": "Horovod", "fsdp": "FSDP"}
+AVERAGES = {
+    "ddp": "DDP averages in backward",
+    "horovod": "Horovod averages in the optimizer",
+    "fsdp": "FSDP shards the model with fully_shard and averages in backward",
+}
 ENV_RANKS = {"LOCAL_RANK": "local_rank", "RANK": "rank", "WORLD_SIZE": "world_size"}
 HVD_OPS = {"Sum": "sum", "Average": "mean", "Max": "max", "Min": "min"}
 
@@ -92,6 +127,11 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
     ctx = Context(anatomy, options)
     a = anatomy
     flavour = a.flavour
+    if flavour == "fsdp" and a.calls_to(FSDP1):
+        site = a.calls_to(FSDP1)[0]
+        ctx.warn(CONVERT_CODE, site.call, "FSDP1 (FullyShardedDataParallel) is not converted: migrate the script to "
+                 "fully_shard (FSDP2) by hand, or keep it")
+        return None, ctx.findings
     if flavour == "ddp" and not a.calls_to(DDP | DIST_SAMPLER):
         # init_process_group without a DDP wrapper or DistributedSampler: the script shards and
         # reduces by hand; stripping its init would leave that machinery without a process group
@@ -111,10 +151,78 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
 
     wrapped: Set[str] = set()
     left: List[CallSite] = []  # calls into the old backend that no branch below rewrites
+    why: dict = {}  # id(site) -> a specific reason it is left
+    averages = AVERAGES.get(ctx.backend, "")
+    setup_names = _fsdp_setup_names(a) if flavour == "fsdp" else {}
+    sharding_loops: Set[cst.CSTNode] = set()
     for site in a.calls:
         q = site.qualname or ""
         call = site.call
-        if flavour == "ddp":
+        if flavour == "fsdp":
+            if q in DDP_DROP and call_statement(site.stmt, call):
+                _remove(ctx, site.stmt)
+                ctx.report(CONVERT_CODE, call, f"{dotted(call.func)}() removed (the {TARGET_NAMES[ctx.backend]} rules add their own)")
+            elif q in FULLY_SHARD and call.args:
+                target = assigned_name(site.stmt, call)
+                inner = dotted(call.args[0].value)
+                loop = _sharding_loop(a, site)
+                if loop is not None:
+                    if loop not in sharding_loops:
+                        sharding_loops.add(loop)
+                        ctx.edits.remove(loop)
+                elif call_statement(site.stmt, call) or (target is not None and inner == target):
+                    _remove(ctx, site.stmt)  # fully_shard(model) / model = fully_shard(model)
+                else:
+                    ctx.edits.replace(call, lambda n: n.args[0].value)
+                ctx.report(CONVERT_CODE, call, f"fully_shard({ctx.code(call.args[0].value)}) removed ({averages})")
+            elif q in FSDP_SETUP:
+                target = assigned_name(site.stmt, call)
+                if target is not None and setup_names.get(target):
+                    _remove(ctx, site.stmt)
+                elif not _inside_dropped(a, site):
+                    left.append(site)
+            elif q in FSDP_STATE and call.args:
+                method, receiver, state = FSDP_STATE[q]
+                rec = arg(call, *receiver)
+                st = arg(call, *state) if state is not None else None
+                if (
+                    rec is None
+                    or (state is not None and st is None)
+                    or isinstance(rec.value, (cst.List, cst.Tuple))
+                    or _broadcasts(a, site, st)
+                ):
+                    # broadcast_from_rank0: only rank 0 holds the state (others pass {}): a plain
+                    # load_state_dict would fail on the other ranks
+                    left.append(site)
+                    if _broadcasts(a, site, st):
+                        why[id(site)] = (
+                            f"{dotted(call.func)}() loads a state only rank 0 holds (broadcast_from_rank0): a plain "
+                            "load_state_dict would fail on the other ranks; file not converted: load the file on every "
+                            f"rank first, or keep --backend {flavour}"
+                        )
+                    continue
+                text = f"{ctx.code(rec.value)}.{method}({ctx.code(st.value) if st is not None else ''})"
+                ctx.edits.replace(call, lambda n, t=text: cst.parse_expression(t))
+                ctx.report(CONVERT_CODE, call, f"{dotted(call.func)}() -> {text} (the model is no longer sharded)")
+            elif q in TORCH_DIST_RANK and not call.args:
+                neutral(call, TORCH_DIST_RANK[q])
+            elif q == "torch.distributed.all_reduce" and call_statement(site.stmt, call) and call.args:
+                tensor = ctx.code(call.args[0].value)
+                op = _ddp_op(ctx, call)
+                ctx.edits.replace(
+                    site.stmt.body[0],
+                    lambda n, t=tensor, op=op: cst.Expr(cst.parse_expression(f'{t}.copy_({rt}.all_reduce({t}, "{op}"))')),
+                )
+            elif (
+                isinstance(call.func, cst.Attribute)
+                and call.func.attr.value == "set_requires_gradient_sync"
+                and call_statement(site.stmt, call)
+            ):
+                _remove(ctx, site.stmt)
+                ctx.report(CONVERT_CODE, call, "set_requires_gradient_sync() removed (FSDP only: gradients are averaged on every micro-step, the same result)")
+            elif q.startswith("torch.distributed.") and q not in DIST_SAMPLER:
+                left.append(site)
+        elif flavour == "ddp":
             if q in DDP_DROP and call_statement(site.stmt, call):
                 _remove(ctx, site.stmt)
                 ctx.report(CONVERT_CODE, call, f"{dotted(call.func)}() removed (DDP only)")
@@ -127,7 +235,7 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
                     ctx.edits.replace(call, lambda n: n.args[0].value)
                 if target is not None:
                     wrapped.add(target)
-                ctx.report(CONVERT_CODE, call, "DistributedDataParallel wrapper removed (Horovod averages in the optimizer)")
+                ctx.report(CONVERT_CODE, call, f"DistributedDataParallel wrapper removed ({averages})")
             elif q in TORCH_DIST_RANK and not call.args:
                 neutral(call, TORCH_DIST_RANK[q])
             elif q == "torch.distributed.all_reduce" and call_statement(site.stmt, call) and call.args:
@@ -150,7 +258,7 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
                     _remove(ctx, site.stmt)
                 else:
                     ctx.edits.replace(call, lambda n: n.args[0].value)
-                ctx.report(CONVERT_CODE, call, "hvd.DistributedOptimizer removed (DDP averages in backward)")
+                ctx.report(CONVERT_CODE, call, f"hvd.DistributedOptimizer removed ({averages})")
             elif (
                 q == "horovod.torch.grouped_allreduce_"
                 and call_statement(site.stmt, call)
@@ -170,7 +278,7 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
                     ),
                 )
                 _remove(ctx, site.stmt)
-                ctx.report(CONVERT_CODE, call, "gradient all-reduce removed (DDP averages in backward)")
+                ctx.report(CONVERT_CODE, call, f"gradient all-reduce removed ({averages})")
             elif q in HVD_RANK and not call.args:
                 neutral(call, HVD_RANK[q])
             elif q in ("horovod.torch.allreduce", "horovod.torch.allreduce_") and call.args:
@@ -200,12 +308,13 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
 
     if left:
         # left in place they would fail at run time, the old backend being gone: convert nothing
-        target = "DDP" if ctx.backend == "ddp" else "Horovod"
+        target = TARGET_NAMES[ctx.backend]
         for site in left:
             ctx.warn(
                 CONVERT_CODE,
                 site.call,
-                f"{dotted(site.call.func) or site.qualname}() has no {target} counterpart distify writes: "
+                why.get(id(site))
+                or f"{dotted(site.call.func) or site.qualname}() has no {target} counterpart distify writes: "
                 f"file not converted; rewrite it by hand or keep --backend {flavour}",
             )
         return None, [f for f in ctx.findings if f.kind == "warning"]
@@ -223,6 +332,120 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
     module = cst.parse_module(module.bytes)
     module = _drop_unused_imports(module, flavour)
     return module, ctx.findings
+
+
+def _sharding_loop(a: Anatomy, site: CallSite) -> Optional[cst.For]:
+    """The for-loop around ``fully_shard(block)`` when sharding is all its body does
+    (``for block in model.blocks: fully_shard(block)``): it goes with the calls."""
+    if not site.loops or not call_statement(site.stmt, site.call):
+        return None
+    loop = site.loops[-1]
+    parents = a.stmt_parent.get(site.stmt, ())
+    if not parents or parents[-1] is not loop or not isinstance(loop.body, cst.IndentedBlock):
+        return None
+    for stmt in loop.body.body:
+        if not (
+            isinstance(stmt, cst.SimpleStatementLine)
+            and len(stmt.body) == 1
+            and isinstance(stmt.body[0], cst.Expr)
+            and isinstance(stmt.body[0].value, cst.Call)
+            and a.qualname(stmt.body[0].value.func) in FULLY_SHARD
+        ):
+            return None
+    return loop
+
+
+def _fsdp_setup_names(a: Anatomy) -> dict:
+    """Names bound to FSDP-only values (``mesh = init_device_mesh(...)``, ``mp =
+    MixedPrecisionPolicy(...)``, ``opts = StateDictOptions(...)``) -> True when every use of the
+    name is an argument of a call the conversion drops (fully_shard, the state collectives)."""
+    dropped = FULLY_SHARD | set(FSDP_STATE)
+    out = {}
+    for site in a.calls_to(FSDP_SETUP):
+        name = assigned_name(site.stmt, site.call)
+        if name is None or "." in name:
+            continue
+        ok = True
+        for stmt in a.stmt_parent:
+            if not isinstance(stmt, cst.SimpleStatementLine) or stmt is site.stmt:
+                continue
+            for small in stmt.body:
+                for node in _names(small, name):
+                    ok = ok and _argument_of_dropped(a, small, node, dropped)
+        out[name] = ok
+    return out
+
+
+def _names(node: cst.CSTNode, name: str) -> List[cst.Name]:
+    found: List[cst.Name] = []
+
+    class V(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            if n.value == name:
+                found.append(n)
+
+    node.visit(V())
+    return found
+
+
+def _argument_of_dropped(a: Anatomy, small: cst.CSTNode, name: cst.Name, dropped: Set[str]) -> bool:
+    """``name`` is (inside) an argument of a call to one of ``dropped`` in ``small``."""
+    result = False
+
+    class V(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            nonlocal result
+            if a.qualname(call.func) in dropped and any(name in _names(x, name.value) and _contains(x, name) for x in call.args):
+                result = True
+
+    small.visit(V())
+    return result
+
+
+def _contains(node: cst.CSTNode, target: cst.CSTNode) -> bool:
+    found = False
+
+    class V(cst.CSTVisitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            nonlocal found
+            if n is target:
+                found = True
+            return not found
+
+    node.visit(V())
+    return found
+
+
+def _broadcasts(a: Anatomy, site: CallSite, state: Optional[cst.Arg]) -> bool:
+    """A load whose state only rank 0 holds (``sd = torch.load(p) if rank == 0 else {}``) and
+    which relies on ``broadcast_from_rank0`` to reach the others: a plain ``load_state_dict``
+    would fail on them. (When every rank loads the file, the broadcast only saves reads.)"""
+    if state is None:
+        return False
+    code = cst.Module(body=[]).code_for_node
+    opt = arg(site.call, 99, "options")
+    said = opt is not None and "broadcast_from_rank0" in code(opt.value)
+    if opt is not None and isinstance(opt.value, cst.Name):
+        b = a.reaching_binding(site.scope, opt.value.value, site.stmt)
+        said = said or (b is not None and "broadcast_from_rank0" in code(b.stmt))
+    if not said:
+        return False
+    if a.reads_rank(state.value):
+        return True
+    if isinstance(state.value, cst.Name):
+        b = a.reaching_binding(site.scope, state.value.value, site.stmt)
+        if b is None or b.kind != "assign" or a.reads_rank(b.stmt) or a.in_rank_guard(b.stmt):
+            return True
+    return False
+
+
+def _inside_dropped(a: Anatomy, site: CallSite) -> bool:
+    """A MixedPrecisionPolicy/StateDictOptions/mesh built inline in a call the conversion drops."""
+    dropped = FULLY_SHARD | set(FSDP_STATE)
+    for other in a.calls:
+        if other.stmt is site.stmt and other is not site and other.qualname in dropped and _contains(other.call, site.call):
+            return True
+    return False
 
 
 def _remove(ctx: Context, stmt: cst.CSTNode) -> None:
@@ -279,6 +502,7 @@ def _unwrap_skip_synchronize(ctx: Context) -> None:
 def _drop_unused_imports(module: cst.Module, flavour: Optional[str]) -> cst.Module:
     """Remove imports of the old backend's names that nothing uses any more."""
     prefixes = ("horovod",) if flavour == "horovod" else ("torch.distributed", "torch.nn.parallel")
+    # (an FSDP script's fully_shard, checkpoint.state_dict and device_mesh imports are torch.distributed.*)
     used: Set[str] = set()
 
     class Uses(cst.CSTVisitor):
