@@ -225,7 +225,10 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
         elif flavour == "ddp":
             if q in DDP_DROP and call_statement(site.stmt, call):
                 _remove(ctx, site.stmt)
-                ctx.report(CONVERT_CODE, call, f"{dotted(call.func)}() removed (DDP only)")
+                ctx.report(
+                    CONVERT_CODE, call,
+                    f"{dotted(call.func)}() removed (" + ("DDP only)" if ctx.backend == "horovod" else "the FSDP rules add their own)"),
+                )
             elif q in DDP and call.args:
                 target = assigned_name(site.stmt, call)
                 inner = dotted(call.args[0].value)
@@ -318,6 +321,8 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
                 f"file not converted; rewrite it by hand or keep --backend {flavour}",
             )
         return None, [f for f in ctx.findings if f.kind == "warning"]
+    if ctx.backend == "fsdp":
+        _unshard_eval(ctx, a)
     if flavour == "horovod":
         _unwrap_skip_synchronize(ctx)
     if flavour == "ddp":
@@ -332,6 +337,93 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
     module = cst.parse_module(module.bytes)
     module = _drop_unused_imports(module, flavour)
     return module, ctx.findings
+
+
+def _unshard_eval(ctx: Context, a: Anatomy) -> None:
+    """Converting to FSDP: evaluation sharded with ``runtime.ShardSampler`` (distify's DDP and
+    Horovod output) goes back to the whole set on every rank, with its metric sums. ShardSampler's
+    shards differ in length by one, and a sharded model's forward all-gathers with every rank: the
+    rank with one batch more would wait forever. A fresh FSDP migration evaluates whole too."""
+    runtimes = {n for n in (a.local_name_for("distify.runtime"), a.standalone_runtime) if n}
+
+    def is_shard_sampler(expr) -> bool:
+        d = dotted(expr.func) if isinstance(expr, cst.Call) else None
+        return bool(d) and "." in d and d.rsplit(".", 1)[0] in runtimes and d.endswith(".ShardSampler")
+
+    samplers: Set[str] = set()
+    samplers_ds: dict = {}  # sampler name -> (dataset name, its binding statement, its value)
+    removed = False
+    for site in a.calls:
+        if not is_shard_sampler(site.call):
+            continue
+        target = assigned_name(site.stmt, site.call)
+        if target is not None:
+            samplers.add(target)
+            ctx.edits.remove(site.stmt)
+            removed = True
+            hoisted = _hoisted_dataset(a, site)
+            if hoisted is not None:
+                samplers_ds[target] = hoisted
+    for site in a.calls:
+        sampler = arg(site.call, 99, "sampler")
+        if sampler is None or not (is_shard_sampler(sampler.value) or dotted(sampler.value) in samplers):
+            continue
+        hoisted = samplers_ds.get(dotted(sampler.value) or "")
+        dataset = arg(site.call, 0, "dataset")
+        if hoisted is not None and dataset is not None and dotted(dataset.value) == hoisted[0]:
+            # DST203 bound the loader's dataset to a name for the sampler: put it back inline
+            ctx.edits.remove(hoisted[1])
+            value = hoisted[2]
+            ctx.edits.replace(dataset.value, lambda n, v=value: v)
+        ctx.edits.replace(
+            site.call,
+            lambda n: n.with_changes(
+                args=_fix_trailing_comma([x for x in n.args if not (x.keyword is not None and x.keyword.value == "sampler")])
+            ),
+        )
+        ctx.report(CONVERT_CODE, site.call, "evaluation sampler removed: under FSDP every rank evaluates the whole set "
+                   "(uneven shards would hang the sharded forward)")
+        removed = True
+    if not removed:
+        return
+    for site in a.calls:
+        d = dotted(site.call.func) or ""
+        if d.rsplit(".", 1)[0] in runtimes and d.endswith(".all_reduce_sum"):
+            stmt = site.stmt
+            if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign):
+                targets = ctx.code(stmt.body[0].targets[0].target).replace("(", "").replace(")", "").replace(" ", "")
+                args = ",".join(ctx.code(x.value).replace(" ", "") for x in site.call.args)
+                if targets == args:  # `correct, total = runtime.all_reduce_sum(correct, total)`
+                    ctx.edits.remove(stmt)
+
+
+def _hoisted_dataset(a: Anatomy, site: CallSite):
+    """``ds = Dataset(...)`` right before ``sampler = runtime.ShardSampler(ds)``, with ``ds`` used
+    nowhere else than there and in one loader: (name, binding statement, value), else None."""
+    ds = arg(site.call, 0, "data_source")
+    if ds is None or not isinstance(ds.value, cst.Name):
+        return None
+    name = ds.value.value
+    parents = site.parents
+    holder = parents[-1] if parents else site.scope
+    body = getattr(holder, "body", None)
+    stmts = list(body.body) if isinstance(body, cst.IndentedBlock) else list(getattr(holder, "body", []) or [])
+    if site.stmt not in stmts:
+        return None
+    i = stmts.index(site.stmt)
+    if i == 0:
+        return None
+    prev = stmts[i - 1]
+    if not (isinstance(prev, cst.SimpleStatementLine) and len(prev.body) == 1 and isinstance(prev.body[0], cst.Assign)):
+        return None
+    small = prev.body[0]
+    if len(small.targets) != 1 or dotted(small.targets[0].target) != name:
+        return None
+    scope_node = site.scope
+    uses = len(_names(scope_node, name)) if isinstance(scope_node, cst.CSTNode) else 0
+    if uses != 3:  # the binding, the sampler, the loader
+        return None
+    return name, prev, small.value
 
 
 def _sharding_loop(a: Anatomy, site: CallSite) -> Optional[cst.For]:

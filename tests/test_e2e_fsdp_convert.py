@@ -60,3 +60,51 @@ def test_hand_written_fsdp_converts_to_equivalent_horovod(tmp_path, fsdp_weights
     assert "fully_shard" not in text and "hvd.DistributedOptimizer(" in text, text
     run_horovodrun(script, ["--batch-size", B, "--checkpoint", "hvd.pt"], cwd=tmp_path)
     assert_same_weights(fsdp_weights, load_state(tmp_path / "hvd.pt"), atol=ATOL, label="fsdp->horovod")
+
+
+SCENARIO_ARGS = {"module_level": (), "trainer_class": ("--checkpoint-dir", "ckpts")}
+EPOCHS = 2
+
+
+def train_args(name, batch):
+    return ["--batch-size", batch, "--epochs", EPOCHS, "--checkpoint", "final.pt", *SCENARIO_ARGS.get(name, ())]
+
+
+@pytest.fixture(scope="module")
+def originals(tmp_path_factory):
+    return original_weights(tmp_path_factory, SCENARIOS, train_args)
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIO_ARGS))
+def test_ddp_converts_to_equivalent_fsdp(name, originals, tmp_path):
+    """single-GPU -> ddp -> fsdp: the conversion is what a fresh fsdp migration writes (fully_shard,
+    no DDP wrapper or .module, a gathered full-state save), and 2 ranks x B end with the
+    original's weights at 2B."""
+    ddp_script = tmp_path / "ddp" / f"{name}.py"
+    migrate(SCENARIOS / f"{name}.in.py", ddp_script, backend="ddp")
+    fsdp_script = tmp_path / "fsdp" / f"{name}.py"
+    migrate(ddp_script, fsdp_script, backend="fsdp")
+    text = fsdp_script.read_text()
+    assert "fully_shard(" in text and "DDP(" not in text and ".module" not in text, text
+    fresh = tmp_path / "fresh" / f"{name}.py"
+    migrate(SCENARIOS / f"{name}.in.py", fresh, backend="fsdp")
+    assert _code_lines(text) == _code_lines(fresh.read_text())
+    run_torchrun(fsdp_script, train_args(name, B), cwd=tmp_path)
+    assert_same_weights(originals(name, NPROC * B), load_state(tmp_path / "final.pt"), atol=ATOL, label=f"{name} ddp->fsdp")
+
+
+def _code_lines(text):
+    """The statements of a script, imports aside (a conversion may order them differently)."""
+    return [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("import ", "from "))]
+
+
+@pytest.mark.horovod
+def test_hand_written_horovod_converts_to_equivalent_fsdp(tmp_path):
+    source = FIXTURES / "DST003" / "hand_horovod.in.py"
+    run_horovodrun(source, ["--batch-size", B, "--checkpoint", "hvd.pt"], cwd=tmp_path)
+    script = tmp_path / "converted.py"
+    migrate(source, script, backend="fsdp")
+    text = script.read_text()
+    assert "horovod" not in text and "fully_shard(" in text, text
+    run_torchrun(script, ["--batch-size", B, "--checkpoint", "fsdp.pt"], cwd=tmp_path)
+    assert_same_weights(load_state(tmp_path / "hvd.pt"), load_state(tmp_path / "fsdp.pt"), atol=ATOL, label="hvd->fsdp")
