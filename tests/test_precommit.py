@@ -39,7 +39,7 @@ def precommit_home(tmp_path_factory):
     return tmp_path_factory.mktemp("pre-commit-home")
 
 
-def _repo(tmp_path: Path, rev: str, hook: str) -> Path:
+def _repo(tmp_path: Path, rev: str, hook: str, args: str = "") -> Path:
     repo = tmp_path / "project"
     repo.mkdir()
     _git("init", "-q", cwd=repo)
@@ -52,6 +52,7 @@ def _repo(tmp_path: Path, rev: str, hook: str) -> Path:
         "    hooks:\n"
         f"      - id: {hook}\n"
         "        files: '(^|/)train[^/]*\\.py$'\n"
+        + (f"        args: {args}\n" if args else "")
     )
     (repo / "train.py").write_bytes(SCRIPT.read_bytes())
     (repo / "utils.py").write_text("def helper():\n    return 1\n")
@@ -93,7 +94,22 @@ def test_fix_hook_rewrites_then_the_fixed_script_commits(tmp_path, hook_rev, pre
     _git("add", "train.py", cwd=repo)
     second = _git("commit", "-qm", "add training script", cwd=repo, check=False, env=env)
     assert second.returncode == 0, second.stdout + second.stderr
-    assert _git("log", "--oneline", cwd=repo).stdout.count("\n") == 1
+
+
+def test_fix_hook_selects_the_fsdp_backend(tmp_path, hook_rev, precommit_home):
+    """`args: [--backend, fsdp]` in the user's config: the fix hook shards the model (fully_shard,
+    no DDP wrapper), and the sharded script then commits cleanly (the second run changes nothing)."""
+    repo = _repo(tmp_path, hook_rev, "distify-fix", args="[--backend, fsdp]")
+    env = _env(precommit_home)
+    subprocess.run([sys.executable, "-m", "pre_commit", "install"], cwd=repo, check=True, capture_output=True, env=env)
+    first = _git("commit", "-qm", "add training script", cwd=repo, check=False, env=env)
+    assert first.returncode != 0, "the hook should fail the commit that needed rewriting"
+    text = (repo / "train.py").read_text()
+    assert "init_process_group" in text and "DistributedSampler(" in text and "fully_shard(" in text
+    assert "DDP(" not in text
+    _git("add", "train.py", cwd=repo)
+    second = _git("commit", "-qm", "add training script", cwd=repo, check=False, env=env)
+    assert second.returncode == 0, second.stdout + second.stderr
 
 
 def test_lint_hook_fails_on_a_mistake_and_passes_once_fixed(tmp_path, hook_rev, precommit_home):
@@ -111,6 +127,28 @@ def test_lint_hook_fails_on_a_mistake_and_passes_once_fixed(tmp_path, hook_rev, 
     assert first.returncode != 0, first.stdout + first.stderr
     assert "DST952" in first.stdout + first.stderr
     assert (repo / "train.py").read_text() == good.replace(line, "")
+    (repo / "train.py").write_text(good)
+    _git("add", "train.py", cwd=repo)
+    second = _git("commit", "-qm", "add training script", cwd=repo, check=False, env=env)
+    assert second.returncode == 0, second.stdout + second.stderr
+
+
+def test_lint_hook_checks_an_fsdp_script(tmp_path, hook_rev, precommit_home):
+    """distify-lint on a hand-written FSDP2 script (no args: lint finds the backend in the script):
+    an optimizer built before fully_shard fails the commit; the script as written passes."""
+    good = (ROOT / "tests" / "lint_scripts" / "fsdp2_lm.py").read_text()
+    line = "    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+    shard = "    for layer in model.layers:\n"
+    assert line in good and shard in good
+    bad = good.replace(line, "").replace(shard, line + shard)
+    repo = _repo(tmp_path, hook_rev, "distify-lint")
+    (repo / "train.py").write_text(bad)
+    _git("add", ".", cwd=repo)
+    env = _env(precommit_home)
+    subprocess.run([sys.executable, "-m", "pre_commit", "install"], cwd=repo, check=True, capture_output=True, env=env)
+    first = _git("commit", "-qm", "add training script", cwd=repo, check=False, env=env)
+    assert first.returncode != 0, first.stdout + first.stderr
+    assert "DST954" in first.stdout + first.stderr
     (repo / "train.py").write_text(good)
     _git("add", "train.py", cwd=repo)
     second = _git("commit", "-qm", "add training script", cwd=repo, check=False, env=env)
