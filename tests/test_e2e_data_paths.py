@@ -310,9 +310,10 @@ def original(tmp_path_factory):
 
 def _migrated(name, backend, tmp_path) -> Path:
     target = tmp_path / "script" / f"{name}.py"
-    migrate(CORPUS / f"{name}.in.py", target, backend=backend)
-    for module in SPEC[name].get("modules", ()):  # the script's own helper modules, unmigrated
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for module in SPEC[name].get("modules", ()):  # the script's own helper modules (distify reads them)
         shutil.copyfile(CORPUS / module, target.parent / module)
+    migrate(CORPUS / f"{name}.in.py", target, backend=backend)
     assert target.read_bytes() != (CORPUS / f"{name}.in.py").read_bytes(), f"distify left {name} unchanged"
     return target
 
