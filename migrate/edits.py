@@ -139,6 +139,13 @@ def _block_statements(
             flush()
             changed = True
             carried = list(carried) + list(getattr(upd, "leading_lines", ()))
+            # what other rules put around the statement stays (DST121's shard after a DataParallel
+            # line that DST902 removes), in its place
+            inserted = [*edits.before.get(orig, []), *edits.after.get(orig, [])]
+            if inserted and hasattr(inserted[0], "leading_lines"):
+                inserted[0] = inserted[0].with_changes(leading_lines=[*carried, *inserted[0].leading_lines])
+                carried = ()
+            out.extend(inserted)
             continue
         if carried and hasattr(upd, "leading_lines"):
             own = list(upd.leading_lines)
