@@ -10,6 +10,7 @@ equality), and the engine applies everything in a single pass:
   statement of an indented block or of the module.
 * ``guard(stmt, condition)`` – put the statement under ``if <condition>:``. Consecutive statements of
   one block guarded by the same condition share a single ``if``.
+* ``move_after(stmt, anchor)`` – move a statement below a later one of the same block.
 * ``add_import(...)`` – queued, de-duplicated and placed once after the module's import block.
 """
 
@@ -39,6 +40,8 @@ class EditSet:
     )
     # import lines in the order first requested, e.g. "import torch.distributed as dist"
     imports: List[str] = field(default_factory=list)
+    # statement -> a later statement of the same block it moves below (after that one's insertions)
+    moves: Dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict)
 
     def replace(self, node: cst.CSTNode, fn: NodeFn) -> None:
         self.replacements.setdefault(node, []).append(fn)
@@ -60,6 +63,11 @@ class EditSet:
         """Drop a statement; comments above it stay (they move to the next statement)."""
         self.removed[stmt] = True
 
+    def move_after(self, stmt: cst.CSTNode, anchor: cst.CSTNode) -> None:
+        """Move `stmt` below `anchor`, a later statement of the same block (and below what is
+        inserted after it). The statement moves as rewritten by the other edits, comments included."""
+        self.moves[stmt] = anchor
+
     def add_import(self, line: str) -> None:
         if line not in self.imports:
             self.imports.append(line)
@@ -67,6 +75,7 @@ class EditSet:
     def __bool__(self) -> bool:
         return bool(
             self.replacements or self.before or self.after or self.guards or self.imports or self.removed or self.wraps
+            or self.moves
         )
 
 
@@ -134,7 +143,13 @@ def _block_statements(
         pending_guard, guarded = None, []
 
     carried: Sequence[cst.EmptyLine] = ()
+    held: Dict[cst.CSTNode, List[cst.CSTNode]] = {}  # anchor -> statements moved below it
     for orig, upd in zip(original, updated):
+        if orig in edits.moves:
+            flush()
+            changed = True
+            held.setdefault(edits.moves[orig], []).append(upd)
+            continue
         if orig in edits.removed:
             flush()
             changed = True
@@ -187,7 +202,12 @@ def _block_statements(
             flush()
             changed = True
             out.extend(after)
+        if orig in held:
+            flush()
+            out.extend(held.pop(orig))
     flush()
+    for stmts in held.values():  # pragma: no cover - an anchor outside the block: keep the statements
+        out.extend(stmts)
     if changed and not out:
         out.append(cst.SimpleStatementLine(body=[cst.Pass()]))
     return out, changed
@@ -265,7 +285,7 @@ def _holding_edits(root: cst.CSTNode, edits: EditSet) -> Optional[set]:
     """The nodes under `root` (itself included) that are an edited node or an ancestor of one;
     None (enter everything) when an edited node is not found by the walk (e.g. a token)."""
     targets = set()
-    for table in (edits.replacements, edits.before, edits.after, edits.guards, edits.removed, edits.wraps):
+    for table in (edits.replacements, edits.before, edits.after, edits.guards, edits.removed, edits.wraps, edits.moves):
         targets.update(table)
     targets.update(last for last, _ in edits.wraps.values())
     finder = _Ancestors(targets)

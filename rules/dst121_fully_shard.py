@@ -117,6 +117,8 @@ class FullyShard(Rule):
             if isinstance(moved, str):
                 refusals.append((model.optimizer.call.call, moved))
                 moved = []
+            for m in moved:
+                ctx.edits.move_after(m, stmt)  # below the shard inserted after `stmt`, edits and all
             if compiled is not None and where == "replace":
                 # `model = torch.compile(Net())`: build, shard, then compile the sharded module
                 inner = compiled_module(a.qualname, compiled.value)
@@ -124,13 +126,11 @@ class FullyShard(Rule):
                     compiled.value.args[0].with_changes(value=cst.Name("_model_")), *compiled.value.args[1:]
                 ])).replace("_model_", model.name, 1)
                 ctx.edits.replace(compiled, lambda n, inner=inner: n.with_changes(value=inner))
-                ctx.edits.insert_after(stmt, [*shard, *ctx.stmts(f"{model.name} = {text}\n"), *moved])
+                ctx.edits.insert_after(stmt, [*shard, *ctx.stmts(f"{model.name} = {text}\n")])
             elif where == "before":
                 ctx.edits.insert_before(stmt, shard)
-                if moved:
-                    ctx.edits.insert_after(stmt, moved)  # pragma: no cover - refused by _move_optimizer
             else:
-                ctx.edits.insert_after(stmt, [*shard, *moved])
+                ctx.edits.insert_after(stmt, shard)
             wrapped.append((model, stmt))
             if blocks:
                 parts = "; ".join(
@@ -243,19 +243,13 @@ def _move_optimizer(ctx: Context, model: Model, point: cst.CSTNode, where: str):
         clash = sorted(bound & read)
         if clash:
             return f"{clash[0]}, which its construction reads, is rebound before the model is sharded"
-    for m in moved:
-        ctx.edits.remove(m)
     ctx.report(
         "DST121",
         opt.call.call,
         f"{opt.target} (and the schedulers built from it) built after fully_shard: an optimizer built "
         "before sharding holds the old tensors and would update nothing",
     )
-    return [_strip(m) for m in moved]
-
-
-def _strip(stmt: cst.CSTNode) -> cst.CSTNode:
-    return stmt.with_changes(leading_lines=[l for l in stmt.leading_lines if l.comment is not None])
+    return moved
 
 
 def _scheduler_of(ctx: Context, stmt: cst.CSTNode, carried: Set[str]) -> Optional[str]:
