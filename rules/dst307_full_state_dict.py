@@ -48,7 +48,12 @@ class FullStateDict(Rule):
         ``load_state_dict`` of full tensors into a sharded model fails ("mixed torch.Tensor and
         DTensor"); ``set_model_state_dict`` shards rank 0's full tensors onto every rank. The
         optimizer state is saved keyed by parameter names (torch's distributed layout), not by the
-        positions a plain ``optimizer.state_dict()`` uses.
+        positions a plain ``optimizer.state_dict()`` uses; a plain ``optimizer.load_state_dict`` of
+        the original script still loads it (it matches parameters by position). The other way
+        round, a position-keyed state (saved by the single-GPU script) given to
+        ``set_optimizer_state_dict`` is silently dropped – the optimizer starts afresh – so the load
+        re-keys it by name first (``FullyShardedDataParallel.rekey_optim_state_dict``, which
+        passes a name-keyed state through).
 
     Example:
         torch.save({"model": model.state_dict(), "epoch": epoch}, path)
@@ -196,14 +201,21 @@ class FullStateDict(Rule):
             head = f"{fn}({recv}, _, options={opts})"
         else:
             fn = ctx.imported(DCP_STATE, "set_optimizer_state_dict", "set_optimizer_state_dict")
-            head = f"{fn}({model_ref}, {recv}, _, options={opts})"
+            # a state saved by the single-GPU script is keyed by parameter position; given one,
+            # set_optimizer_state_dict silently starts the optimizer afresh: re-key it by name first
+            # (a state saved by get_optimizer_state_dict is keyed by name already and passes through)
+            fsdp = ctx.imported("torch.distributed.fsdp", "FullyShardedDataParallel", "FullyShardedDataParallel")
+            key_type = ctx.imported("torch.distributed.fsdp", "OptimStateKeyType", "OptimStateKeyType")
+            head = (
+                f"{fn}({model_ref}, {recv}, {fsdp}.rekey_optim_state_dict(_, {key_type}.PARAM_NAME, {model_ref}, "
+                f"optim={recv}), options={opts})"
+            )
         template = cst.parse_expression(head)
 
         def rewrite(n: cst.Call, template=template) -> cst.Call:
-            args = list(template.args)
-            i = next(k for k, x in enumerate(args) if isinstance(x.value, cst.Name) and x.value.value == "_")
-            args[i] = args[i].with_changes(value=n.args[0].value)
-            return template.with_changes(args=args)
+            from distify.rules.dst306_load_map_location import _Put
+
+            return template.visit(_Put(n.args[0].value))
 
         ctx.edits.replace(call, rewrite)
         cpu_loads.extend(loads)
