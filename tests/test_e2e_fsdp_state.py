@@ -136,3 +136,29 @@ def test_control_a_saved_shard_does_not_load_into_the_original(migrated, tmp_pat
     run_torchrun(control, _resume_args(B, "shards.pt"), nproc=NPROC, cwd=tmp_path)
     with pytest.raises(Exception):
         _load_into_original(tmp_path / "shards.pt")
+
+
+ADAM = Path(__file__).resolve().parent.parent / "fixtures" / "DST307" / "resume_adam.in.py"
+
+
+def test_optimizer_state_crosses_between_the_original_and_the_sharded_script(tmp_path):
+    """Adam's moments survive both ways: a checkpoint of the single-GPU script (optimizer state
+    keyed by position) resumes on 2 ranks (re-keyed by name before set_optimizer_state_dict,
+    which would otherwise drop it), and the sharded script's checkpoint (keyed by name) resumes
+    in the original with its plain optimizer.load_state_dict. Each leg is one epoch at the same
+    global batch, so the chain equals the original's 2 and 3 epochs."""
+    script = tmp_path / "resume_adam.py"
+    migrate(ADAM, script, backend="fsdp")
+    assert "rekey_optim_state_dict(ckpt[\"optimizer\"], OptimStateKeyType.PARAM_NAME" in script.read_text()
+
+    def original(*args):
+        run_python(ADAM, ["--batch-size", NPROC * B, *map(str, args)], cwd=tmp_path)
+
+    original("--epochs", 1, "--checkpoint", "single1.pt")
+    run_torchrun(script, ["--batch-size", B, "--resume", "single1.pt", "--checkpoint", "sharded2.pt"], nproc=NPROC, cwd=tmp_path)
+    original("--epochs", 1, "--resume", "sharded2.pt", "--checkpoint", "back3.pt")
+    original("--epochs", 2, "--checkpoint", "single2.pt")
+    original("--epochs", 3, "--checkpoint", "single3.pt")
+    for got, want in (("sharded2.pt", "single2.pt"), ("back3.pt", "single3.pt")):
+        a, b = load_state(tmp_path / got), load_state(tmp_path / want)
+        assert_same_weights(a["model"], b["model"], atol=1e-5, label=f"{got} vs {want}")
