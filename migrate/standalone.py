@@ -567,6 +567,14 @@ HELPERS: Dict[str, Dict[str, Helper]] = {
 }
 
 
+# FSDP2 runs on the process group DDP uses (init_process_group, torchrun's environment): its inline
+# helpers are DDP's. The sharding itself is torch's own fully_shard, written in the script.
+for _variants in HELPERS.values():
+    if "ddp" in _variants:
+        _variants.setdefault("fsdp", _variants["ddp"])
+del _variants
+
+
 def closure(names, backend: str) -> List[str]:
     """The helpers `names` need, dependencies included, in class order. Unknown names are skipped."""
     todo, found = [n for n in names if backend in HELPERS.get(n, {})], set()

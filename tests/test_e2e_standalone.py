@@ -113,6 +113,25 @@ def test_ddp_standalone_two_ranks_match_big_batch(name, no_distify, originals, t
     assert len(epoch_lines(result.output)) == EPOCHS, result.output[-3000:]
 
 
+@pytest.mark.parametrize("name", ["trainer_class", "module_level"])
+def test_fsdp_standalone_two_ranks_match_big_batch_and_plain_python(name, no_distify, originals, tmp_path):
+    """--backend fsdp --standalone: distify cannot be imported, the inline class gives the process
+    group and device, torch's fully_shard shards; 2 ranks x B gather the big-batch weights, and
+    plain python (a one-process group) the original's at B."""
+    script = standalone_script(name, "fsdp", tmp_path / "script")
+    assert "fully_shard(" in script.read_text()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    result = run_torchrun(script, train_args(name, B), nproc=NPROC, env=no_distify, cwd=run_dir)
+    assert_same_weights(originals(name, NPROC * B), load_state(run_dir / "final.pt"), atol=DDP_ATOL,
+                        label=f"{name} standalone fsdp")
+    assert len(epoch_lines(result.output)) == EPOCHS, result.output[-3000:]
+    plain_dir = tmp_path / "plain"
+    plain_dir.mkdir()
+    run_python(script, train_args(name, B), env=no_distify, cwd=plain_dir)
+    assert_same_weights(originals(name, B), load_state(plain_dir / "final.pt"), atol=PLAIN_ATOL, label="fsdp plain python")
+
+
 def test_ddp_standalone_runs_with_plain_python(no_distify, originals, tmp_path):
     name = "trainer_class"
     script = standalone_script(name, "ddp", tmp_path / "script")

@@ -20,10 +20,8 @@ from distify.engine import migrate_source
 from distify.options import Options
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-# the inline runtime speaks ddp and horovod; --standalone with --backend fsdp is not written yet (its
-# goldens import distify, with a DST001 warning that says so)
-GOLDENS = sorted(p for p in (FIXTURES / "standalone").glob("*.*.py") if not p.name.endswith(".fsdp.py"))
-GOLDENS = [p for p in GOLDENS if not p.name.endswith(".in.py")]
+# the inline runtime speaks ddp, horovod and fsdp (FSDP2 uses DDP's process-group helpers)
+GOLDENS = sorted(p for p in (FIXTURES / "standalone").glob("*.*.py") if not p.name.endswith(".in.py"))
 
 
 def distify_imports(source: str) -> list:
@@ -41,9 +39,9 @@ def distify_imports(source: str) -> list:
     return found
 
 
-def test_there_are_goldens_for_both_backends():
+def test_there_are_goldens_for_every_backend():
     backends = {p.name.split(".")[-2] for p in GOLDENS}
-    assert backends == {"ddp", "horovod"} and len(GOLDENS) >= 8
+    assert backends == {"ddp", "horovod", "fsdp"} and len(GOLDENS) >= 12
 
 
 @pytest.mark.parametrize("path", GOLDENS, ids=lambda p: p.name)
@@ -78,7 +76,16 @@ def test_default_output_turned_standalone_equals_a_direct_standalone_run():
     assert distify_imports(later.decode()) == []
 
 
-@pytest.mark.parametrize("first,second", [("ddp", "horovod"), ("horovod", "ddp")])
+OLD_BACKEND_MARK = {
+    ("ddp", "horovod"): "import torch.distributed",
+    ("horovod", "ddp"): "import horovod",
+    ("ddp", "fsdp"): "class DDP(",
+    ("fsdp", "ddp"): "fully_shard",
+    ("horovod", "fsdp"): "import horovod",
+}
+
+
+@pytest.mark.parametrize("first,second", sorted(OLD_BACKEND_MARK))
 def test_backend_conversion_keeps_the_script_standalone(first, second):
     original = (FIXTURES / "scenarios" / "two_loaders.in.py").read_bytes()
     once = migrate_source(original, Options(backend=first, standalone=True)).output
@@ -87,7 +94,7 @@ def test_backend_conversion_keeps_the_script_standalone(first, second):
     block = standalone.find_block(cst.parse_module(converted))
     assert block is not None and block.backend == second
     assert converted.count("standalone runtime (v") == 1, "the old backend's class was left behind"
-    old = {"ddp": "import torch.distributed", "horovod": "import horovod"}[first]
+    old = OLD_BACKEND_MARK[first, second]
     assert old not in converted, f"{old} is left although nothing uses it"
     compile(converted, "converted", "exec")
 
