@@ -1,13 +1,13 @@
 """``distify verify``: prove a migration by running it.
 
-    distify verify train.py [--backend ddp|horovod] [--steps N] [--nproc 2] [--timeout S]
+    distify verify train.py [--backend ddp|horovod|fsdp] [--steps N] [--nproc 2] [--timeout S]
                             [--as-is] [--standalone] [--against-original --batch-arg NAME] [--json]
                             -- SCRIPT_ARGS...
 
 It migrates a copy of the script (the user's file is never touched; ``--as-is`` takes the script
 as it is), then runs the copy on CPU with gloo and CUDA hidden, with the user's own arguments and
 data: once with plain ``python``, once with ``--nproc`` processes under the backend's launcher
-(torchrun, or Horovod's gloo launcher), and with ``--against-original`` the original script with its
+(torchrun for ddp and fsdp, or Horovod's gloo launcher), and with ``--against-original`` the original script with its
 batch argument multiplied by ``--nproc``. The probe in ``distify/_probe`` (a sitecustomize on the
 children's PYTHONPATH) records what each rank does and stops every run after ``--steps``
 optimizer steps; this module judges the records and prints a table of checks and a verdict.
@@ -24,6 +24,12 @@ Only what the script writes to absolute paths outside the sandbox (an ``--output
 lands where the script says, as in a real run. The sandboxes and records live in one temporary
 directory, removed at the end, on timeout and on Ctrl-C, after every process started is killed
 (each run is a new session; its process groups are killed by id).
+
+Under FSDP2 ranks hold different shards of each parameter: the probe gathers every DTensor
+parameter whole (``full_tensor()``) before it digests or snapshots it, so "ranks identical after
+each step" and ``--against-original`` compare the full weights; and since a sharded parameter is
+identical on all ranks by construction, a separate check shows that each optimizer's parameters
+are sharded and actually change (an optimizer built before fully_shard steps dead tensors).
 
 Nothing here imports torch: the children do, and weights are compared by a child process.
 """
@@ -43,6 +49,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import typer
+
+from distify.options import BACKENDS, FSDP_BACKEND, TORCH_BACKENDS
 
 PROBE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_probe")
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -307,8 +315,36 @@ def check_params(events: Dict[int, List[dict]], sources: Sources) -> Check:
                          _where(sources, sites.get(opt)))
     n_opts = len({opt for opt, _ in steps})
     last = max(n for _, n in steps)
-    return Check("params", title, PASS, f"{n_opts} optimizer{'s' if n_opts > 1 else ''}, {len(ranks)} ranks bit-identical after each of {last} steps",
+    sharded = max((e.get("sharded", 0) for by_rank in steps.values() for e in by_rank.values()), default=0)
+    gathered = " (sharded parameters gathered whole before comparing)" if sharded else ""
+    return Check("params", title, PASS, f"{n_opts} optimizer{'s' if n_opts > 1 else ''}, {len(ranks)} ranks bit-identical after each of {last} steps{gathered}",
                  _where(sources, *sites.values()))
+
+
+def check_sharded_steps(events: Dict[int, List[dict]], sources: Sources) -> Check:
+    """FSDP: every optimizer that steps holds sharded parameters (DTensors) and they change."""
+    title = "optimizers step the sharded parameters"
+    steps: Dict[int, List[dict]] = {}
+    sites = {}
+    for e in events.get(0, []):
+        if e["k"] == "step":
+            steps.setdefault(e["opt"], []).append(e)
+        elif e["k"] == "opt":
+            sites[e["id"]] = e["site"]
+    if not steps:
+        return Check("sharded", title, SKIP, "no optimizer stepped")
+    for opt, evs in sorted(steps.items()):
+        if not any(e.get("sharded") for e in evs):
+            return Check("sharded", title, FAIL,
+                         f"optimizer {opt} holds no sharded (DTensor) parameter: it was built before fully_shard (it "
+                         "then updates tensors the model no longer uses) or its model is not sharded (its updates "
+                         "are not averaged); build it after fully_shard(model)", _where(sources, sites.get(opt)))
+        if len(evs) >= 2 and evs[0]["sha"] == evs[-1]["sha"]:
+            return Check("sharded", title, FAIL,
+                         f"optimizer {opt}'s parameters did not change from step {evs[0]['n']} to step {evs[-1]['n']}: "
+                         "it updates nothing (built before fully_shard?)", _where(sources, sites.get(opt)))
+    return Check("sharded", title, PASS, f"{len(steps)} optimizer{'s' if len(steps) > 1 else ''} over sharded parameters "
+                                         "that change with each step", _where(sources, *sites.values()))
 
 
 def _training_loaders(events: Dict[int, List[dict]]) -> Dict[int, dict]:
@@ -647,7 +683,7 @@ def verify(plan: Plan) -> dict:
         original = runs[2] if len(runs) > 2 else None
         rel = str(plan.script.resolve().relative_to(_root(plan.script)))
         sources = Sources(rel, migrated.decode("utf-8", errors="replace"), _root(plan.script))
-        launcher = "torchrun" if plan.backend == "ddp" else "horovodrun --gloo"
+        launcher = "torchrun" if plan.backend in TORCH_BACKENDS else "horovodrun --gloo"
         checks.append(check_run("plain", "runs with plain python", plain, plan.steps))
         checks.append(check_run("launch", f"runs under {launcher} with {plan.nproc} processes", multi, plan.steps))
         if not multi.skipped:
@@ -655,6 +691,8 @@ def verify(plan: Plan) -> dict:
             checks += [check_params(events, sources), check_shards(events, sources),
                        check_order(events, sources, plan.steps), check_writers(multi, events, sources, str(tmp / "records")),
                        check_prefix([plain, multi], original, sources), check_prints(events, sources)]
+            if plan.backend == FSDP_BACKEND:
+                checks.append(check_sharded_steps(events, sources))
             random_check = check_random(events, sources)
             if random_check is not None:
                 checks.append(random_check)
@@ -680,7 +718,7 @@ def _run_all(plan: Plan, tmp: Path, migrated: bytes) -> List[Run]:
     horovod_skip = _horovod_missing() if plan.backend == "horovod" else None
     # the Horovod script imports horovod in every run, the plain one too
     specs = [("plain python", migrated, lambda s, a: [py, s, *a], plan.script_args, horovod_skip)]
-    if plan.backend == "ddp":
+    if plan.backend in TORCH_BACKENDS:
         multi = lambda s, a: [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", n, s, *a]  # noqa: E731
     else:
         multi = lambda s, a: [py, "-m", "horovod.runner.launch", "--gloo", "-np", n, "-H", f"localhost:{n}", py, s, *a]  # noqa: E731
@@ -709,6 +747,10 @@ def _run_all(plan: Plan, tmp: Path, migrated: bytes) -> List[Run]:
                          "TMPDIR": str(child_tmp)})
         if dest:
             env["DISTIFY_VERIFY_SCALE"] = f"{dest}:{plan.nproc}"
+        if plan.backend == FSDP_BACKEND:
+            # fully_shard keeps each rank's own slice of its own initial weights (no broadcast): the
+            # FSDP script relies on ranks initialising alike, which the probe would otherwise undo
+            env["DISTIFY_VERIFY_DIVERGE"] = "0"
         execute(run, workdir, env, plan.timeout, tmp / f"output{index}.log")
         if dest and not any(e["k"] == "scaled" for evs in run.events().values() for e in evs) and run.ok:
             run.returncode, run.output = -1, f"--{dest.replace('_', '-')} is neither in the script's arguments nor an argparse option of the script"
@@ -787,7 +829,7 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions
                   "with --nproc processes on CPU, and check what each rank did. Arguments after '--' go to the script.")
 def verify_command(
     paths: List[str] = typer.Argument(..., help="The training script, then (after '--') its arguments."),
-    backend: str = typer.Option("ddp", "--backend", "-b", help="ddp or horovod."),
+    backend: str = typer.Option("ddp", "--backend", "-b", help="ddp, horovod or fsdp."),
     steps: int = typer.Option(20, "--steps", min=0, help="Stop each run after this many optimizer steps (0: run to the end)."),
     nproc: int = typer.Option(2, "--nproc", min=2, help="Processes of the multi-process run."),
     timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds each run may take before everything it started is killed."),
@@ -798,8 +840,8 @@ def verify_command(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (for CI)."),
 ) -> None:
     backend = backend.lower()
-    if backend not in ("ddp", "horovod"):
-        _usage(f"unknown backend {backend!r}: choose ddp or horovod")
+    if backend not in BACKENDS:
+        _usage(f"unknown backend {backend!r}: choose {', '.join(BACKENDS)}")
     if against_original and not batch_arg:
         _usage("--against-original needs --batch-arg NAME (the script's batch-size option)")
     plan = Plan(Path(paths[0]), list(paths[1:]), backend, steps, nproc, timeout, as_is, standalone, against_original, batch_arg)

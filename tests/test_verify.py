@@ -79,7 +79,7 @@ STYLES = [
 ]
 
 
-@pytest.mark.parametrize("backend", ["ddp", pytest.param("horovod", marks=pytest.mark.horovod)])
+@pytest.mark.parametrize("backend", ["ddp", pytest.param("horovod", marks=pytest.mark.horovod), "fsdp"])
 @pytest.mark.parametrize("name,options,args,evidence", STYLES, ids=[s[0] for s in STYLES])
 def test_verify_passes_distify_migrations(name, options, args, evidence, backend, tmp_path):
     home = user_dir(tmp_path, SCENARIOS / f"{name}.in.py")
@@ -90,6 +90,8 @@ def test_verify_passes_distify_migrations(name, options, args, evidence, backend
     code, report = verify("train.py", "--backend", backend, *options, "--", *args, cwd=home)
     assert code == 0 and report["verdict"] == "pass", explain(report)
     checks = status(report)
+    if backend == "fsdp":
+        evidence = evidence | {"sharded"}
     assert {c: "pass" for c in evidence} == {c: checks[c] for c in evidence}, explain(report)
     assert snapshot(home) == before, "verify changed the user's directory"
 
@@ -109,6 +111,37 @@ def test_verify_against_original_weights_equal(tmp_path):
     assert code == 0, explain(report)
     weights = next(c for c in report["checks"] if c["name"] == "weights")
     assert weights["status"] == "pass" and "--batch-size 32" in weights["detail"], explain(report)
+
+
+def test_verify_fsdp_against_original_compares_gathered_weights(tmp_path):
+    """Under fsdp each rank holds half of every parameter: the snapshot compared with the original
+    at 2 x batch is the gathered whole (shapes and values), and the params check says it gathered."""
+    home = user_dir(tmp_path, SCENARIOS / "examples_style.in.py")
+    code, report = verify("train.py", "--backend", "fsdp", "--steps", "6", "--against-original", "--batch-arg",
+                          "--batch-size", "--", "--epochs", "1", "--batch-size", "16", cwd=home)
+    assert code == 0, explain(report)
+    weights = next(c for c in report["checks"] if c["name"] == "weights")
+    assert weights["status"] == "pass" and "--batch-size 32" in weights["detail"], explain(report)
+    params = next(c for c in report["checks"] if c["name"] == "params")
+    assert "gathered" in params["detail"], explain(report)
+    assert "torchrun" in next(c for c in report["checks"] if c["name"] == "launch")["title"]
+
+
+FSDP_CONTROLS = [
+    # the optimizer moved above fully_shard: it steps dead tensors (no error, ranks still agree)
+    ("optimizer-before-shard", "module_level.fsdp.py", "fully_shard(model)\noptimizer = torch.optim.SGD(model.parameters(), lr=args.lr)\n",
+     "optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)\nfully_shard(model)\n", {"sharded"}),
+    # no sharding at all: plain parameters, each rank steps on its own gradients
+    ("shard-removed", "module_level.fsdp.py", "fully_shard(model)\n", "", {"params", "sharded"}),
+]
+
+
+@pytest.mark.parametrize("golden,old,new,checks", [c[1:] for c in FSDP_CONTROLS], ids=[c[0] for c in FSDP_CONTROLS])
+def test_fsdp_control_fails_exactly_its_checks(golden, old, new, checks, tmp_path):
+    home = broken(tmp_path, SCENARIOS / golden, old, new)
+    code, report = verify("train.py", "--as-is", "--backend", "fsdp", "--steps", "3", "--",
+                          "--epochs", "1", "--batch-size", "32", cwd=home)
+    assert code == 1 and failed(report) == checks, explain(report)
 
 
 def test_verify_against_original_scales_an_argparse_default(tmp_path):

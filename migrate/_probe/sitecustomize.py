@@ -6,7 +6,8 @@ It acts only in the process that runs the script under test (``sys.argv[0]`` is
 nothing. In that process it appends one JSON object per line to ``$DISTIFY_VERIFY_RECORDS/rank<R>.jsonl``:
 
 - ``opt``/``step``: each optimizer (where it was built) and, after each of its steps, a digest of
-  its parameters; after ``$DISTIFY_VERIFY_STEPS`` steps of the first optimizer that steps, every
+  its parameters (an FSDP2 DTensor parameter gathered whole first: ranks hold different shards) and
+  how many of them are sharded; after ``$DISTIFY_VERIFY_STEPS`` steps of the first optimizer that steps, every
   rank waits for the others at a barrier and exits with status 0 (no collective left half-done);
 - ``loader``/``batch``/``end``/``train``: each DataLoader, the indices it yields per pass, the
   end of each pass, and which loaders fed an optimizer step;
@@ -14,6 +15,11 @@ nothing. In that process it appends one JSON object per line to ``$DISTIFY_VERIF
   whether the saved state's keys carry DDP's ``module.`` prefix);
 - ``out``: each line the process writes to stdout, with the line of user code that wrote it;
 - ``rand``: ``torch.randint``/``torch.randperm`` draws made by user code, per step window.
+
+Ranks other than 0 initialise their modules differently (to show a missing broadcast of rank 0's
+weights) unless ``$DISTIFY_VERIFY_DIVERGE`` is 0: FSDP2's fully_shard keeps each rank's own slice of
+its own initial weights, so an FSDP script relies on every rank initialising alike, as torch's own
+FSDP2 examples do (one seed).
 
 Writes below the run's sandbox (``$DISTIFY_VERIFY_SANDBOX``) never reach the user's files: the
 sandbox links to the user's directory entries, and a link that is about to be written through is
@@ -281,13 +287,15 @@ if _ACTIVE:
         def digest(optimizer):
             sha = hashlib.sha1()
             total = 0.0
+            sharded = 0
             with torch.no_grad():
                 for group in optimizer.param_groups:
                     for p in group["params"]:
-                        t = p.detach().cpu().contiguous()
+                        sharded += _is_shard(p)
+                        t = _full(p.detach()).cpu().contiguous()
                         sha.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
                         total += float(t.double().abs().sum())
-            return sha.hexdigest(), total
+            return sha.hexdigest(), total, sharded
 
         def pre_hook(optimizer, args, kwargs):
             _state["depth"] += 1
@@ -298,8 +306,8 @@ if _ACTIVE:
                 return  # an optimizer subclass stepping through its base class: count it once
             oid = _opt_id(optimizer)
             n = _opt_steps[oid] = _opt_steps.get(oid, 0) + 1
-            sha, total = digest(optimizer)
-            _emit(k="step", opt=oid, n=n, sha=sha, abs=total)
+            sha, total, sharded = digest(optimizer)
+            _emit(k="step", opt=oid, n=n, sha=sha, abs=total, sharded=sharded)
             loader = _state["last_loader"]
             if loader is not None and (loader, oid) not in _train_pairs:
                 _train_pairs.add((loader, oid))
@@ -394,7 +402,7 @@ if _ACTIVE:
 
             setattr(torch, fn_name, drawn)
 
-        if _WORLD > 1 and _RANK != 0:
+        if _WORLD > 1 and _RANK != 0 and os.environ.get("DISTIFY_VERIFY_DIVERGE", "1") != "0":
             _diverge_init(torch)
 
     def _diverge_init(torch):
@@ -422,6 +430,15 @@ if _ACTIVE:
 
             setattr(init, fn_name, redrawn)
 
+    def _is_shard(p):
+        """An FSDP2 parameter: a DTensor, each rank holding a slice."""
+        return callable(getattr(p, "full_tensor", None))
+
+    def _full(p):
+        """The whole parameter: an FSDP2 DTensor gathered from every rank's shard (a collective: every
+        rank digests the same optimizer after the same step), any other tensor as it is."""
+        return p.full_tensor() if _is_shard(p) else p
+
     def _stop(torch):
         """Every rank is here right after the same optimizer step: wait for the others, save the
         parameters, exit 0 without tearing the interpreter (and the process group) down."""
@@ -435,7 +452,7 @@ if _ACTIVE:
             for oid, ref in _opt_refs.items():
                 opt = ref()
                 if opt is not None:
-                    params[oid] = [p.detach().cpu().clone() for g in opt.param_groups for p in g["params"]]
+                    params[oid] = [_full(p.detach()).cpu().clone() for g in opt.param_groups for p in g["params"]]
             _GUARD.busy = True
             torch.save.__wrapped__(params, os.path.join(_RECORDS, f"params.rank{_RANK}.pt"))
             _GUARD.busy = False
