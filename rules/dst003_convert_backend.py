@@ -155,10 +155,13 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
     averages = AVERAGES.get(ctx.backend, "")
     setup_names = _fsdp_setup_names(a) if flavour == "fsdp" else {}
     sharding_loops: Set[cst.CSTNode] = set()
+    rekeyed = _rekeyed_states(a) if flavour == "fsdp" else {}
     for site in a.calls:
         q = site.qualname or ""
         call = site.call
         if flavour == "fsdp":
+            if id(call) in rekeyed.values():
+                continue  # goes with the set_optimizer_state_dict around it
             if q in DDP_DROP and call_statement(site.stmt, call):
                 _remove(ctx, site.stmt)
                 ctx.report(CONVERT_CODE, call, f"{dotted(call.func)}() removed (the {TARGET_NAMES[ctx.backend]} rules add their own)")
@@ -201,7 +204,12 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
                             f"rank first, or keep --backend {flavour}"
                         )
                     continue
-                text = f"{ctx.code(rec.value)}.{method}({ctx.code(st.value) if st is not None else ''})"
+                value = st.value if st is not None else None
+                if id(call) in rekeyed:
+                    # FSDP's re-keying by name only serves set_optimizer_state_dict: a plain
+                    # load_state_dict matches by position, whichever way the state is keyed
+                    value = value.args[0].value
+                text = f"{ctx.code(rec.value)}.{method}({ctx.code(value) if value is not None else ''})"
                 ctx.edits.replace(call, lambda n, t=text: cst.parse_expression(t))
                 ctx.report(CONVERT_CODE, call, f"{dotted(call.func)}() -> {text} (the model is no longer sharded)")
             elif q in TORCH_DIST_RANK and not call.args:
@@ -395,6 +403,21 @@ def _unshard_eval(ctx: Context, a: Anatomy) -> None:
                 args = ",".join(ctx.code(x.value).replace(" ", "") for x in site.call.args)
                 if targets == args:  # `correct, total = runtime.all_reduce_sum(correct, total)`
                     ctx.edits.remove(stmt)
+
+
+REKEY = "torch.distributed.fsdp.FullyShardedDataParallel.rekey_optim_state_dict"
+
+
+def _rekeyed_states(a: Anatomy) -> dict:
+    """id(set_optimizer_state_dict call) -> id(the rekey_optim_state_dict call that is its state)."""
+    out = {}
+    for site in a.calls_to({DCP + "set_optimizer_state_dict"}):
+        st = arg(site.call, 2, "optim_state_dict")
+        if st is not None and isinstance(st.value, cst.Call) and st.value.args and a.qualname(st.value.func) in {
+            REKEY, "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel.rekey_optim_state_dict"
+        }:
+            out[id(site.call)] = id(st.value)
+    return out
 
 
 def _hoisted_dataset(a: Anatomy, site: CallSite):
