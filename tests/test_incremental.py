@@ -48,3 +48,24 @@ def test_new_loader_and_save_get_only_the_missing_pieces():
 def test_hand_written_ddp_script_is_left_alone_even_with_unguarded_prints():
     source = (SCENARIOS / "already_ddp.in.py").read_bytes() + b'\nprint("done")\n'
     assert migrate_source(source, Options(backend="ddp")).output == source
+
+
+def test_fsdp_output_gets_only_the_missing_pieces():
+    """distify's FSDP2 output is recognised as such (flavour "fsdp", not "ddp" for its
+    init_process_group): a later loader and save get the sampler, set_epoch and a gathered full
+    state saved on rank 0; nothing is converted or wrapped in DDP."""
+    migrated = (SCENARIOS / "module_level.fsdp.py").read_text()
+    edited = migrated + ADDED
+    out = migrate_source(edited.encode(), Options(backend="fsdp")).output.decode()
+    assert out.startswith(migrated)
+    tail = out[len(migrated):]
+    assert "sampler=finetune_sampler" in tail and "finetune_sampler.set_epoch(epoch)" in tail
+    assert "get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))" in tail
+    assert "DDP(" not in out and out.count("fully_shard(model)") == 1
+    assert migrate_source(out.encode(), Options(backend="fsdp")).output.decode() == out
+
+
+def test_hand_written_fsdp_script_is_left_alone():
+    source = (SCENARIOS.parent / "DST003" / "hand_fsdp.in.py").read_bytes() + b'\nprint("done")\n'
+    result = migrate_source(source, Options(backend="fsdp"))
+    assert result.output == source and "already distributed" in result.note
