@@ -50,7 +50,7 @@ def migrated(backend: str) -> str:
     return out.output.decode()
 
 
-@pytest.mark.parametrize("backend", ["ddp", "horovod"])
+@pytest.mark.parametrize("backend", ["ddp", "horovod", "fsdp"])
 def test_the_audit_passes_distifys_output(backend) -> None:
     result = migrate_source(EXAMPLE, Options(backend=backend))
     assert audit_codes(result.findings) == set()

@@ -372,16 +372,17 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.e2e
-def test_printed_torchrun_command_trains_like_the_original(tmp_path, reference):
+@pytest.mark.parametrize("backend", ["ddp", "fsdp"])
+def test_printed_torchrun_command_trains_like_the_original(tmp_path, reference, backend):
     run_dir = tmp_path / "run"
-    migrate(SCENARIOS / "module_level.in.py", run_dir / "train.py", backend="ddp")
-    (argv,) = _printed(run_dir, "ddp", "torchrun", "--nproc", str(NPROC))
+    migrate(SCENARIOS / "module_level.in.py", run_dir / "train.py", backend=backend)
+    (argv,) = _printed(run_dir, backend, "torchrun", "--nproc", str(NPROC))
     assert argv[:4] == ["torchrun", "--standalone", "--nproc-per-node", str(NPROC)]
     argv = _torchrun(argv)
     proc = _execute(argv, run_dir)
     # the script's args were passed through: 2 epochs, one line each, printed by rank 0 only
     assert [ln.split()[:2] for ln in epoch_lines(proc.stdout)] == [["epoch", "0"], ["epoch", "1"]]
-    assert_same_weights(load_state(run_dir / "final.pt"), reference, atol=1e-5, label="torchrun")
+    assert_same_weights(load_state(run_dir / "final.pt"), reference, atol=1e-5, label=f"torchrun {backend}")
 
 
 @pytest.mark.e2e
