@@ -19,7 +19,11 @@ class AccumulationNoSync(Rule):
         statements up to and including ``backward()`` under
         ``with model.no_sync() if (step + 1) % accum != 0 else contextlib.nullcontext():``.
         With FSDP (``--backend fsdp``) ``model.set_requires_gradient_sync((step + 1) % accum == 0)``
-        goes before the micro-batch's first statement instead: FSDP2 has no ``no_sync()``.
+        goes before the micro-batch's first statement instead (FSDP2 has no ``no_sync()``), also
+        true on the loop's last micro-batch (``or step + 1 == len(loader)``): FSDP holds unsynced
+        gradients in buffers of its own that ``optimizer.zero_grad()`` does not clear, so a
+        remainder micro-batch that never steps would otherwise leak into the next pass's first
+        step. A loop whose last micro-batch cannot be told keeps reducing on every micro-batch.
         (With Horovod the same idiom becomes ``backward_passes_per_step``, see DST111.)
 
     Why:
@@ -49,7 +53,7 @@ class AccumulationNoSync(Rule):
         and with FSDP
 
         for step, (x, y) in enumerate(loader):
-            model.set_requires_gradient_sync((step + 1) % accum == 0)
+            model.set_requires_gradient_sync((step + 1) % accum == 0 or step + 1 == len(loader))
             loss = criterion(model(x), y) / accum
             ...
     """
@@ -102,13 +106,26 @@ class AccumulationNoSync(Rule):
             return
         model = models[0]
         if ctx.backend == FSDP_BACKEND:
-            # the condition under which this micro-batch steps: sync its gradients then
-            steps = ctx.code(step_if.test)
+            # sync when this micro-batch steps, and on the pass's last one: FSDP keeps unsynced
+            # gradients in buffers of its own that optimizer.zero_grad() does not clear, so a
+            # micro-batch left over at the end of the pass would leak into the next pass's step
+            last = _last_micro_batch(ctx, bl.loop)
+            if last is None:
+                ctx.report(
+                    self.code,
+                    bl.loop,
+                    "gradients reduced on every micro-batch (correct): the loop's last micro-batch cannot be told "
+                    "(not `for i, batch in enumerate(loader)`), and FSDP would carry an unsynced remainder into the next step",
+                    kind="info",
+                )
+                return
+            steps = f"{ctx.code(step_if.test)} or {last}"
             ctx.edits.insert_before(body[0], ctx.stmts(f"{model}.set_requires_gradient_sync({steps})"))
             ctx.report(
                 self.code,
                 bl.loop,
-                f"gradients reduced once per optimizer step ({model}.set_requires_gradient_sync({steps}))",
+                f"gradients reduced once per optimizer step and on the pass's last micro-batch "
+                f"({model}.set_requires_gradient_sync({steps}))",
             )
             return
         cond = _negate(ctx, step_if.test)
@@ -138,6 +155,17 @@ class AccumulationNoSync(Rule):
                 if scope_id == id(bl.scope) and name in called and name not in out:
                     out.append(name)
         return out
+
+
+def _last_micro_batch(ctx: Context, loop: cst.For) -> Optional[str]:
+    """`i + 1 == len(loader)` for `for i, batch in enumerate(loader):` (None for other loops)."""
+    it = loop.iter
+    if not (isinstance(it, cst.Call) and dotted(it.func) == "enumerate" and len(it.args) == 1 and it.args[0].keyword is None):
+        return None
+    target = loop.target
+    if not (isinstance(target, cst.Tuple) and target.elements and isinstance(target.elements[0].value, cst.Name)):
+        return None
+    return f"{target.elements[0].value.value} + 1 == len({ctx.code(it.args[0].value)})"
 
 
 def _accumulation_if(body) -> Optional[cst.If]:

@@ -52,8 +52,7 @@ class TiedAcrossBlocks(Rule):
             if cls is None or id(cls) in done:
                 continue
             done.add(id(cls))
-            found = getattr(a, "repeated_blocks", None)  # DST121's fact
-            blocks = [b.path for b in (found(model) if found else []) if b.owner == cls.name.value]
+            blocks = [b.path for b in a.repeated_blocks(model) if b.owner == cls.name.value]  # DST121's units
             if not blocks:
                 continue
             init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)

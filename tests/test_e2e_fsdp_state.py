@@ -2,9 +2,11 @@
 
 Under ``torchrun --nproc-per-node 2`` (gloo, CPU):
 - accumulation: 2 ranks x batch B x A micro-batches end with the original's weights at batch
-  2·A·B without accumulation (< 1e-5), reduce-scattering gradients once per optimizer step; a
-  control copy without ``set_requires_gradient_sync`` reduce-scatters on every micro-batch (it is
-  a saving, not a correctness fix: its weights are the same, so the count tells them apart);
+  2·B x A micro-batches (< 1e-5), with a micro-batch left over at the end of every pass (FSDP keeps
+  its unsynced gradients past optimizer.zero_grad(): the last micro-batch must sync), reduce-scattering
+  gradients once per optimizer step plus once for each remainder; a control copy without
+  ``set_requires_gradient_sync`` reduce-scatters on every micro-batch (the switch is a saving, not
+  a correctness fix: that copy's weights are the same, so the count tells them apart);
 - checkpoints: the file the migrated script writes (``get_model_state_dict``) loads with a plain
   ``load_state_dict`` into the ORIGINAL class; a control that saves ``model.state_dict()`` (the
   shards) does not;
@@ -27,11 +29,13 @@ from e2e_support import SCENARIOS, assert_same_weights, load_state, migrate, run
 
 pytestmark = pytest.mark.e2e
 
-B, ACCUM, NPROC, EPOCHS = 16, 2, 2, 2
+# 512 samples: 16 micro-batches per rank and pass, so with A = 3 one is left over at every pass's end
+B, ACCUM, NPROC, EPOCHS = 16, 3, 2, 2
+MICRO = 512 // NPROC // B
 COUNTER = Path(__file__).resolve().parent / "scripts" / "count_reduce_scatter.py"
 ACCUMULATION = SCENARIOS / "accumulation.in.py"
 RESUME = SCENARIOS / "resume.in.py"
-SYNC = "model.set_requires_gradient_sync((step + 1) % args.accum_steps == 0)"
+SYNC = "model.set_requires_gradient_sync((step + 1) % args.accum_steps == 0 or step + 1 == len(loader))"
 GATHER = "get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))"
 
 
@@ -72,7 +76,7 @@ def accumulated(migrated, tmp_path_factory):
 
 def test_accumulated_weights_match_the_big_batch(accumulated, tmp_path_factory):
     big = tmp_path_factory.mktemp("fsdp-accum-big")
-    run_python(ACCUMULATION, _accum_args(NPROC * ACCUM * B, 1), cwd=big)
+    run_python(ACCUMULATION, _accum_args(NPROC * B, ACCUM), cwd=big)
     work, _ = accumulated
     assert_same_weights(load_state(big / "final.pt"), load_state(work / "final.pt"), atol=1e-5, label="fsdp accumulation")
 
@@ -83,10 +87,12 @@ def test_one_reduce_scatter_round_per_optimizer_step(migrated, accumulated, tmp_
     text = migrated["accumulation"].read_text()
     control.write_text("".join(line for line in text.splitlines(True) if "set_requires_gradient_sync" not in line))
     every = _counted(control, tmp_path)
+    syncs = EPOCHS * -(-MICRO // ACCUM)  # the steps, and each pass's remainder
     for s, e in zip(synced, every):
-        assert s["steps"] == e["steps"] == EPOCHS * (512 // NPROC // B) // ACCUM, (s, e)
-        assert s["reduce_scatter"] > 0 and s["reduce_scatter"] % s["steps"] == 0, s
-        assert e["reduce_scatter"] == ACCUM * s["reduce_scatter"], (s, e)
+        assert s["steps"] == e["steps"] == EPOCHS * (MICRO // ACCUM), (s, e)
+        groups = s["reduce_scatter"] // syncs
+        assert groups > 0 and s["reduce_scatter"] == syncs * groups, s
+        assert e["reduce_scatter"] == EPOCHS * MICRO * groups, (s, e)
 
 
 def _resume_args(batch, checkpoint, resume=None):
