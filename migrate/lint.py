@@ -1,6 +1,6 @@
 """``distify lint PATH...``: the output audit on scripts that are already distributed.
 
-Hand-written DDP or Horovod scripts (or distify's own output, edited since) are analysed with the
+Hand-written DDP, Horovod or FSDP scripts (or distify's own output, edited since) are analysed with the
 same anatomy the migration uses and checked against the invariants of a correct data-parallel
 script (the DST95x audit checks, plus the rules that also check distributed code, such as
 DST911). Nothing is rewritten. Findings go to stdout as ``path:line:col: CODE message``; the exit
@@ -48,7 +48,7 @@ def lint_source(source: bytes, select: Sequence[str] = (), ignore: Sequence[str]
     return tuple(sorted((f for f in ctx.findings if f.kind == "warning"), key=lambda f: (f.line, f.col, f.code)))
 
 
-@lint_app.command(help="Check distributed (DDP / Horovod) training scripts for the mistakes that make them silently wrong; rewrites nothing.")
+@lint_app.command(help="Check distributed (DDP / Horovod / FSDP) training scripts for the mistakes that make them silently wrong; rewrites nothing.")
 def lint(
     paths: Optional[List[str]] = typer.Argument(None, help="Files or directories; '-' reads stdin."),
     select: Optional[List[str]] = typer.Option(None, "--select", help="Only checks whose code starts with these prefixes."),
