@@ -135,6 +135,26 @@ def verdicts(request, tmp_path_factory):
     return get
 
 
+# Goldens that crash under plain python where their original runs: rewrite bugs this test found and
+# that are not fixed yet (the error each raised with torch 2.13, for the reader). Such a case is an
+# expected failure while it fails, whatever the error's wording in another torch; once it runs, the
+# test fails until it is removed from here, so the list stays true.
+KNOWN_CRASHES = {
+    ("fsdp", "DST306/reload_each_epoch"): "AssertionError: Expected device to be set",
+    ("fsdp", "DST909/grad_allreduce"): "NotImplementedError: Operator c10d.allreduce_.default does not "
+                                       "have a sharding strategy registered (an all_reduce on a DTensor grad)",
+    ("fsdp", "DST921/tied_across_blocks"): "ValueError: Parameter 'blocks.0.proj.weight' is shared with a "
+                                           "parameter already managed by another FSDP group",
+    ("fsdp", "corpus/dataparallel_inline_module"): "RuntimeError: aten.nll_loss_backward.default got mixed "
+                                                   "torch.Tensor and DTensor",
+    ("fsdp", "corpus/ema_weights"): "AssertionError: FSDP does not support deepcopy",
+    ("fsdp", "corpus/manual_allreduce_helper"): "NotImplementedError: Operator c10d.allreduce_.default does "
+                                                "not have a sharding strategy registered",
+    ("fsdp", "realscripts/ema_swa"): "AssertionError: FSDP does not support deepcopy",
+    ("fsdp", "realscripts/vae_results"): "RuntimeError: aten.addmm.default got mixed torch.Tensor and DTensor",
+}
+
+
 def _params():
     for backend in backends():
         for case in cases(backend):
@@ -142,8 +162,9 @@ def _params():
 
 
 def test_there_are_goldens_to_run():
-    assert {"ddp", "horovod"} <= set(backends())
-    assert all(len(cases(backend)) > 100 for backend in ("ddp", "horovod"))
+    assert {"ddp", "horovod", "fsdp"} <= set(backends())
+    assert all(len(cases(backend)) > 100 for backend in ("ddp", "horovod", "fsdp"))
+    assert {case for _, case in KNOWN_CRASHES} <= set().union(*(cases(b) for b, _ in KNOWN_CRASHES))
 
 
 @pytest.mark.parametrize("backend,case", list(_params()))
@@ -151,6 +172,11 @@ def test_golden_runs_where_its_original_runs(verdicts, backend, case):
     verdict, message = verdicts(backend)[case]
     if verdict == "skip":
         pytest.skip(message)
+    known = KNOWN_CRASHES.get((backend, case))
+    if known is not None:
+        if verdict == "pass":
+            pytest.fail(f"{case}.{backend}.py runs now: remove it from KNOWN_CRASHES", pytrace=False)
+        pytest.xfail(f"known crash of the rewrite ({known}); now: {message.splitlines()[0]}")
     if verdict != "pass":
         pytest.fail(message, pytrace=False)
 
