@@ -14,9 +14,9 @@ skipped with the original's own error, so the skip list says exactly what is not
 Cost: torch is imported once and each script runs in a forked child, after the modules every
 script would import again are imported (tests/scripts/run_scripts.py): a small script then takes
 0.2 s instead of 1.6 s. Children run two at a time, and an original runs only when its golden fails,
-in the same runner. The whole file (~335 goldens of ddp and horovod, ~30 originals, the controls)
-costs about 2 min of CPU time; measured on the 2-core machine shared with other sessions (load
-average 6 to 7), 3.5 min of wall time (see .ci/run).
+in the same runner. The whole file (~570 goldens of ddp, horovod and fsdp, ~60 originals, the
+controls) costs about 3 min of CPU time; measured on the 2-core machine shared with other sessions
+(load average 4 to 4.5), 4.2 min of wall time (see .ci/run).
 
 The controls: test_runner_tells_a_crashing_script_from_a_running_one (the runner itself) and
 test_a_broken_golden_fails_and_an_unrunnable_original_skips, which judges a small fixture tree of
