@@ -175,13 +175,22 @@ class Context:
             c for c in self.state["collectives"] if c.scope is scope and (c.stmt is stmt or stmt in c.parents)
         ]
 
+    def gains_collective(self, fn: cst.FunctionDef) -> None:
+        """Record that a rule puts a collective into `fn` (DST203's metric sums): a statement calling
+        it is then a collective too, for every later rule (the anatomy only knows the input)."""
+        self.state.setdefault("gains_collective", set()).add(fn)
+
     def forward_in(self, stmt: cst.CSTNode, depth: int = 0) -> Optional[cst.Call]:
-        """A call in `stmt` that runs a forward pass of a sharded (FSDP) model: the model called
-        (``model(x)``), or a function or method of this script that is handed the model
-        (``evaluate(model, loader)``) or that calls it itself (``self.evaluate()``)."""
+        """A call in `stmt` that every rank must make once the rules are done: a forward pass of a
+        model whose forward is a collective – the model called (``model(x)``), or a function or
+        method of this script that is handed the model (``evaluate(model, loader)``) or that calls it
+        itself (``self.evaluate()``) – or a call of a function a rule puts a collective into. Under
+        FSDP every forward all-gathers the shards; under DDP a forward after a training step
+        broadcasts the module's buffers (BatchNorm statistics). Horovod's forward is local."""
         a = self.anatomy
-        sharded = {m.name for m, _ in self.state.get("wrapped", [])}
-        if not sharded or depth > 3:
+        sharded = {m.name for m, _ in self.state.get("wrapped", [])} if self.backend in TORCH_BACKENDS else set()
+        gaining = self.state.get("gains_collective", set())
+        if not (sharded or gaining) or depth > 3:
             return None
         scope = a.stmt_scope.get(stmt)
         for site in a.calls:
@@ -193,7 +202,7 @@ class Context:
             callee = a.callee(site.call, scope)
             if callee is None:
                 continue
-            if any(dotted(x.value) in sharded for x in site.call.args):
+            if callee in gaining or any(dotted(x.value) in sharded for x in site.call.args):
                 return site.call
             for inner in callee.body.body if isinstance(callee.body, cst.IndentedBlock) else ():
                 if self.forward_in(inner, depth + 1) is not None:
@@ -203,32 +212,59 @@ class Context:
     def guard_statement(self, stmt: cst.CSTNode) -> bool:
         """Run `stmt` on the main process only (see `finish` for how guards are laid out).
 
-        A statement that makes a collective call (``print(runtime.reduce_mean(loss))``) is left
-        unguarded, with a DST911 warning: the other ranks would never join the collective and the
-        job would hang. Returns whether the guard was added.
+        A statement that makes a collective call (``print(runtime.reduce_mean(loss))``, or a forward
+        of a DDP/FSDP model, ``print(evaluate(model, loader))``) must not go under the guard: the
+        other ranks would never join the collective and the job would hang. When the collective sits
+        in the arguments of a call statement, those arguments are computed on every rank first,
+        into a name, and only the call is guarded. Otherwise the statement stays on all ranks, with
+        a DST911 warning. Returns whether the guard was added.
         """
-        if self.backend == FSDP_BACKEND:
-            forward = self.forward_in(stmt)
-            if forward is not None:
-                self.warn(
-                    "DST911",
-                    forward,
-                    f"{self.code(forward.func)}() runs a forward pass of the sharded model, a collective every "
-                    "rank must join under FSDP: this statement stays on all ranks (no rank-0 guard); compute "
-                    "the value on every rank first, then guard only its use",
-                )
-                return False
-        found = self.collectives_in(stmt)
-        if found:
-            c = found[0]
+        hazards = [c.call for c in self.collectives_in(stmt)]
+        forward = self.forward_in(stmt)
+        if forward is not None:
+            hazards.append(forward)
+        if hazards:
+            if self._hoist_arguments(stmt, hazards):
+                self.edits.guard(stmt, self.main_process_at(stmt))
+                return True
+            c = hazards[0]
+            what = (
+                "runs a forward pass of the sharded model, a collective every rank must join under FSDP"
+                if c is forward and self.backend == FSDP_BACKEND
+                else "runs a forward pass of the DDP model, which broadcasts its buffers from rank 0"
+                if c is forward
+                else "is a collective every rank must call"
+            )
             self.warn(
                 "DST911",
-                c.call,
-                f"{self.code(c.call.func)}() is a collective every rank must call: this statement stays on all "
-                "ranks (no rank-0 guard); compute the value on every rank first, then guard only its use",
+                c,
+                f"{self.code(c.func)}() {what}: this statement stays on all ranks (no rank-0 guard); compute "
+                "the value on every rank first, then guard only its use",
             )
             return False
         self.edits.guard(stmt, self.main_process_at(stmt))
+        return True
+
+    def _hoist_arguments(self, stmt: cst.CSTNode, hazards: List[cst.Call]) -> bool:
+        """``print(f"acc {evaluate(model)}")`` -> ``message = f"acc {evaluate(model)}"`` on every rank,
+        then ``print(message)`` (guarded by the caller). Only for a statement that is one call whose
+        arguments hold every collective; False (nothing edited) otherwise."""
+        if not all(hoistable_argument(stmt, h) for h in hazards):
+            return False
+        outer = stmt.body[0].value
+        holding = [x for x in outer.args if any(_contains(x.value, h) for h in hazards)]
+        lines = []
+        for x in holding:
+            name = self.fresh(_value_name(x.value))
+            lines.append(f"{name} = {self.code(x.value)}")
+            self.edits.replace(x.value, lambda n, name=name: cst.Name(name))
+        self.edits.insert_before(stmt, self.stmts("\n".join(lines)))
+        self.report(
+            "DST911",
+            holding[0].value,
+            "computed on every rank before the rank-0 guard (it makes a collective call); only the call that uses it "
+            "runs on rank 0",
+        )
         return True
 
     def finish(self) -> None:
@@ -268,6 +304,43 @@ class Context:
                 )
 
             self.edits.replace(parent, extend)
+
+
+def hoistable_argument(stmt: cst.CSTNode, call: cst.Call) -> bool:
+    """Whether `call` lies in a plain argument of the one call that makes up `stmt`
+    (``print(f"acc {evaluate(model)}")``), so that the argument can be computed on every rank
+    before a rank-0 guard goes around the call (``Context.guard_statement``)."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr)):
+        return False
+    outer = stmt.body[0].value
+    if not isinstance(outer, cst.Call) or outer is call:
+        return False
+    return any(not x.star and _contains(x.value, call) for x in outer.args)
+
+
+def _contains(root: cst.CSTNode, node: cst.CSTNode) -> bool:
+    """Whether `node` is `root` or lies below it."""
+    found = []
+
+    class Finder(cst.CSTVisitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            if n is node:
+                found.append(n)
+            return not found
+
+    walk(root, Finder())
+    return bool(found)
+
+
+def _value_name(expr: cst.BaseExpression) -> str:
+    """A name for a hoisted argument: `evaluate_result` for ``evaluate(model)``, `message` for text."""
+    if isinstance(expr, cst.Call):
+        name = (dotted(expr.func) or "").split(".")[-1].strip("_")
+        if name.isidentifier():
+            return f"{name}_result"
+    if isinstance(expr, (cst.FormattedString, cst.SimpleString, cst.ConcatenatedString)):
+        return "message"
+    return "value"
 
 
 def loader_stem(target: str) -> str:
@@ -447,6 +520,7 @@ __all__ = [
     "add_kwarg",
     "call_statement",
     "dotted",
+    "hoistable_argument",
     "kwarg_value",
     "names_in",
 ]

@@ -9,7 +9,9 @@ import libcst as cst
 
 from distify.anatomy import CallSite, Loader, arg, assigned_name, dotted, iterated_ref
 from distify.facts import all_nodes, header_names, names, uses
-from distify.rules.base import FSDP_BACKEND, HOROVOD_BACKEND, Context, Rule, add_kwarg, binds_locally, loader_stem
+from distify.rules.base import (
+    FSDP_BACKEND, HOROVOD_BACKEND, Context, Rule, add_kwarg, binds_locally, hoistable_argument, loader_stem,
+)
 from distify.rules.dst910_iterable_dataset import is_iterable_dataset
 
 CODE = "DST203"
@@ -91,6 +93,8 @@ class ShardEval(Rule):
                 names = ", ".join(loop.metrics)
                 stmt = f"{names} = {ctx.runtime}.all_reduce_sum({names})"
                 ctx.edits.insert_after(loop.loop, ctx.stmts(stmt))
+                if isinstance(loop.scope, cst.FunctionDef):
+                    ctx.gains_collective(loop.scope)  # `print(evaluate(...))` must now run on every rank
                 ctx.report(
                     self.code,
                     loop.loop,
@@ -545,7 +549,7 @@ class _Planner:
             for site in sites:
                 if self.ctx.in_rank_guard(site.stmt):
                     return guarded
-                if _inside_expression_statement(site):
+                if _inside_expression_statement(site) and not hoistable_argument(site.stmt, site.call):
                     return (
                         f"`{_short(self.ctx.code(site.stmt))}` calls the evaluation inside a statement "
                         "that may run on rank 0 only"
@@ -663,7 +667,8 @@ def _innermost_loop(outer: cst.For, target: cst.CSTNode) -> Optional[cst.CSTNode
 
 
 def _inside_expression_statement(site: CallSite) -> bool:
-    """`print(evaluate(...))`, `logger.info(..., evaluate(...))`: statements other rules guard."""
+    """`print(evaluate(...))`, `logger.info(..., evaluate(...))`: statements other rules guard (they
+    compute a hoistable argument on every rank first, see ``Context.guard_statement``)."""
     stmt = site.stmt
     if not isinstance(stmt, cst.SimpleStatementLine):
         return False

@@ -27,8 +27,12 @@ class CollectiveInRankBranch(Rule):
         is not reported, nor is an ``if``/``else`` that calls a collective in both branches.
         Nothing is rewritten; the check also runs on a script that is already distributed (which
         distify otherwise leaves alone). The same check keeps distify's own rank-0 guards (DST301, DST302,
-        DST304, DST305) off any statement that itself calls a collective
-        (``print(runtime.reduce_mean(loss))`` stays on every rank, with this warning).
+        DST304, DST305) off any collective: in a call statement whose arguments hold it
+        (``print(runtime.reduce_mean(loss))``, ``print(f"acc {evaluate(model, loader)}")`` when the
+        forward is a collective – DDP's broadcasts the buffers, FSDP's gathers the shards – or when
+        DST203 puts a metric sum into ``evaluate``) the arguments are computed on every rank first,
+        into a name, and only the call is guarded; any other statement that calls a collective stays
+        on every rank, with this warning.
 
         In an FSDP script the forward of a sharded model is a collective too (it all-gathers the
         parameters of each sharded block): a call of the model (``model(x)``, ``model.generate``)

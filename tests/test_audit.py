@@ -252,7 +252,6 @@ EXPECTED = {
     ("DST905", "model_parameter"): ("DST954", "model comes in as a parameter; DST905 refuses"),
     ("DST906", "star_args"): ("DST951", "DataLoader arguments unpacked; DST906 refuses to shard"),
     ("DST906", "two_splats"): ("DST951", "DataLoader arguments unpacked; DST906 refuses to shard"),
-    ("DST203", "fallbacks"): ("DST956", "fsdp: the print runs a sharded model's forward, so DST911 keeps it on every rank"),
 }
 
 
