@@ -55,6 +55,7 @@ _MODULES = (
     "dst922_parameter_outside_forward",
     "dst923_module_attribute",
     "dst924_custom_state_code",
+    "dst925_copy_of_sharded_model",
     # the output audit (distify.audit): run on the rewritten module and by `distify lint`
     "dst950_not_distributed",
     "dst951_unsharded_loader",

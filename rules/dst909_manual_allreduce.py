@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.rules.base import Context, Rule
+from distify.rules.base import FSDP_BACKEND, Context, Rule
 
 COLLECTIVES = {"torch.distributed.all_reduce", "torch.distributed.reduce", "horovod.torch.allreduce", "horovod.torch.allreduce_"}
 
@@ -14,7 +14,8 @@ class ManualAllreduce(Rule):
 
     What it does:
         Reports ``dist.all_reduce(p.grad ...)`` (or Horovod's ``allreduce``) applied to
-        gradients; nothing is changed.
+        gradients; nothing is changed. With FSDP the file is left unchanged: the gradients are
+        sharded DTensors there, and ``dist.all_reduce`` of one raises.
 
     Why:
         After the migration DDP (or ``hvd.DistributedOptimizer``) already averages every
@@ -36,6 +37,15 @@ class ManualAllreduce(Rule):
             if site.qualname not in COLLECTIVES or not site.call.args:
                 continue
             if "grad" in ctx.code(site.call.args[0].value):
+                if ctx.backend == FSDP_BACKEND:
+                    ctx.block(
+                        self.code,
+                        site.call,
+                        "gradients are all-reduced by hand: under FSDP they are sharded DTensors, which "
+                        "dist.all_reduce cannot take (the script would crash), and fully_shard already "
+                        "averages them; file not migrated: remove this reduction and re-run distify",
+                    )
+                    continue
                 ctx.warn(
                     self.code,
                     site.call,

@@ -1,0 +1,101 @@
+"""DST925 a copy of a sharded model (EMA, SWA, deepcopy): not possible under FSDP."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from distify.anatomy import dotted
+from distify.facts import all_nodes
+from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
+from distify.rules.dst102_unwrap_module import _copies
+
+
+class CopyOfShardedModel(Rule):
+    """Refuse a file that copies a model after ``fully_shard`` (EMA, SWA, ``copy.deepcopy``).
+
+    What it does:
+        Under ``--backend fsdp``, a ``copy.deepcopy(model)``, ``AveragedModel(model)``, timm's
+        ``ModelEma(model)``, ``ema.update(model)`` / ``swa.update_parameters(model)``, or a class or
+        function of the script that deep-copies the model it is given (``ModelEMA(model)``), made
+        of a sharded model, leaves the file unchanged with this warning.
+
+    Why:
+        FSDP2 refuses to deep-copy a sharded module ("FSDP does not support deepcopy"): the script
+        would crash at the copy. With DDP distify copies the unwrapped module instead; under FSDP
+        there is no unsharded module to copy. Keep such copies from a full state dict
+        (``get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))``) or
+        shard the copy too, by hand.
+
+    Example:
+        ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.999))   # DST925
+    """
+
+    code = "DST925"
+    name = "copy-of-sharded-model"
+    backends = frozenset({FSDP_BACKEND})
+    summary = "a copy (EMA, SWA, deepcopy) of a sharded model: file not migrated"
+
+    def apply(self, ctx: Context) -> None:
+        a = ctx.anatomy
+        for model, anchor in ctx.state.get("wrapped", []):
+            targets = reaching_scopes(ctx, model, anchor)
+            for site in a.calls:
+                for i, x in enumerate(site.call.args):
+                    if x.keyword is not None or x.star:
+                        continue
+                    how = targets.get((id(site.scope), dotted(x.value)))
+                    if how is None:
+                        continue
+                    after, _ = how
+                    if after is not None and not a.is_before(after, site.stmt):
+                        continue
+                    what = _copy_of(ctx, site, i)
+                    if what is None:
+                        continue
+                    ctx.block(
+                        self.code,
+                        site.call,
+                        f"{what} of the sharded model {dotted(x.value)}: FSDP cannot deep-copy a sharded "
+                        "module (the script would crash here); file not migrated. Keep the copy from "
+                        "get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)) or "
+                        "shard it by hand",
+                    )
+                    return
+
+
+def _copy_of(ctx: Context, site, i: int) -> Optional[str]:
+    """How `site` copies its argument `i` (a description), or None."""
+    if _copies(site, i):
+        return f"{ctx.code(site.call.func)}()"
+    a = ctx.anatomy
+    fn = a.callee(site.call, site.scope)
+    name = dotted(site.call.func)
+    if fn is None and name in a.classes:
+        body = a.classes[name].body
+        fn = next(
+            (s for s in getattr(body, "body", ()) if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"),
+            None,
+        )
+        offset = 1
+    else:
+        offset = 1 if fn is not None and fn in a.methods else 0
+    if fn is None:
+        return None
+    params = [p.name.value for p in fn.params.params]
+    if i + offset >= len(params):
+        return None
+    param = params[i + offset]
+    for node in all_nodes(fn.body):
+        if (
+            isinstance(node, cst.Call)
+            and a.qualname(node.func) in ("copy.deepcopy", "copy.copy")
+            and node.args
+            and dotted(node.args[0].value) == param
+        ):
+            return f"{ctx.code(site.call.func)}() (it deep-copies {param})"
+    return None
+
+
+RULE = CopyOfShardedModel()
