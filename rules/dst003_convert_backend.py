@@ -215,12 +215,7 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
             elif q in TORCH_DIST_RANK and not call.args:
                 neutral(call, TORCH_DIST_RANK[q])
             elif q == "torch.distributed.all_reduce" and call_statement(site.stmt, call) and call.args:
-                tensor = ctx.code(call.args[0].value)
-                op = _ddp_op(ctx, call)
-                ctx.edits.replace(
-                    site.stmt.body[0],
-                    lambda n, t=tensor, op=op: cst.Expr(cst.parse_expression(f'{t}.copy_({rt}.all_reduce({t}, "{op}"))')),
-                )
+                _in_place_all_reduce(ctx, site, rt)
             elif (
                 isinstance(call.func, cst.Attribute)
                 and call.func.attr.value == "set_requires_gradient_sync"
@@ -250,12 +245,7 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
             elif q in TORCH_DIST_RANK and not call.args:
                 neutral(call, TORCH_DIST_RANK[q])
             elif q == "torch.distributed.all_reduce" and call_statement(site.stmt, call) and call.args:
-                tensor = ctx.code(call.args[0].value)
-                op = _ddp_op(ctx, call)
-                ctx.edits.replace(
-                    site.stmt.body[0],
-                    lambda n, t=tensor, op=op: cst.Expr(cst.parse_expression(f'{t}.copy_({rt}.all_reduce({t}, "{op}"))')),
-                )
+                _in_place_all_reduce(ctx, site, rt)
             elif q.startswith("torch.distributed.") and q not in DIST_SAMPLER:
                 left.append(site)
         else:  # horovod
@@ -578,6 +568,19 @@ def _fix_trailing_comma(args: List[cst.Arg]) -> List[cst.Arg]:
         if not isinstance(ws, cst.ParenthesizedWhitespace):
             args[-1] = last.with_changes(comma=cst.MaybeSentinel.DEFAULT)
     return args
+
+
+def _in_place_all_reduce(ctx: Context, site, rt: str) -> None:
+    """`dist.all_reduce(t, op)` -> `t.copy_(runtime.all_reduce(t, "op"))`: the runtime's all_reduce
+    works with every backend (and in a one-process run) and returns the result instead of writing
+    it into its argument."""
+    call = site.call
+    tensor = ctx.code(call.args[0].value)
+    op = _ddp_op(ctx, call)
+    ctx.edits.replace(
+        site.stmt.body[0],
+        lambda n, t=tensor, op=op: cst.Expr(cst.parse_expression(f'{t}.copy_({rt}.all_reduce({t}, "{op}"))')),
+    )
 
 
 def _ddp_op(ctx: Context, call: cst.Call) -> str:
