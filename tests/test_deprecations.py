@@ -11,6 +11,7 @@ controls show the check sees warnings at all and charges them to the right autho
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -38,6 +39,9 @@ def run_recorded(golden: Path, original: Path, tmp_path: Path, text=None, args=(
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     env = deprecation_spy_env(tmp_path / "spy", tmp_path / "warnings")
+    # the fixture's own folder after the spy: its helper modules (cifar_utils.py) import as they
+    # would next to the script
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(original.parent)])
     run_python(script, args, env=env, cwd=run_dir)
     return deprecations_by_author(tmp_path / "warnings", original, script)
 
