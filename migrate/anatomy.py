@@ -1170,6 +1170,32 @@ class Anatomy:
     def calls_to(self, names: Set[str]) -> List[CallSite]:
         return [c for c in self.calls if c.qualname in names]
 
+    def method_calls(self, scope: Scope, receiver: str) -> List[Tuple[str, CallSite]]:
+        """(method, call site) for each ``receiver.method(...)`` in ``scope``, the receiver a dotted
+        name (``model.decode(z)``, ``self.model.generate(ids)``), in source order."""
+        return [
+            (c.call.func.attr.value, c)
+            for c in self.calls
+            if c.scope is scope and isinstance(c.call.func, cst.Attribute) and dotted(c.call.func.value) == receiver
+        ]
+
+    def class_methods(self, cls: cst.ClassDef, depth: int = 0) -> Tuple[Set[str], bool]:
+        """(the methods ``cls`` and its bases of this file define, whether some base is a class of
+        another module other than ``nn.Module``: its methods are not known here)."""
+        found = {
+            s.name.value for s in cls.body.body if isinstance(s, cst.FunctionDef)
+        }
+        foreign = False
+        for base in cls.bases:
+            name = dotted(base.value)
+            if name in self.classes and depth < 8:
+                more, far = self.class_methods(self.classes[name], depth + 1)
+                found |= more
+                foreign = foreign or far
+            elif self.qualname(base.value) != "torch.nn.Module":
+                foreign = True
+        return found, foreign
+
     def is_before(self, a: cst.CSTNode, b: cst.CSTNode) -> bool:
         """Source order of two statements (from the analysis pass: independent of positions)."""
         if self._order is None:

@@ -186,10 +186,12 @@ class Context:
         method of this script that is handed the model (``evaluate(model, loader)``) or that calls it
         itself (``self.evaluate()``) – or a call of a function a rule puts a collective into. Under
         FSDP every forward all-gathers the shards; under DDP a forward after a training step
-        broadcasts the module's buffers (BatchNorm statistics). Horovod's forward is local."""
+        broadcasts the module's buffers (BatchNorm statistics). Horovod's forward is local. A method
+        DST121 registers with ``register_fsdp_forward_method`` (``model.decode(z)``) gathers too."""
         a = self.anatomy
         sharded = {m.name for m, _ in self.state.get("wrapped", [])} if self.backend in TORCH_BACKENDS else set()
         gaining = self.state.get("gains_collective", set())
+        registered = self.state.get("forward_methods", {})
         if not (sharded or gaining) or depth > 3:
             return None
         scope = a.stmt_scope.get(stmt)
@@ -199,6 +201,9 @@ class Context:
             name = dotted(site.call.func)
             if name in sharded:
                 return site.call
+            func = site.call.func
+            if isinstance(func, cst.Attribute) and func.attr.value in registered.get(dotted(func.value), ()):
+                return site.call  # model.decode(z): registered with register_fsdp_forward_method (DST121)
             callee = a.callee(site.call, scope)
             if callee is None:
                 continue

@@ -8,7 +8,7 @@ import libcst as cst
 
 from distify.anatomy import COMPILE, Model, compiled_module, compiles_model, dotted
 from distify.facts import all_nodes, names, stmt_bindings
-from distify.rules.base import FSDP_BACKEND, Context, Rule
+from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
 
 # FSDP2's sharding call (public since torch 2.6; `_composable.fsdp` is where it lived before)
 FULLY_SHARD = {
@@ -18,6 +18,22 @@ FULLY_SHARD = {
     "torch.distributed._composable.fsdp.fully_shard.fully_shard",
 }
 SCHEDULER_PREFIX = "torch.optim.lr_scheduler."
+# nn.Module's and FSDPModule's own methods (torch 2.13): they need no all-gather around them
+MODULE_METHODS = frozenset({
+    "add_module", "apply", "bfloat16", "buffers", "children", "compile", "cpu", "cuda", "double",
+    "eval", "extra_repr", "float", "forward", "get_buffer", "get_extra_state", "get_parameter",
+    "get_submodule", "half", "ipu", "load_state_dict", "modules", "mtia", "named_buffers",
+    "named_children", "named_modules", "named_parameters", "parameters", "requires_grad_",
+    "set_extra_state", "set_submodule", "share_memory", "state_dict", "to", "to_empty", "train",
+    "type", "xpu", "zero_grad", "reshard", "unshard",
+})
+# housekeeping of model classes of other modules (Hugging Face's save_pretrained, resize_token_embeddings,
+# gradient_checkpointing_enable ...): no forward, nothing to gather
+HOUSEKEEPING = (
+    "register_", "set_", "_", "save", "load", "from_", "push_", "resize_", "get_", "gradient_checkpointing",
+    "tie_", "init_", "post_init", "num_", "enable_", "disable_", "print_", "prepare_", "can_", "merge_",
+    "add_", "freeze", "unfreeze",
+)
 # a one-line comment above the shard calls with --bf16
 BF16_COMMENT = "bf16 mixed precision: parameters gathered and computed in bfloat16, gradients reduced in float32"
 
@@ -39,6 +55,11 @@ class FullyShard(Rule):
         optimizer built before the shard point is moved after it, with the LR schedulers built from
         it; where moving is unsafe DST912 leaves the file unchanged. With ``--bf16`` every call gets
         ``mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``.
+        Each method other than forward the script calls on the sharded model (``model.decode(z)``,
+        ``model.generate(...)``, ``self.model.encode(x)``; nn.Module's own methods and, for a class of
+        this file, names it does not define excepted) is registered right after the root's shard:
+        ``register_fsdp_forward_method(model, "decode")``, and such a call counts as a collective
+        for the rank-0 guards.
 
     Why:
         DDP keeps a full copy of the model, its gradients and the optimizer state on every rank;
@@ -47,7 +68,9 @@ class FullyShard(Rule):
         own unit means only one block is gathered at a time; the root collects what is left
         (embeddings, heads). Gradients are reduce-scattered (averaged), so every rank takes the
         step of the big batch. An optimizer built before sharding holds the old tensors and
-        silently updates nothing.
+        silently updates nothing. FSDP2 all-gathers a unit's parameters only around ``forward``:
+        ``model.decode(z)`` would meet DTensor shards ("mixed torch.Tensor and DTensor") unless the
+        method is registered to gather them too.
 
     Example:
         model = GPT(cfg).to(device)
@@ -112,6 +135,11 @@ class FullyShard(Rule):
                 var = var or ctx.fresh("block")
                 code += f"for {var} in {model.name}.{b.path}:\n    {fs}({var}{mp})\n"
             code += f"{fs}({model.name}{mp})\n"
+            methods = forward_methods(ctx, model, stmt)
+            if methods:
+                ctx.state.setdefault("forward_methods", {})[model.name] = set(methods)
+                reg = ctx.imported("torch.distributed.fsdp", "register_fsdp_forward_method", "register_fsdp_forward_method")
+                code += "".join(f'{reg}({model.name}, "{m}")\n' for m in methods)
             shard = ctx.stmts(code)
             moved = _move_optimizer(ctx, model, stmt, where)
             if isinstance(moved, str):
@@ -148,8 +176,38 @@ class FullyShard(Rule):
                     else "sharded as one unit: its class is not defined in this file (no repeated blocks known)"
                 )
             ctx.report(self.code, model.assign, f"{model.name} sharded with fully_shard: {why}")
+            if methods:
+                ctx.report(
+                    self.code,
+                    model.assign,
+                    f"{model.name}: " + ", ".join(methods) + " registered with register_fsdp_forward_method: "
+                    "called outside forward, FSDP gathers the parameters only around forward",
+                )
             if mp:
                 ctx.report(self.code, model.assign, f"{model.name}: bf16 MixedPrecisionPolicy (--bf16)")
+
+
+def forward_methods(ctx: Context, model: Model, anchor: cst.CSTNode) -> List[str]:
+    """The methods other than forward the script calls on the sharded model after ``anchor``
+    (``model.decode(z)``, ``self.model.generate(...)``; also in the functions the model reaches),
+    nn.Module's own excepted and, for a class of this file, only those it (or a base) defines:
+    ``model.encoder(x)`` calls a submodule, not a method."""
+    a = ctx.anatomy
+    cls = a.model_class(model)
+    known, foreign = a.class_methods(cls) if cls is not None else (set(), True)
+    found: List[str] = []
+    for (sid, name), (after, _) in reaching_scopes(ctx, model, anchor).items():
+        scope = next((s for s in (a.module, *a.functions.values(), *a.methods) if id(s) == sid), None)
+        if scope is None:
+            continue
+        for method, site in a.method_calls(scope, name):
+            if method in found or method in MODULE_METHODS or method.startswith(HOUSEKEEPING):
+                continue
+            if after is not None and (site.stmt is after or a.is_before(site.stmt, after)):
+                continue
+            if method in known or foreign:
+                found.append(method)
+    return found
 
 
 def existing_scope(a, stmt: cst.CSTNode):

@@ -151,7 +151,6 @@ KNOWN_CRASHES = {
     ("fsdp", "corpus/manual_allreduce_helper"): "NotImplementedError: Operator c10d.allreduce_.default does "
                                                 "not have a sharding strategy registered",
     ("fsdp", "realscripts/ema_swa"): "AssertionError: FSDP does not support deepcopy",
-    ("fsdp", "realscripts/vae_results"): "RuntimeError: aten.addmm.default got mixed torch.Tensor and DTensor",
 }
 
 
