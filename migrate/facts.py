@@ -666,6 +666,25 @@ def _number(e: cst.BaseExpression) -> bool:
     return isinstance(e, (cst.Integer, cst.Float))
 
 
+def optimizer_keeps_tensors(qualname: Optional[str], call: cst.Call) -> Optional[bool]:
+    """Whether an optimizer built by `call` keeps a tensor per parameter in its state (Adam's
+    moments, SGD's momentum buffer): False for ``torch.optim.SGD`` without momentum (its state
+    holds ``momentum_buffer: None`` only), True for the other ``torch.optim`` classes (every one
+    keeps a tensor per parameter) and for SGD with a non-zero literal momentum, None when unknown
+    (momentum from a variable, an optimizer from another library)."""
+    if not qualname or not qualname.startswith("torch.optim."):
+        return None
+    if qualname.rsplit(".", 1)[-1] != "SGD":
+        return True
+    momentum = arg(call, 2, "momentum")
+    if momentum is None:
+        return False
+    value = momentum.value
+    if _number(value):
+        return float(value.value.replace("_", "")) != 0
+    return None
+
+
 def stmt_bindings(stmt: cst.CSTNode) -> Iterator[Tuple[str, bool, str]]:
     """(name, bound to a number literal, kind) for each name the statement itself binds."""
     if isinstance(stmt, cst.SimpleStatementLine):

@@ -9,6 +9,7 @@ import libcst as cst
 
 from distify.anatomy import LOAD, SAVE, dotted
 from distify.rules.base import FSDP_BACKEND, Context, Rule, kwarg_value, reaching_scopes
+from distify.facts import optimizer_keeps_tensors
 from distify.walk import walk
 
 DCP_STATE = "torch.distributed.checkpoint.state_dict"
@@ -35,8 +36,11 @@ class FullStateDict(Rule):
         to a name before the statement that writes it: every rank computes it, only the write is
         under DST301's rank-0 guard. ``model.load_state_dict(...)`` / ``optimizer.load_state_dict(...)``
         of a checkpoint (``torch.load``) after sharding become ``set_model_state_dict`` /
-        ``set_optimizer_state_dict`` with ``StateDictOptions(full_state_dict=True,
-        broadcast_from_rank0=True)``; that ``torch.load`` maps onto the CPU (DST306). A load before
+        ``set_optimizer_state_dict`` with ``StateDictOptions(full_state_dict=True)`` (every rank
+        reads the file, each takes its own shard; no broadcast of rank 0's copy); an optimizer that
+        keeps no tensor per parameter (SGD without momentum) has nothing to shard and loads with
+        ``StateDictOptions()`` (torch's full-state path fails on it: "Expected device to be set");
+        that ``torch.load`` maps onto the CPU (DST306). A load before
         sharding, and in-memory copies (``best = copy.deepcopy(model.state_dict())`` ...
         ``model.load_state_dict(best)``) stay as they are.
 
@@ -46,7 +50,7 @@ class FullStateDict(Rule):
         single-GPU model. ``get_model_state_dict`` gathers the full tensors (a collective: every
         rank must call it, rank 0 receives them, on the CPU, with the original keys). A plain
         ``load_state_dict`` of full tensors into a sharded model fails ("mixed torch.Tensor and
-        DTensor"); ``set_model_state_dict`` shards rank 0's full tensors onto every rank. The
+        DTensor"); ``set_model_state_dict`` cuts each rank's shard out of the full tensors. The
         optimizer state is saved keyed by parameter names (torch's distributed layout), not by the
         positions a plain ``optimizer.state_dict()`` uses; a plain ``optimizer.load_state_dict`` of
         the original script still loads it (it matches parameters by position). The other way
@@ -110,7 +114,7 @@ class FullStateDict(Rule):
                     continue
                 self._save(ctx, site, kind, recv, model_ref, savers)
             else:
-                self._load(ctx, site, kind, recv, model_ref, cpu_loads)
+                self._load(ctx, site, kind, recv, model_ref, cpu_loads, model)
 
     # saves ----------------------------------------------------------------------------------
     def _save(self, ctx: Context, site, kind, recv, model_ref, savers) -> None:
@@ -171,7 +175,7 @@ class FullStateDict(Rule):
             return
 
     # loads ----------------------------------------------------------------------------------
-    def _load(self, ctx: Context, site, kind, recv, model_ref, cpu_loads) -> None:
+    def _load(self, ctx: Context, site, kind, recv, model_ref, cpu_loads, model) -> None:
         call = site.call
         if not call.args or call.args[0].keyword is not None or call.args[0].star:
             return
@@ -192,10 +196,28 @@ class FullStateDict(Rule):
             extra.append(f", strict={ctx.code(strict)}")
         if any(x.keyword is not None and x.keyword.value not in ("strict", "state_dict") for x in call.args):
             return
-        opts = (
-            f"{ctx.imported(DCP_STATE, 'StateDictOptions', 'StateDictOptions')}"
-            f"(full_state_dict=True, broadcast_from_rank0=True{''.join(extra)})"
-        )
+        # every rank has just read the whole file itself: full_state_dict=True lets each take its
+        # own shard of it (broadcast_from_rank0 would send rank 0's full tensors to every rank
+        # again, N bytes to each where the shards are N/world)
+        full = "full_state_dict=True"
+        if kind == "optimizer":
+            opt = model.optimizer
+            keeps = optimizer_keeps_tensors(opt.call.qualname, opt.call.call) if opt is not None else None
+            if keeps is False:
+                # torch's full-state load of an optimizer state finds its device from the state's
+                # tensors and fails ("Expected device to be set") when it has none, as SGD without
+                # momentum: there is nothing to shard, the state loads as it is
+                full = ""
+            elif keeps is None and opt is not None and opt.call.qualname == "torch.optim.SGD":
+                ctx.warn(
+                    self.code,
+                    call,
+                    f"{recv}'s state is loaded with set_optimizer_state_dict(full_state_dict=True), which fails "
+                    "(\"Expected device to be set\", torch 2.13) for an optimizer that keeps no tensor per "
+                    "parameter (SGD without momentum); if yours is one, drop full_state_dict=True there",
+                )
+        inner = ", ".join(x for x in (full, "".join(extra)[2:]) if x)
+        opts = f"{ctx.imported(DCP_STATE, 'StateDictOptions', 'StateDictOptions')}({inner})"
         if kind == "model":
             fn = ctx.imported(DCP_STATE, "set_model_state_dict", "set_model_state_dict")
             head = f"{fn}({recv}, _, options={opts})"

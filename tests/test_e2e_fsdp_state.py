@@ -168,3 +168,78 @@ def test_optimizer_state_crosses_between_the_original_and_the_sharded_script(tmp
     for got, want in (("sharded2.pt", "single2.pt"), ("back3.pt", "single3.pt")):
         a, b = load_state(tmp_path / got), load_state(tmp_path / want)
         assert_same_weights(a["model"], b["model"], atol=1e-5, label=f"{got} vs {want}")
+
+
+# reload_each_epoch's shape (fixtures/DST306): the checkpoint of the previous epoch, model AND
+# optimizer, is read back at the top of every epoch; seeded, so that every rank builds the same data
+RELOAD_EACH_EPOCH = '''\
+import argparse
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--out", default="final.pt")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    x = torch.randn(256, 8)
+    loader = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=args.batch_size)
+    model = nn.Sequential(nn.Linear(8, 6), nn.Linear(6, 1))
+    optimizer = OPTIMIZER
+    for epoch in range(4):
+        if epoch > 0:
+            state = torch.load("checkpoint.pt")
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(xb), yb).backward()
+            optimizer.step()
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, "checkpoint.pt")
+    torch.save(model.state_dict(), args.out)
+
+
+if __name__ == "__main__":
+    main()
+'''
+OPTIMIZERS = {
+    # keeps no tensor per parameter: torch's full-state optimizer load fails on it
+    "sgd": "torch.optim.SGD(model.parameters(), lr=0.05)",
+    # keeps a momentum buffer per parameter: resuming must carry it (a reset one changes the weights)
+    "momentum": "torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)",
+}
+OLD_OPTIONS = "StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)"
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_model_and_optimizer_reloaded_every_epoch(tmp_path, optimizer):
+    """2 ranks x batch B, the checkpoint reloaded at every epoch's top, end where the original ends
+    at batch 2B (so the optimizer state crossed every reload intact); the same script under plain
+    python too. Control: the options distify wrote before (full_state_dict with
+    broadcast_from_rank0 for the optimizer) fail on SGD without momentum ("Expected device to be
+    set"), on 2 ranks as in one process."""
+    src = tmp_path / "reload.in.py"
+    src.write_text(RELOAD_EACH_EPOCH.replace("OPTIMIZER", OPTIMIZERS[optimizer]))
+    script = tmp_path / "reload.py"
+    migrate(src, script, backend="fsdp")
+    text = script.read_text()
+    assert "set_optimizer_state_dict(" in text and OLD_OPTIONS not in text, text
+    run_python(src, ["--batch-size", NPROC * B, "--out", "original.pt"], cwd=tmp_path)
+    run_torchrun(script, ["--batch-size", B, "--out", "ranks.pt"], nproc=NPROC, cwd=tmp_path)
+    run_python(script, ["--batch-size", NPROC * B, "--out", "plain.pt"], cwd=tmp_path)
+    original = load_state(tmp_path / "original.pt")
+    assert_same_weights(original, load_state(tmp_path / "ranks.pt"), atol=1e-5, label="2 ranks")
+    assert_same_weights(original, load_state(tmp_path / "plain.pt"), atol=1e-5, label="plain python")
+    if optimizer == "sgd":
+        lines = text.splitlines()
+        i = next(i for i, line in enumerate(lines) if "set_optimizer_state_dict(" in line)
+        lines[i] = lines[i].replace("options=StateDictOptions()", f"options={OLD_OPTIONS}")
+        control = tmp_path / "control.py"
+        control.write_text("\n".join(lines) + "\n")
+        for run in (lambda: run_torchrun(control, ["--batch-size", B], nproc=NPROC, cwd=tmp_path, check=False),
+                    lambda: run_python(control, ["--batch-size", NPROC * B], cwd=tmp_path, check=False)):
+            out = run()
+            assert out.returncode != 0 and "Expected device to be set" in out.stdout + out.stderr

@@ -140,7 +140,6 @@ def verdicts(request, tmp_path_factory):
 # expected failure while it fails, whatever the error's wording in another torch; once it runs, the
 # test fails until it is removed from here, so the list stays true.
 KNOWN_CRASHES = {
-    ("fsdp", "DST306/reload_each_epoch"): "AssertionError: Expected device to be set",
     ("fsdp", "DST909/grad_allreduce"): "NotImplementedError: Operator c10d.allreduce_.default does not "
                                        "have a sharding strategy registered (an all_reduce on a DTensor grad)",
     ("fsdp", "DST921/tied_across_blocks"): "ValueError: Parameter 'blocks.0.proj.weight' is shared with a "
