@@ -165,3 +165,81 @@ def test_the_lm_is_sharded_block_by_block(runs):
     assert "for block in model.transformer.h:\n        fully_shard(block)\n    fully_shard(model)\n" in text
     shard, optimizer = text.index("fully_shard(model)"), text.index("optimizer = torch.optim.SGD")
     assert shard < optimizer
+
+
+# A VAE-like model whose decode (a method other than forward) is called after training on every rank.
+DECODE_AFTER_TRAINING = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class TinyVAE(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(12, 4)
+        self.dec = nn.Linear(4, 12)
+
+    def encode(self, x):
+        return torch.tanh(self.enc(x))
+
+    def decode(self, z):
+        return torch.sigmoid(self.dec(z))
+
+    def forward(self, x):
+        return self.decode(self.encode(x))
+
+
+torch.manual_seed(0)
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = TinyVAE().to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+data = torch.rand(64, 12, generator=torch.Generator().manual_seed(1))
+loader = DataLoader(TensorDataset(data), batch_size=8, shuffle=False)
+for epoch in range(2):
+    for (x,) in loader:
+        x = x.to(device)
+        optimizer.zero_grad()
+        F.mse_loss(model(x), x).backward()
+        optimizer.step()
+with torch.no_grad():
+    decoded = model.decode(torch.linspace(-1, 1, 20).view(5, 4).to(device))
+torch.save(model.state_dict(), "final.pt")
+'''
+# appended by the test to the migrated script: each rank's decode output, to compare
+DUMP_DECODED = 'torch.save(decoded, f"decoded_rank{dist.get_rank()}.pt")\n'
+
+
+def test_a_registered_method_gathers_the_shards_on_every_rank(tmp_path):
+    """DST121 registers `decode` (called after training) with register_fsdp_forward_method: under
+    torchrun both ranks decode with the gathered weights, and get what the saved full model's decode
+    gives. The control, the same migrated script without the register line, crashes: FSDP2 gathers
+    parameters only around forward, so decode meets DTensor shards."""
+    import torch
+
+    src = tmp_path / "vae.in.py"
+    src.write_text(DECODE_AFTER_TRAINING)
+    script = tmp_path / "run" / "vae.py"
+    migrate(src, script, backend="fsdp")
+    text = script.read_text()
+    register = 'register_fsdp_forward_method(model, "decode")\n'
+    assert "fully_shard(model)\n" + register in text, text
+    script.write_text(text + DUMP_DECODED)
+    run_torchrun(script, nproc=NPROC, cwd=script.parent)
+
+    namespace: dict = {}
+    exec(compile(DECODE_AFTER_TRAINING.split("torch.manual_seed(0)")[0], "vae", "exec"), namespace)
+    plain = namespace["TinyVAE"]()
+    plain.load_state_dict(torch.load(script.parent / "final.pt"))
+    with torch.no_grad():
+        expected = plain.decode(torch.linspace(-1, 1, 20).view(5, 4))
+    for rank in range(NPROC):
+        got = torch.load(script.parent / f"decoded_rank{rank}.pt")
+        assert type(got) is torch.Tensor and torch.allclose(got, expected, atol=1e-6), f"rank {rank}: {got}"
+
+    control = tmp_path / "control" / "vae.py"
+    control.parent.mkdir()
+    control.write_text(text.replace(register, "") + DUMP_DECODED)
+    result = run_torchrun(control, nproc=NPROC, cwd=control.parent, check=False)
+    assert result.returncode != 0 and "mixed torch.Tensor and DTensor" in result.output, result.describe()
