@@ -79,6 +79,17 @@ def sharded_models(a: Anatomy) -> Set[str]:
             names.add(target)
         if root and (c.qualname in FULLY_SHARD or target == root):
             names.add(root)
+        flow = getattr(a, "flow_from", None)
+        if flow is not None:
+            # the names callers bind the sharded module to when a function returns it (`trained =
+            # train(model)`), `return model.module` included (gone under FSDP); not the parameters
+            # it is handed to (a helper's own names are not sharded in every other scope)
+            for start in filter(None, {root if c.qualname in FULLY_SHARD else None, target}):
+                for ref in (start, start + ".module"):
+                    for scope, name in flow(c.scope, ref):
+                        params = [p.name.value for p in scope.params.params] if isinstance(scope, cst.FunctionDef) else []
+                        if name not in params and "." not in name:
+                            names.add(name)
     out = _same_modules(a, names)
     a.__dict__["_sharded_models"] = out
     return out

@@ -84,6 +84,11 @@ class FullStateDict(Rule):
         for model, anchor in sharded:
             for key, (after, _) in reaching_scopes(ctx, model, anchor).items():
                 model_names.setdefault(key, (after, model))
+            if a.flow_from is not None and not model.name.endswith(".module"):
+                # `return model.module` (DataParallel's, which DST902 drops under FSDP): the
+                # caller's name for it holds the sharded model itself
+                for scope, name in a.flow_from(model.scope, model.name + ".module"):
+                    model_names.setdefault((id(scope), name), (None, model))
             opt = model.optimizer
             if opt is not None and opt.target:
                 pseudo = SimpleNamespace(name=opt.target, scope=opt.call.scope, cls=opt.call.cls)

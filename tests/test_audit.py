@@ -358,3 +358,43 @@ def test_a_module_built_loader_left_whole_is_flagged(backend) -> None:
     assert codes(lint_source(sharded_there)) == set()
     whole = broken(sharded_there.decode(), "        training_loader.sampler.set_epoch(epoch)\n", "")
     assert codes(lint_source(whole)) == {"DST951"}
+
+
+RETURNED_SHARDED = '''\
+import torch
+import torch.nn as nn
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import fully_shard
+
+
+def train(model, steps):
+    fully_shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(torch.randn(4, 2)).sum().backward()
+        optimizer.step()
+    return model
+
+
+def main():
+    dist.init_process_group("gloo")
+    trained = train(nn.Linear(2, 1), 2)
+    state = get_model_state_dict(trained, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() == 0:
+        torch.save(state, "model.pt")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_sharded_model_returned_by_a_function_is_followed_to_its_save() -> None:
+    """DST957 follows the sharded model out of `train()` through its return value to the caller's
+    `trained` (the anatomy's flow facts): saving `trained.state_dict()` writes DTensor shards.
+    Control: the correct script, gathering with get_model_state_dict, is quiet."""
+    assert codes(lint_source(RETURNED_SHARDED.encode())) == set()
+    wrong = broken(RETURNED_SHARDED, "torch.save(state,", "torch.save(trained.state_dict(),")
+    assert codes(lint_source(wrong)) == {"DST957"}

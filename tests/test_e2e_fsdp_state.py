@@ -243,3 +243,27 @@ def test_model_and_optimizer_reloaded_every_epoch(tmp_path, optimizer):
                     lambda: run_python(control, ["--batch-size", NPROC * B], cwd=tmp_path, check=False)):
             out = run()
             assert out.returncode != 0 and "Expected device to be set" in out.stdout + out.stderr
+
+
+RETURNED = Path(__file__).resolve().parent.parent / "fixtures" / "DST902" / "model_parameter.in.py"
+
+
+def test_a_model_returned_by_train_is_saved_whole(tmp_path):
+    """fixtures/DST902/model_parameter: `train()` shards the model and returns it (`return
+    model.module` in the input), the caller saves `trained.state_dict()`. On 2 ranks the file loads
+    into the original's plain nn.Linear; control: the caller's plain state_dict() (what distify
+    wrote before it followed the return value) saves DTensor shards that do not."""
+    import torch
+
+    script = tmp_path / "model_parameter.py"
+    migrate(RETURNED, script, backend="fsdp")
+    text = script.read_text()
+    assert "get_model_state_dict(trained, options=" in text, text
+    control = tmp_path / "control.py"
+    control.write_text(text.replace("torch.save(trained_state,", "torch.save(trained.state_dict(),"))
+    for name, script_ in (("whole", script), ("shards", control)):
+        (tmp_path / name).mkdir()
+        run_torchrun(script_, [], nproc=NPROC, cwd=tmp_path / name)
+    torch.nn.Linear(2, 1).load_state_dict(torch.load(str(tmp_path / "whole" / "model.pt")))
+    with pytest.raises(RuntimeError):
+        torch.nn.Linear(2, 1).load_state_dict(torch.load(str(tmp_path / "shards" / "model.pt"), weights_only=False))
