@@ -512,6 +512,34 @@ class Facts:
         returns = [n for n in all_nodes(fn.body, skip_nested=True) if isinstance(n, cst.Return)]
         return bool(params) and bool(returns) and all(r.value is not None and dotted(r.value) in params for r in returns)
 
+    def reaches_backward(self, scope: Scope, stmt: cst.CSTNode) -> bool:
+        """Whether a value computed by the simple statement ``stmt`` reaches a ``.backward()`` in
+        ``scope``: the statement calls it itself, or it binds a name that a later statement reads
+        and that one does (``penalty = w.pow(2).sum()``; ``loss = ce + penalty``; ``loss.backward()``),
+        through any chain of such bindings. Autograd then runs through the value."""
+
+        def calls_backward(s: cst.CSTNode) -> bool:
+            return any(
+                isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "backward"
+                for n in all_nodes(s, skip_nested=True)
+            )
+
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            return False
+        if calls_backward(stmt):
+            return True
+        tainted = {name for name, _, _ in stmt_bindings(stmt)}
+        for s in self.statements(scope):
+            if not tainted:
+                return False
+            if not isinstance(s, cst.SimpleStatementLine) or s is stmt or not self.order(stmt) < self.order(s):
+                continue
+            if {n.value for n, how in names(s) if how == "load"} & tainted:
+                if calls_backward(s):
+                    return True
+                tainted |= {name for name, _, _ in stmt_bindings(s)}
+        return False
+
     def holds(self, scope: Scope, name: str, since: cst.CSTNode, use: cst.CSTNode) -> str:
         """Whether `name` at statement `use` still holds the object statement `since` gave it:
         "yes" (no binding in between), "no" (a binding in between runs on every path to `use`),

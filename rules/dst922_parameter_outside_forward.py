@@ -24,7 +24,10 @@ class ParameterOutsideForward(Rule):
         and backward the full tensor exists nowhere. ``model.fc.weight.norm()`` then computes a
         norm over a DTensor (a collective, on every rank), ``.data`` / ``.numpy()`` see only the
         local rows, and an in-place write changes one shard. Inside forward FSDP gathers the
-        parameters, so the model's own code is not affected.
+        parameters, so the model's own code is not affected. Where the value computed from such a
+        read reaches ``.backward()`` (``loss = ce + 1e-3 * model.fc.weight.pow(2).sum()``), the loss
+        becomes a DTensor and backward crashes ("mixed torch.Tensor and DTensor"): the file is left
+        unchanged (blocked) instead of written to crash.
 
     Example:
         print(model.fc.weight.norm())
@@ -57,6 +60,18 @@ class ParameterOutsideForward(Rule):
                 if after is not None and not a.is_before(after, stmt):
                     continue  # before fully_shard: a plain tensor (initialisation, weight tying)
                 seen.add(id(attr))
+                if a.facts.reaches_backward(scope, stmt) and not _root_gathered(a, model, name, attr, scope, stmt):
+                    ctx.block(
+                        self.code,
+                        attr,
+                        f"{ctx.code(attr)} is a DTensor shard after fully_shard, and the value computed from it "
+                        "reaches .backward() while the parameter is sharded (read before this step's forward, "
+                        "or in a separately sharded block): the loss becomes a DTensor and backward crashes "
+                        "('mixed torch.Tensor and DTensor'); file not migrated. Compute the term after the "
+                        "forward of the step (the root's parameters stay gathered until backward) or inside "
+                        "the model's forward",
+                    )
+                    continue
                 ctx.warn(
                     self.code,
                     attr,
@@ -64,6 +79,41 @@ class ParameterOutsideForward(Rule):
                     "part of it; use .full_tensor() (a collective: on every rank) for the whole tensor, "
                     ".to_local() for this rank's part",
                 )
+
+
+def _root_gathered(a, model, name: str, attr: cst.Attribute, scope, stmt) -> bool:
+    """Whether the parameter read in `stmt` sees the gathered (plain) tensor: FSDP2 keeps the ROOT
+    unit's parameters unsharded from its forward until backward, so a read of a root parameter after
+    the model's forward in the same step (same innermost loop, earlier in source order or in the
+    same statement, ``loss = ce(model(x), y) + 1e-4 * model.fc.weight.pow(2).sum()``) is a plain
+    tensor and its gradient joins the reduce-scatter. Blocks sharded on their own reshard after
+    their forward: a read inside one stays a DTensor."""
+    full = dotted(attr) or ""
+    if not full.startswith(name + "."):
+        return False
+    path = full[len(name) + 1:]
+    if any(path == b.path or path.startswith(b.path + ".") or path.startswith(b.path + "[") for b in a.repeated_blocks(model)):
+        return False
+    loops = a.facts.loops_around(stmt)
+    for site in a.calls:
+        if site.scope is not scope or dotted(site.call.func) != name:
+            continue
+        if not (site.stmt is stmt or a.is_before(site.stmt, stmt)):
+            continue
+        if loops and loops[-1] not in a.facts.loops_around(site.stmt):
+            continue
+        if site.stmt is stmt and not _called_first(site.call, attr, stmt):
+            continue
+        return True
+    return False
+
+
+def _called_first(call: cst.Call, attr: cst.Attribute, stmt) -> bool:
+    """The model call comes before the parameter read in the statement's evaluation (left to right)."""
+    from distify.facts import all_nodes
+
+    order = [n for n in all_nodes(stmt) if n is call or n is attr]
+    return bool(order) and order[0] is call
 
 
 def _model_prefix(expr: cst.BaseExpression, scope, targets):

@@ -142,8 +142,6 @@ def verdicts(request, tmp_path_factory):
 KNOWN_CRASHES = {
     ("fsdp", "DST921/tied_across_blocks"): "ValueError: Parameter 'blocks.0.proj.weight' is shared with a "
                                            "parameter already managed by another FSDP group",
-    ("fsdp", "corpus/dataparallel_inline_module"): "RuntimeError: aten.nll_loss_backward.default got mixed "
-                                                   "torch.Tensor and DTensor",
 }
 
 
