@@ -10,14 +10,15 @@ from distify.rules.base import FSDP_BACKEND, Context, Rule
 
 
 class TiedAcrossBlocks(Rule):
-    """Warn where a model ties a parameter across modules that are sharded as separate units (FSDP).
+    """Refuse a model that ties a parameter across modules sharded as separate units (FSDP).
 
     What it does:
         For a model class of this file whose repeated blocks DST121 shards one by one
         (``for block in model.blocks: fully_shard(block)``, then the root), an assignment in its
         ``__init__`` that makes two modules share a parameter (``self.head.weight =
         self.blocks[0].proj.weight``) where one side is inside a block and the other is not (or in
-        another block) gets a warning. Ties between modules of the same unit – the usual
+        another block) leaves the file unchanged, with this warning: the sharded script would stop
+        with an error at its first ``fully_shard``. Ties between modules of the same unit – the usual
         ``self.head.weight = self.emb.weight``, both outside the blocks – shard correctly and are
         left alone.
 
@@ -32,7 +33,7 @@ class TiedAcrossBlocks(Rule):
         self.blocks = nn.ModuleList([Block() for _ in range(4)])
         self.head.weight = self.blocks[0].proj.weight
 
-        warns
+        is refused
 
         DST921 self.head.weight is tied to self.blocks[0].proj.weight across fully_shard units ...
     """
@@ -40,7 +41,7 @@ class TiedAcrossBlocks(Rule):
     code = "DST921"
     name = "tied-across-blocks"
     backends = frozenset({FSDP_BACKEND})
-    summary = "warn on weights tied across separately sharded blocks"
+    summary = "refuse weights tied across separately sharded blocks"
 
     def apply(self, ctx: Context) -> None:
         from distify.rules.dst307_full_state_dict import sharded_models
@@ -65,13 +66,13 @@ class TiedAcrossBlocks(Rule):
                     continue
                 if _unit(left, blocks) == _unit(right, blocks):
                     continue
-                ctx.warn(
+                ctx.block(
                     self.code,
                     node,
                     f"{ctx.code(target)} is tied to {ctx.code(value)} across fully_shard units (the blocks are "
-                    "sharded one by one, then the root): fully_shard raises ValueError for a parameter in two "
-                    "groups; shard the modules that share it together (fully_shard([a, b])) or leave that "
-                    "block to the root",
+                    "sharded one by one, then the root): fully_shard would raise ValueError for a parameter in "
+                    "two groups, so the file is not migrated; shard the modules that share it together "
+                    "(fully_shard([a, b])) or leave that block to the root",
                 )
 
 

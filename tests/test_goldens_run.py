@@ -139,10 +139,7 @@ def verdicts(request, tmp_path_factory):
 # that are not fixed yet (the error each raised with torch 2.13, for the reader). Such a case is an
 # expected failure while it fails, whatever the error's wording in another torch; once it runs, the
 # test fails until it is removed from here, so the list stays true.
-KNOWN_CRASHES = {
-    ("fsdp", "DST921/tied_across_blocks"): "ValueError: Parameter 'blocks.0.proj.weight' is shared with a "
-                                           "parameter already managed by another FSDP group",
-}
+KNOWN_CRASHES: dict = {}  # none today
 
 
 def _params():
