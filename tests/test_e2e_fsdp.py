@@ -85,7 +85,9 @@ class Runs:
                 result = run_python(script, args, env=env, cwd=workdir)
             found = {p.stem: torch.load(p) for p in sorted(dumps.glob("rank*.pt"))}
             assert found, f"{tag}: the spy dumped nothing\n" + result.describe()
-            return {"output": result.output, "dumps": found}
+            saved = workdir / "final.pt"
+            checkpoint = torch.load(saved, map_location="cpu") if saved.is_file() else None
+            return {"output": result.output, "dumps": found, "checkpoint": checkpoint}
 
         return self._memo((name, str(script), batch, launcher), make)
 
@@ -131,6 +133,21 @@ def test_fsdp_two_ranks_match_big_batch(runs, name):
     assert_sharded_equivalent(runs.original(name, NPROC * B), sharded, name)
     lines = epoch_lines(sharded["output"])
     assert len(lines) == EPOCHS, f"{name}: epoch lines printed {len(lines)} times (rank 0 only):\n" + "\n".join(lines)
+
+
+@pytest.mark.parametrize("name", list(SCENARIO_ARGS))
+def test_the_checkpoint_is_the_originals(runs, name):
+    """The file the sharded script saves holds what the original's own save holds at batch 2B: the
+    same keys in the same order (no prefix), plain tensors of the same shapes, the same values — so
+    it loads into the single-GPU model unchanged."""
+    reference = runs.original(name, NPROC * B)["checkpoint"]
+    saved = runs.sharded(name)["checkpoint"]
+    assert reference is not None and saved is not None, f"{name}: no final.pt written"
+    assert list(saved) == list(reference), f"{name}: keys {list(saved)[:4]}... vs the original's {list(reference)[:4]}..."
+    for key, value in reference.items():
+        got = saved[key]
+        assert type(got) is type(value) and got.shape == value.shape, f"{name}: {key} is {type(got).__name__} {tuple(got.shape)}"
+        assert (got.double() - value.double()).abs().max().item() < FSDP_ATOL, f"{name}: {key} differs"
 
 
 def test_each_rank_holds_half_of_the_parameters_and_optimizer_state(runs):
