@@ -58,7 +58,9 @@ FALLBACK_REASONS = {
     "chatty_loader": "its evaluation loop prints",
     "last_loader": "`out` is set per batch and read after the evaluation loop",
     "guarded_loader": "the evaluation runs under a rank check",
-    "printed_loader": "`print(printed(model, printed_loader))` calls the evaluation inside a statement",
+    # print(printed(model, printed_loader)) no longer keeps it whole: the rank-0 guard computes the
+    # argument on every rank first (Context.guard_statement); what remains is the shared loop
+    "printed_loader": "its evaluation loop (line 67) also evaluates shuffled_loader, which stays whole",
     "shuffled_loader": "it shuffles (shuffle=True)",
 }
 
