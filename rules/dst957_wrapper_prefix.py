@@ -82,31 +82,15 @@ class WrapperPrefix(AuditCheck):
             return False
 
         for c in a.calls_to(SAVE):
-            obj = arg(c.call, 0, "obj")
-            if obj is None:
-                continue
-            exprs: List[cst.CSTNode] = [obj.value]
-            for n in all_nodes(obj.value):
-                if isinstance(n, cst.Name):
-                    b = a.reaching_binding(c.scope, n.value, c.stmt)
-                    if b is not None and b.kind == "assign":
-                        exprs.append(b.stmt)
-            for e in exprs:
-                for n in all_nodes(e):
-                    if (
-                        isinstance(n, cst.Call)
-                        and isinstance(n.func, cst.Attribute)
-                        and n.func.attr.value == "state_dict"
-                        and dotted(n.func.value)
-                        and is_wrapper(c.scope, c.cls, dotted(n.func.value))
-                    ):
-                        who = dotted(n.func.value)
-                        ctx.warn(
-                            self.code,
-                            n,
-                            f"{who} is a DistributedDataParallel wrapper: its state_dict keys start with "
-                            f"'module.' and will not load into the plain model; save {who}.module.state_dict()",
-                        )
+            for n in _state_dict_calls(a, c):
+                who = dotted(n.func.value)
+                if is_wrapper(c.scope, c.cls, who):
+                    ctx.warn(
+                        self.code,
+                        n,
+                        f"{who} is a DistributedDataParallel wrapper: its state_dict keys start with "
+                        f"'module.' and will not load into the plain model; save {who}.module.state_dict()",
+                    )
 
 
     def _sharded(self, ctx: Context, a: Anatomy) -> None:
