@@ -13,6 +13,7 @@ import libcst as cst
 
 from distify.anatomy import COLLECTIVES, Anatomy, CallSite, arg, dotted
 from distify.edits import EditSet, parse_stmts
+from distify.facts import all_nodes
 
 from distify.findings import Finding  # import-light, so that a cached run can report without libcst
 from distify.options import BACKENDS, DDP_BACKEND, FSDP_BACKEND, HOROVOD_BACKEND, TORCH_BACKENDS, Options
@@ -325,16 +326,7 @@ def hoistable_argument(stmt: cst.CSTNode, call: cst.Call) -> bool:
 
 def _contains(root: cst.CSTNode, node: cst.CSTNode) -> bool:
     """Whether `node` is `root` or lies below it."""
-    found = []
-
-    class Finder(cst.CSTVisitor):
-        def on_visit(self, n: cst.CSTNode) -> bool:
-            if n is node:
-                found.append(n)
-            return not found
-
-    walk(root, Finder())
-    return bool(found)
+    return any(n is node for n in all_nodes(root))
 
 
 def _value_name(expr: cst.BaseExpression) -> str:
