@@ -110,7 +110,9 @@ _ACCELERATOR = Helper(
             return None
         if kind == "cuda" and not dist.is_nccl_available():
             return kind, "gloo"  # gloo reduces CUDA tensors too
-        return None if backend == "gloo" and kind != "cuda" else (kind, backend)  # mps: the CPU
+        if backend == "fake" or (backend == "gloo" and kind != "cuda"):  # mps: the CPU
+            return None  # "fake" is torch's no-communication test backend, never a real one
+        return kind, backend
 ''',
     modules=("torch", "dist"),
 )

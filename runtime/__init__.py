@@ -156,6 +156,10 @@ def _accelerator() -> Optional[tuple]:
             backend = dist.get_default_backend_for_device(kind)
         except (ValueError, RuntimeError):  # an accelerator no backend is registered for
             return None
+    if backend == "fake":
+        # torch's test backend, which communicates nothing: torch 2.14 makes it hpu's default once
+        # torch.distributed.fsdp is imported. Training on it would skip every reduction silently.
+        return None
     if kind == "cuda" and backend == "nccl" and (dist is None or not dist.is_nccl_available()):
         return kind, "gloo"
     if backend == "gloo" and kind != "cuda":

@@ -307,12 +307,38 @@ def test_accelerators_without_a_backend_of_their_own_train_on_the_cpu(monkeypatc
     fake_accelerator("mps", 1)  # torch maps mps to gloo, which cannot reduce mps tensors
     assert runtime.choose_backend({}) == "gloo" and runtime._accelerator() is None
     fake_accelerator("hpu", 1)  # no backend registered for it at all
+    monkeypatch.setattr(torch.distributed, "get_default_backend_for_device", _no_backend_for("hpu"))
     assert runtime._accelerator() is None
     fake_accelerator("cuda", 0)  # a CUDA build on a machine without a GPU
     assert runtime._accelerator() is None
     monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: False)
     fake_accelerator("cuda", 1)  # CUDA without NCCL (Windows): gloo reduces CUDA tensors
     assert runtime._accelerator() == ("cuda", "gloo")
+
+
+def _no_backend_for(kind, answer=None):
+    """get_default_backend_for_device as torch has it with no backend registered for ``kind``
+    (answer None: it raises), or with ``answer`` registered for it."""
+    real = torch.distributed.get_default_backend_for_device
+
+    def lookup(device):
+        if str(device) != kind:
+            return real(device)
+        if answer is None:
+            raise ValueError(f"Default backend not registered for device : {kind}")
+        return answer
+
+    return lookup
+
+
+def test_the_fake_test_backend_is_never_trained_on(monkeypatch, fake_accelerator):
+    """torch 2.14 registers its no-communication "fake" backend as hpu's default once
+    torch.distributed.fsdp is imported: choosing it would train without a single reduction."""
+    fake_accelerator("hpu", 1)
+    monkeypatch.setattr(torch.distributed, "get_default_backend_for_device", _no_backend_for("hpu", "fake"))
+    assert runtime._accelerator() is None and runtime.choose_backend({}) == "gloo"
+    monkeypatch.setattr(torch.distributed, "get_default_backend_for_device", _no_backend_for("hpu", "hccl"))
+    assert runtime._accelerator() == ("hpu", "hccl")  # a real backend for it (Habana's) is used
 
 
 def test_choose_backend_follows_cuda(monkeypatch, no_accelerator_api):

@@ -272,6 +272,19 @@ def test_inline_class_on_the_cpu_passes_no_device_id(fake_accelerator):
     assert "device_id" not in inline_runtime("ddp", LAUNCHED).init_kwargs()
 
 
+def test_inline_class_never_trains_on_the_fake_test_backend(monkeypatch, fake_accelerator):
+    """torch 2.14 makes its no-communication "fake" backend hpu's default once
+    torch.distributed.fsdp is imported."""
+    import torch
+
+    real = torch.distributed.get_default_backend_for_device
+    fake_accelerator("hpu", 1)
+    for answer, backend in (("fake", "gloo"), ("hccl", "cpu:gloo,hpu:hccl")):
+        monkeypatch.setattr(torch.distributed, "get_default_backend_for_device",
+                            lambda device, answer=answer: answer if str(device) == "hpu" else real(device))
+        assert inline_runtime("ddp", LAUNCHED).init_kwargs()["backend"] == backend
+
+
 def test_inline_class_without_the_accelerator_api_uses_cuda(monkeypatch, no_accelerator_api):
     import torch
 
