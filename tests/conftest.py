@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import os
 import subprocess
 import sys
@@ -44,6 +45,25 @@ def horovod_problem() -> "str | None":
             problem = None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
         _horovod_problem.append(problem)
     return _horovod_problem[0]
+
+
+_imports_torch: dict = {}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark ``torch`` every test of a module that imports torch anywhere (at the top or inside a
+    test): the tests whose outcome can depend on the torch version. CI's second environment
+    (torch 2.13.0) reruns those, after its first ran everything against the newest torch."""
+    for item in items:
+        path = str(item.fspath)
+        if path not in _imports_torch:
+            try:
+                source = open(path, encoding="utf-8").read()
+            except OSError:
+                source = ""
+            _imports_torch[path] = bool(re.search(r"^\s*(import torch\b|from torch\b)", source, re.M))
+        if _imports_torch[path]:
+            item.add_marker(pytest.mark.torch)
 
 
 @pytest.hookimpl(tryfirst=True)
