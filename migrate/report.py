@@ -196,8 +196,9 @@ class Reporter:
         if self.quiet:
             return
         parts = []
+        done = {"rewrote": "rewritten", "would rewrite": "would be rewritten"}.get(mode_word, mode_word)
         if changed:
-            parts.append(f"{changed} file{'s' if changed != 1 else ''} {mode_word}")
+            parts.append(f"{changed} file{'s' if changed != 1 else ''} {done}")
         if unchanged:
             parts.append(f"{unchanged} file{'s' if unchanged != 1 else ''} unchanged")
         if errors:

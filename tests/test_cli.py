@@ -217,7 +217,7 @@ def test_directory_is_walked_for_py_files(cli, tmp_path, train_py, infer_py):
     assert (tmp_path / "notes.txt").read_bytes() == src
     assert (tmp_path / "script").read_bytes() == src
     assert b"DistributedSampler" not in infer_py.read_bytes()
-    assert "2 files rewrote, 1 file unchanged." in write.stderr
+    assert "2 files rewritten, 1 file unchanged." in write.stderr
     assert cli(tmp_path).exit_code == EXIT_OK
 
 
@@ -235,7 +235,7 @@ def test_directory_with_many_files_in_parallel(tmp_path, train_py, infer_py):
     for i in range(9):
         assert b"DistributedSampler" in (tmp_path / f"t{i}.py").read_bytes()
     assert infer_py.read_bytes() == infer_before
-    assert "10 files rewrote" in err and "1 file failed" in err
+    assert "10 files rewritten" in err and "1 file failed" in err
     assert not [p for p in tmp_path.iterdir() if "distify-tmp" in p.name]
 
 

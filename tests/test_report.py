@@ -107,4 +107,4 @@ def test_directory_run_on_a_terminal_shows_bar_and_table(tmp_path):
     assert "rules applied" in screen
     changed = [line for line in screen.splitlines() if "would rewrite" in line and "\u2502" in line]  # table rows
     assert changed and all("DST" in line for line in changed)
-    assert "10/10" in screen or "files would rewrite" in screen  # the bar may be erased before the read
+    assert "10/10" in screen or "files would be rewritten" in screen  # the bar may be erased before the read
