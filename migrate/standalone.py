@@ -461,11 +461,16 @@ _SHARD_LOADER = Helper(
         names = ("batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout", "worker_init_fn",
                  "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers",
                  "pin_memory_device", "in_order")
-        accepted = inspect.signature(data.DataLoader.__init__).parameters
+        accepted = inspect.signature(inspect.unwrap(data.DataLoader.__init__)).parameters
+        if any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+            accepted = names  # __init__ wrapped by a patch: the loader's own attributes decide
         kwargs = {n: getattr(loader, n) for n in names if n in accepted and hasattr(loader, n)}
         if batches is None:
             kwargs["batch_size"] = None  # no automatic batching
-        return data.DataLoader(loader.dataset, sampler=shard, **kwargs)
+        out = data.DataLoader(loader.dataset, sampler=shard, **kwargs)
+        if (out.batch_size, out.drop_last) != (loader.batch_size, loader.drop_last):
+            raise RuntimeError("shard_loader: the rebuilt loader would batch differently from the original")
+        return out
 ''',
     needs=("rank", "world_size"),
     modules=("torch",),

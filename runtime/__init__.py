@@ -667,11 +667,19 @@ def shard_loader(loader: Any, num_replicas: Optional[int] = None, rank: Optional
     )
     import inspect
 
-    accepted = inspect.signature(data.DataLoader.__init__).parameters
+    accepted = inspect.signature(inspect.unwrap(data.DataLoader.__init__)).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        accepted = _LOADER_ARGS  # __init__ wrapped by a profiler or a patch: the loader's attributes decide
     kwargs = {name: getattr(loader, name) for name in _LOADER_ARGS if name in accepted and hasattr(loader, name)}
     if batch_sampler is None:
         kwargs["batch_size"] = None  # no automatic batching: one sample at a time
-    return data.DataLoader(loader.dataset, sampler=shard, **kwargs)
+    shard_loader = data.DataLoader(loader.dataset, sampler=shard, **kwargs)
+    if (shard_loader.batch_size, shard_loader.drop_last) != (loader.batch_size, loader.drop_last):
+        raise RuntimeError(  # never train at another batch size without a word
+            f"shard_loader: the rebuilt loader batches {shard_loader.batch_size} (drop_last={shard_loader.drop_last}), "
+            f"the original {loader.batch_size} (drop_last={loader.drop_last}); {where}"
+        )
+    return shard_loader
 
 
 def unwrap(model: Any) -> Any:

@@ -865,6 +865,37 @@ def test_shard_loader_in_one_process_reads_what_the_original_reads():
     assert [int(x[0]) for x in runtime.shard_loader(unbatched)] == list(range(7))
 
 
+def _wrap_loader_init(monkeypatch):
+    """DataLoader.__init__ replaced by a plain (*args, **kwargs) wrapper, as a profiler or a test
+    spy does: its signature names no argument."""
+    from torch.utils.data import DataLoader
+
+    real = DataLoader.__init__
+
+    def __init__(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(DataLoader, "__init__", __init__)
+
+
+def test_shard_loader_keeps_the_batch_size_when_dataloader_init_is_wrapped(monkeypatch):
+    """Found by the e2e loader spy: the wrapped signature made shard_loader drop batch_size, so each
+    rank trained one sample at a time. Control: with the wrapper, the old signature filter keeps
+    nothing (the assertion on the filter below)."""
+    import inspect
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from distify import runtime
+
+    _wrap_loader_init(monkeypatch)
+    assert "batch_size" not in inspect.signature(DataLoader.__init__).parameters  # the control's premise
+    original = DataLoader(TensorDataset(torch.arange(12)), batch_size=3, shuffle=True, drop_last=True)
+    shard = runtime.shard_loader(original, num_replicas=2, rank=0)
+    assert (shard.batch_size, shard.drop_last, len(shard)) == (3, True, 2)
+
+
 def test_shard_loader_refuses_what_a_sampler_cannot_split():
     import torch
     from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler, TensorDataset

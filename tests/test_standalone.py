@@ -308,6 +308,17 @@ def test_inline_horovod_class_stays_on_cuda(monkeypatch, fake_accelerator):
     assert inline_runtime("horovod", LAUNCHED).device() == torch.device("cpu")
 
 
+def test_inline_shard_loader_keeps_the_batch_size_when_dataloader_init_is_wrapped(monkeypatch):
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    real = DataLoader.__init__
+    monkeypatch.setattr(DataLoader, "__init__", lambda self, *args, **kwargs: real(self, *args, **kwargs))
+    runtime = inline_runtime("ddp", {"RANK": "1", "WORLD_SIZE": "2"})
+    shard = runtime.shard_loader(DataLoader(TensorDataset(torch.arange(12)), batch_size=3, drop_last=True))
+    assert (shard.batch_size, shard.drop_last, len(shard)) == (3, True, 2)
+
+
 @pytest.mark.parametrize("backend", ["ddp", "horovod"])
 def test_inline_shard_loader_matches_distify_runtime(backend):
     """runtime.shard_loader and its inline twin hand each rank the same batches, and refuse alike."""
