@@ -928,20 +928,30 @@ class ForeignLoader:
     # the loops that run its passes (`for epoch in ...` around the batch loop or around a call of
     # the function that holds it), `loader_ref` spelling it where each loop runs
     epochs: List["EpochLoop"] = field(default_factory=list)
+    # the training loop that draws the batches when `loop` is a generator's pass over the loader
+    # (`batches = infinite(loader)` ... `next(batches)`)
+    consumer: Optional[BatchLoop] = None
 
 
 def foreign_loaders(anatomy: "Anatomy") -> List[ForeignLoader]:
     """Training batch loops not fed by any DataLoader of this file whose iterable is bound (in the
     loop's function, in a caller through a parameter, or as a global) from a call of a function
-    imported from a non-torch module."""
+    imported from a non-torch module; also through a generator of this file that passes over the
+    loader it is handed (`batches = infinite(get_loader(...))`): its pass loop, whose passes are
+    counted there."""
     a = anatomy
     own = {id(bl) for l in a.loaders for bl in l.batch_loops}
+    gens = {id(bl.scope): bl for bl in a.batch_loops if bl.via == "pass" and id(bl) not in own}
     out: List[ForeignLoader] = []
     seen = set()
     for bl in _training_loops(a):
         if id(bl) in own or bl.via == "pass":
             continue
         for site, name, via in _origin_calls(a, bl.scope, bl.ref, 0, ()):
+            fn = a.facts.callee(site.call, site.scope)
+            if fn is not None and id(fn) in gens:
+                out += _through_generator(a, bl, site, gens[id(fn)], seen)
+                continue
             q = site.qualname or ""
             root = q.split(".")[0]
             if not q or root in ("torch", "builtins", "distify") or (dotted(site.call.func) or "") in a.functions:
@@ -951,6 +961,160 @@ def foreign_loaders(anatomy: "Anatomy") -> List[ForeignLoader]:
             seen.add((bl.loop, id(site.call), name))
             stmt = site.stmt if isinstance(site.stmt, cst.SimpleStatementLine) else None
             out.append(ForeignLoader(bl, name, site, q, stmt, _resharded(a, site, name), _passes_of(a, bl, via)))
+    return out
+
+
+# Loops over numbers: an epoch or iteration counter, not a data source.
+COUNTERS = {
+    "range", "builtins.range", "tqdm.trange", "tqdm.auto.trange", "tqdm.notebook.trange",
+    "itertools.count", "itertools.repeat", "torch.arange", "numpy.arange",
+}
+
+
+def counts(expr: cst.BaseExpression, aliases_q) -> bool:
+    """A loop over `expr` counts (epochs, iterations, phases) rather than reading data: range(),
+    trange(), itertools.count(), arange(), a literal of constants, a number, through
+    enumerate()/tqdm()/iter()."""
+    if isinstance(expr, (cst.Integer, cst.SimpleString, cst.ConcatenatedString)):
+        return True
+    if isinstance(expr, (cst.List, cst.Tuple, cst.Set)):
+        return all(
+            isinstance(e, cst.Element) and isinstance(e.value, (cst.Integer, cst.Float, cst.SimpleString, cst.Name, cst.Attribute))
+            for e in expr.elements
+        )
+    if not isinstance(expr, cst.Call):
+        return False
+    fname = dotted(expr.func) or ""
+    q = aliases_q(expr.func) or fname
+    if q in COUNTERS or fname in COUNTERS:
+        return True
+    if fname in ITER_FIRST or q in ITER_FIRST or q in TQDM or fname.endswith("tqdm"):
+        a = arg(expr, 0, "iterable")
+        return a is not None and not a.star and counts(a.value, aliases_q)
+    return False
+
+
+@dataclass(eq=False)
+class UntracedSource:
+    """A training loop whose batches come from something distify cannot trace to a DataLoader
+    (of this file or built by another module) nor to a random draw: a call of an unknown function
+    iterated directly (`for x, y in utils.get_loader(...)`), a generator fed such a call, a
+    collection of this file's own. Nothing shards it, so every rank may read all of it."""
+
+    loop: cst.CSTNode  # the training loop
+    source: cst.BaseExpression  # what it iterates or draws from, as the loop's scope spells it
+    scope: Scope
+
+
+def untraced_sources(anatomy: "Anatomy") -> List[UntracedSource]:
+    """The innermost training loops (see ``Facts.training_loops``) whose batches no fact traces:
+    neither to a loader of this file, nor to one another module builds (``foreign_loaders``), nor
+    to a value that names the rank (a split by hand). A loop over a counter (``counts``) that draws
+    nothing with next() reads no data of its own (random draws are ``global_draws``' concern)."""
+    a = anatomy
+    cached = a.__dict__.get("_untraced_sources")
+    if cached is not None:
+        return cached
+    traced = {id(bl) for l in a.loaders for bl in l.batch_loops}
+    traced |= {id(f.consumer or f.loop) for f in foreign_loaders(a)}
+    own_refs = {l.target for l in a.loaders if l.target} | {
+        bl.ref for l in a.loaders for bl in l.batch_loops
+    }
+    training = [l for l in a.facts.training_loops() if isinstance(l, cst.For)]
+    around = {id(p) for l in training for p in a.stmt_parent.get(l, ()) if p is not l}
+    by_loop: Dict[int, List[BatchLoop]] = {}
+    for bl in a.batch_loops:
+        if bl.via != "pass":
+            by_loop.setdefault(id(bl.loop), []).append(bl)
+    out: List[UntracedSource] = []
+    for loop in training:
+        if id(loop) in around:
+            continue  # an epoch loop around the batch loop
+        scope = a.stmt_scope.get(loop, a.module)
+        loops = by_loop.get(id(loop), [])
+        drawn = [bl for bl in loops if bl.via == "next"]
+        iterated = [bl for bl in loops if bl.via == "for"]
+        if not counts(loop.iter, a.qualname):
+            if iterated:
+                for bl in iterated:
+                    if id(bl) not in traced and not _split_by_hand(a, scope, bl.ref, own_refs):
+                        out.append(UntracedSource(loop, _ref_node(loop.iter, bl.ref), scope))
+            elif not _mentions_any(loop.iter, own_refs) and not a.mentions_rank(loop.iter):
+                out.append(UntracedSource(loop, _data_of(loop.iter, a.qualname), scope))
+        for bl in drawn:
+            if id(bl) not in traced and not _split_by_hand(a, scope, bl.ref, own_refs):
+                out.append(UntracedSource(loop, _ref_node(loop, bl.ref), scope))
+    a.__dict__["_untraced_sources"] = out
+    return out
+
+
+def _data_of(expr: cst.BaseExpression, aliases_q) -> cst.BaseExpression:
+    """What a loop over `expr` reads, seen through enumerate()/tqdm()/iter() (their first argument)."""
+    while isinstance(expr, cst.Call):
+        fname = dotted(expr.func) or ""
+        q = aliases_q(expr.func) or fname
+        if not (fname in ITER_FIRST or q in ITER_FIRST or q in TQDM or fname.endswith("tqdm")):
+            break
+        a = arg(expr, 0, "iterable")
+        if a is None or a.star:
+            break
+        expr = a.value
+    return expr
+
+
+def _mentions_any(expr: cst.CSTNode, refs: Set[str]) -> bool:
+    return any(dotted(n) in refs for n in all_nodes(expr) if isinstance(n, (cst.Name, cst.Attribute)))
+
+
+def _ref_node(node: cst.CSTNode, ref: str) -> cst.CSTNode:
+    """The first node under `node` that spells `ref` (for the warning's position), else `node`."""
+    for n in all_nodes(node):
+        if isinstance(n, (cst.Name, cst.Attribute, cst.Subscript)) and ref_text(n) == ref:
+            return n
+    return node
+
+
+def _split_by_hand(a: "Anatomy", scope: Scope, ref: str, own_refs: Set[str]) -> bool:
+    """`ref` is bound (in `scope`, else at module level) to a value that names the rank
+    (`shard = data[rank::world]`, `loader = get_loader(rank=rank)`), or that comes from this
+    file's own loaders, which the rules shard where they are built: a loader's name, or a call
+    of a function of this file that builds one (`batches = get_loaders(32)[0]`)."""
+    builders = {id(l.call.scope) for l in a.loaders if isinstance(l.call.scope, cst.FunctionDef)}
+    for sc in (scope, a.module):
+        if sc is None:
+            continue
+        for b in a.facts.bindings(sc).get(ref.split(".")[0].split("[")[0], ()):
+            if b.kind != "assign":
+                continue
+            if a.mentions_rank(b.stmt) or _mentions_any(b.stmt, own_refs):
+                return True
+            for n in all_nodes(b.stmt):
+                if isinstance(n, cst.Call):
+                    fn = a.facts.callee(n, sc)
+                    if fn is not None and id(fn) in builders:
+                        return True
+    return False
+
+
+def _through_generator(a: "Anatomy", consumer: BatchLoop, site: "CallSite", gen: BatchLoop, seen: set) -> List[ForeignLoader]:
+    """The foreign loaders handed (by name) to a generator of this file whose pass loop `gen`
+    reads them, the generator's object drawn by the training loop `consumer`."""
+    fn = gen.scope
+    v = a.facts.bound_value(site.call, fn, gen.ref)
+    if v is None or dotted(v) is None:
+        return []
+    out = []
+    for origin, name, _via in _origin_calls(a, site.scope, dotted(v), 0, ()):
+        q = origin.qualname or ""
+        if not q or q.split(".")[0] in ("torch", "builtins", "distify") or (dotted(origin.call.func) or "") in a.functions:
+            continue
+        if _is_reshard(origin.call) or (gen.loop, id(origin.call), name) in seen:
+            continue
+        seen.add((gen.loop, id(origin.call), name))
+        stmt = origin.stmt if isinstance(origin.stmt, cst.SimpleStatementLine) else None
+        outer = [p for p in a.stmt_parent.get(gen.loop, ()) if isinstance(p, (cst.For, cst.While)) and p is not gen.loop]
+        passes = [EpochLoop(gen.loop, fn, gen.cls, None, gen.ref, counted=gen.loop)] if outer and endless_loop(outer[-1]) else []
+        out.append(ForeignLoader(gen, name, origin, q, stmt, _resharded(a, origin, name), passes, consumer=consumer))
     return out
 
 

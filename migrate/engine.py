@@ -185,7 +185,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
         raise RuntimeError(f"distify produced invalid code: {e}") from e
     # the audit: the rewritten module, analysed afresh, must hold the invariants of a correct
     # data-parallel script; its findings are reported against the user's lines
-    audited = _audit(analyse(new_module), options, findings)
+    audited = _audit(analyse(new_module), options, findings, migrated=True)
     if audited:
         to_source = _line_map(source, output)
         findings += [replace(f, line=to_source(f.line)) for f in audited]
@@ -219,10 +219,11 @@ def _advice(anatomy, options: Options) -> Tuple[Finding, ...]:
     return tuple(sorted((f for f in ctx.findings if f.kind == "warning"), key=lambda f: (f.line, f.col, f.code)))
 
 
-def _audit(anatomy, options: Options, prior: Sequence[Finding]) -> List[Finding]:
-    """Warnings of the audit checks (DST95x) on an analysed module: the output of a migration, or
-    a script left as it was. ``prior``: what the rules reported (DST950 speaks only when nothing
-    else explains why a training script was left undistributed)."""
+def _audit(anatomy, options: Options, prior: Sequence[Finding], migrated: bool = False) -> List[Finding]:
+    """Warnings of the audit checks (DST95x) on an analysed module: the output of a migration
+    (``migrated``: checks may hold it to what distify itself writes, whichever backend), or a
+    script left as it was. ``prior``: what the rules reported (DST950 speaks only when nothing else
+    explains why a training script was left undistributed)."""
     from distify.audit import is_audit
     from distify.rules import selected
     from distify.rules.base import Context
@@ -233,6 +234,7 @@ def _audit(anatomy, options: Options, prior: Sequence[Finding]) -> List[Finding]
     anatomy.want_positions = options.positions
     ctx = Context(anatomy, options)
     ctx.state["prior_warnings"] = [f for f in prior if f.kind == "warning"]
+    ctx.state["distify_output"] = migrated
     for check in checks:
         check.apply(ctx)
     return [f for f in ctx.findings if f.kind == "warning"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import Anatomy, dotted, foreign_loaders
+from distify.anatomy import Anatomy, dotted, foreign_loaders, untraced_sources
 from distify.audit import feeding_loaders, sampler_of
 from distify.rules.base import AuditCheck, Context
 from distify.rules.dst910_iterable_dataset import is_iterable_dataset
@@ -21,7 +21,10 @@ class UnshardedLoader(AuditCheck):
         whose dataset is not already split by rank. Loaders over an ``IterableDataset`` are left
         to DST910 (they split inside the dataset). In distify's own output, also a training loader
         built by a function of another module that is not passed through ``runtime.shard_loader``
-        (and whose sampler the script never gives an epoch, which would say that module shards it).
+        (and whose sampler the script never gives an epoch, which would say that module shards it),
+        and a training loop whose batches distify cannot trace to any loader at all: a call of an
+        unknown function iterated in place (``for x, y in utils.get_loader(...)``), an endless
+        generator fed such a call, a collection the script builds itself.
 
     Why:
         Without a distributed sampler every rank reads the whole dataset in the same order: N
@@ -54,8 +57,28 @@ class UnshardedLoader(AuditCheck):
                 f"{name} feeds a training loop but has no distributed sampler: every rank reads "
                 "the whole dataset; pass sampler=DistributedSampler(dataset) and call its set_epoch(epoch) each epoch",
             )
-        if a.migrated_by_distify:
+        if a.migrated_by_distify or ctx.state.get("distify_output"):
+            # distify's output (a Horovod one imports no runtime): what another module builds, or
+            # what no fact traces, was not sharded by distify; a hand-written script may shard it there
             self._foreign(ctx, a)
+            self._untraced(ctx, a)
+
+    def _untraced(self, ctx: Context, a: Anatomy) -> None:
+        """distify's output: a training loop whose batches no fact traces to a loader (a call of an
+        unknown function iterated in place, a generator fed one, a collection of the script's own)
+        is reported rather than trusted: nothing in the output shards it."""
+        for u in untraced_sources(a):
+            source = ctx.code(u.source)
+            if len(source) > 48 and isinstance(u.source, cst.Call):
+                source = f"{ctx.code(u.source.func)}(...)"
+            ctx.warn(
+                self.code,
+                u.source,
+                f"this training loop's batches come from {source}, which distify cannot trace to a "
+                "DataLoader it shards: every rank may read all of it; bind the loader to a name and add "
+                "<loader> = runtime.shard_loader(<loader>) (with <loader>.sampler.set_epoch(epoch) each pass), "
+                "or give it a DistributedSampler where it is built",
+            )
 
     def _foreign(self, ctx: Context, a: Anatomy) -> None:
         """distify's output: a training loader another module builds must pass through

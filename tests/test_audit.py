@@ -398,3 +398,40 @@ def test_a_sharded_model_returned_by_a_function_is_followed_to_its_save() -> Non
     assert codes(lint_source(RETURNED_SHARDED.encode())) == set()
     wrong = broken(RETURNED_SHARDED, "torch.save(state,", "torch.save(trained.state_dict(),")
     assert codes(lint_source(wrong)) == {"DST957"}
+
+
+# ------------------------------------------------------------------ batches no fact traces
+
+UNTRACED = [
+    ("loader_built_in_the_loop_header",
+     "for epoch in range(EPOCHS):",
+     "train_loader = cifar_utils.get_training_dataloader(cifar_utils.CIFAR_MEAN, cifar_utils.CIFAR_STD)\n"
+     "for epoch in range(EPOCHS):",
+     "enumerate(cifar_utils.get_training_dataloader(cifar_utils.CIFAR_MEAN, cifar_utils.CIFAR_STD))",
+     "enumerate(train_loader)"),
+    ("endless_generator_over_a_call",
+     "batches = infinite(get_training_dataloader(CIFAR_MEAN, CIFAR_STD, batch_size=8))",
+     "train_loader = get_training_dataloader(CIFAR_MEAN, CIFAR_STD, batch_size=8)\n"
+     "batches = infinite(train_loader)",
+     None, None),
+]
+
+
+@pytest.mark.parametrize("backend", ["ddp", "horovod", "fsdp"])
+@pytest.mark.parametrize("case, old1, new1, old2, new2", UNTRACED, ids=[u[0] for u in UNTRACED])
+def test_batches_from_a_source_no_fact_traces_are_flagged(backend, case, old1, new1, old2, new2) -> None:
+    """A loader built by another module's function where the loop uses it (no name holds it) can
+    be re-sharded by nothing; the output says so. Control: the same loader bound to a name first is
+    re-sharded (runtime.shard_loader) and nothing is flagged."""
+    src = (FIXTURES / "DST951" / f"{case}.in.py").read_text()
+    result = migrate_source(src.encode(), Options(backend=backend))
+    assert result.changed and "DST951" in audit_codes(result.findings)
+    named = broken(src, old1, new1).decode()
+    if old2 is not None:
+        named = broken(named, old2, new2).decode()
+    control = migrate_source(named.encode(), Options(backend=backend))
+    assert "shard_loader(train_loader" in control.output.decode()
+    assert "DST951" not in audit_codes(control.findings)
+    # lint holds distify's output (it imports the runtime) to it, not a hand-written Horovod script:
+    # lint cannot know the other module does not shard what it builds
+    assert ("DST951" in codes(lint_source(result.output))) == (backend != "horovod")

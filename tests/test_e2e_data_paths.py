@@ -68,6 +68,9 @@ SPEC = {
     # the loaders come from cifar_utils.py (copied next to the migrated script): #0 is the one it
     # builds, #1 that loader rebuilt by runtime.shard_loader over this rank's shard, #2 evaluation
     "loader_from_utils": dict(train=[1], shuffled=[1], whole=[2], log=r"^epoch \d+", modules=["cifar_utils.py"]),
+    # the same module's loader drawn through an endless generator: #0 built there, #1 its shard
+    # (passes counted in the generator), #2 the evaluation loader
+    "foreign_endless_generator": dict(train=[1], shuffled=[1], whole=[2], log=r"^iter \d+", modules=["cifar_utils.py"]),
 }
 
 
@@ -384,6 +387,23 @@ def test_control_generator_without_set_epoch(tmp_path):
     _, loaders, _, _ = _run("torchrun", script, tmp_path)
     with pytest.raises(AssertionError, match="same order in two passes"):
         check_shards("control", loaders, SPEC["endless_generator"])
+
+
+def test_control_foreign_generator_unsharded_or_without_set_epoch(tmp_path):
+    """infinite(train_loader) over another module's loader: without the re-shard both ranks read
+    the same samples; without the per-pass set_epoch the shard's order repeats."""
+    script = _broken("foreign_endless_generator", tmp_path,
+                     lambda t: t.replace("train_loader = runtime.shard_loader(train_loader)\n", "pass\n")
+                     .replace("loader.sampler.set_epoch(epoch)\n", "pass\n"))  # a RandomSampler has no epochs
+    _, loaders, _, _ = _run("torchrun", script, tmp_path)
+    spec = dict(SPEC["foreign_endless_generator"], train=[0], shuffled=[0], whole=[1])  # no rebuilt loader
+    with pytest.raises(AssertionError, match="not sharded"):
+        check_shards("control", loaders, spec)
+    script = _broken("foreign_endless_generator", tmp_path,
+                     lambda t: t.replace("loader.sampler.set_epoch(epoch)\n", "pass\n"))
+    _, loaders, _, _ = _run("torchrun", script, tmp_path)
+    with pytest.raises(AssertionError, match="same order in two passes"):
+        check_shards("control", loaders, SPEC["foreign_endless_generator"])
 
 
 def test_control_trainer_without_set_epoch(tmp_path):
