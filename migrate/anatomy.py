@@ -952,9 +952,8 @@ def foreign_loaders(anatomy: "Anatomy") -> List[ForeignLoader]:
             if fn is not None and id(fn) in gens:
                 out += _through_generator(a, bl, site, gens[id(fn)], seen)
                 continue
-            q = site.qualname or ""
-            root = q.split(".")[0]
-            if not q or root in ("torch", "builtins", "distify") or (dotted(site.call.func) or "") in a.functions:
+            q = _foreign_builder(a, site)
+            if q is None:
                 continue
             if _is_reshard(site.call) or (bl.loop, id(site.call), name) in seen:
                 continue  # `loader = runtime.shard_loader(...)` bound before the builder's own line
@@ -1096,6 +1095,15 @@ def _split_by_hand(a: "Anatomy", scope: Scope, ref: str, own_refs: Set[str]) -> 
     return False
 
 
+def _foreign_builder(a: "Anatomy", site: "CallSite") -> Optional[str]:
+    """The qualified name of the function `site` calls when another module (not torch) defines
+    it, else None."""
+    q = site.qualname or ""
+    if not q or q.split(".")[0] in ("torch", "builtins", "distify") or (dotted(site.call.func) or "") in a.functions:
+        return None
+    return q
+
+
 def _through_generator(a: "Anatomy", consumer: BatchLoop, site: "CallSite", gen: BatchLoop, seen: set) -> List[ForeignLoader]:
     """The foreign loaders handed (by name) to a generator of this file whose pass loop `gen`
     reads them, the generator's object drawn by the training loop `consumer`."""
@@ -1105,8 +1113,8 @@ def _through_generator(a: "Anatomy", consumer: BatchLoop, site: "CallSite", gen:
         return []
     out = []
     for origin, name, _via in _origin_calls(a, site.scope, dotted(v), 0, ()):
-        q = origin.qualname or ""
-        if not q or q.split(".")[0] in ("torch", "builtins", "distify") or (dotted(origin.call.func) or "") in a.functions:
+        q = _foreign_builder(a, origin)
+        if q is None:
             continue
         if _is_reshard(origin.call) or (gen.loop, id(origin.call), name) in seen:
             continue
