@@ -476,6 +476,27 @@ class Facts:
         """Every expression spelling `name` in `scope` (see ``uses``)."""
         return uses(scope, name)
 
+    # gradient accumulation ------------------------------------------------------------------
+    def step_condition(self, test: cst.BaseExpression, at: cst.CSTNode) -> Optional[Tuple[cst.BaseExpression, cst.BaseExpression]]:
+        """For the test of an ``if`` that steps an optimizer, ``(condition, n)`` when it is the
+        accumulation idiom: a ``<x> % n == 0`` comparison itself, or one operand of an ``or``
+        (``... or step + 1 == len(loader)``: the pass's last micro-batch steps too), or a name
+        bound to such a value before ``at`` in its scope (``last = (i + 1) % accum == 0`` ...
+        ``if last:``). ``condition`` is the expression to evaluate where the micro-batch starts:
+        the test, or the bound value in place of the name. None for any other test."""
+        if isinstance(test, cst.Name):
+            scope = self.stmt_scope.get(at)
+            b = self.reaching_binding(scope, test.value, at) if scope is not None else None
+            small = b.stmt.body[0] if b is not None and isinstance(b.stmt, cst.SimpleStatementLine) and len(b.stmt.body) == 1 else None
+            if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and dotted(small.targets[0].target) == test.value):
+                return None
+            found = self.step_condition(small.value, at)
+            return (small.value, found[1]) if found is not None and not isinstance(small.value, cst.Name) else None
+        n = _modulus(test)
+        if n is None and isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or):
+            n = _modulus(test.left) or _modulus(test.right)
+        return (test, n) if n is not None else None
+
 
     # rebinding (#14): what a name holds lasts from one binding to the next ------------------
     def rebindings(self, scope: Scope, name: str) -> List[cst.CSTNode]:
@@ -571,6 +592,14 @@ SELF_RETURNING = frozenset({
     "to", "cuda", "cpu", "train", "eval", "float", "double", "half", "bfloat16", "type", "apply",
     "requires_grad_", "to_empty", "share_memory",
 })
+
+
+def _modulus(test: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+    """n of a ``<x> % n == 0`` (or ``!= 0``... any comparison whose left side is a modulo)."""
+    if isinstance(test, cst.Comparison) and isinstance(test.left, cst.BinaryOperation):
+        if isinstance(test.left.operator, cst.Modulo):
+            return test.left.right
+    return None
 
 
 def keeps_object(stmt: cst.CSTNode, name: str) -> bool:

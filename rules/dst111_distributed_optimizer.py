@@ -287,7 +287,8 @@ def _average_anchor(ctx: Context, step):
 
 
 def _accumulation_steps(ctx: Context, opt):
-    """N for `if (i + 1) % N == 0: optimizer.step()` – the gradient-accumulation idiom."""
+    """N for `if (i + 1) % N == 0: optimizer.step()` – the gradient-accumulation idiom, in each of
+    the spellings ``Facts.step_condition`` knows (`... or i + 1 == len(loader)`, `if last:`)."""
     a = ctx.anatomy
     for site in a.calls:
         func = site.call.func
@@ -303,10 +304,10 @@ def _accumulation_steps(ctx: Context, opt):
         for p in reversed(parents):
             if isinstance(p, cst.For):
                 break
-            if isinstance(p, cst.If) and isinstance(p.test, cst.Comparison):
-                left = p.test.left
-                if isinstance(left, cst.BinaryOperation) and isinstance(left.operator, cst.Modulo):
-                    return ctx.code(left.right)
+            if isinstance(p, cst.If):
+                found = a.facts.step_condition(p.test, p)
+                if found is not None:
+                    return ctx.code(found[1])
     return None
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import libcst as cst
 
@@ -15,7 +15,8 @@ class AccumulationNoSync(Rule):
     """Skip the gradient all-reduce on micro-batches that do not step the optimizer (DDP, FSDP).
 
     What it does:
-        In a batch loop that steps the optimizer under ``if (step + 1) % accum == 0:``, puts the
+        In a batch loop that steps the optimizer under ``if (step + 1) % accum == 0:`` (also
+        ``... or step + 1 == len(loader)``, or a name bound to either), puts the
         statements up to and including ``backward()`` under
         ``with model.no_sync() if (step + 1) % accum != 0 else contextlib.nullcontext():``.
         With FSDP (``--backend fsdp``) ``model.set_requires_gradient_sync((step + 1) % accum == 0)``
@@ -85,15 +86,16 @@ class AccumulationNoSync(Rule):
         body = list(bl.loop.body.body)
         if "no_sync" in ctx.code(bl.loop.body) or "set_requires_gradient_sync" in ctx.code(bl.loop.body):
             return
-        step_if = _accumulation_if(body)
-        if step_if is None:
+        found = _accumulation_if(ctx, body)
+        if found is None:
             return
+        step_if, steps_when = found
         k = _backward_index(body)
         if k is None or k >= body.index(step_if):
             return
         # the condition must not depend on names the micro-batch itself changes
         assigned = _assigned_names(body[: body.index(step_if)])
-        if names_in(step_if.test) & assigned:
+        if names_in(steps_when) & assigned:
             ctx.warn(
                 self.code,
                 step_if,
@@ -119,7 +121,9 @@ class AccumulationNoSync(Rule):
                     kind="info",
                 )
                 return
-            steps = f"{ctx.code(step_if.test)} or {last}"
+            steps = ctx.code(steps_when)
+            if last.replace(" ", "") not in steps.replace(" ", ""):  # `... or step + 1 == len(loader)` already
+                steps = f"{steps} or {last}"
             ctx.edits.insert_before(body[0], ctx.stmts(f"{model}.set_requires_gradient_sync({steps})"))
             ctx.report(
                 self.code,
@@ -128,7 +132,7 @@ class AccumulationNoSync(Rule):
                 f"({model}.set_requires_gradient_sync({steps}))",
             )
             return
-        cond = _negate(ctx, step_if.test)
+        cond = _negate(ctx, steps_when)
         contextlib = ctx.imported("contextlib", None, "contextlib")
         item = f"{model}.no_sync() if {cond} else {contextlib}.nullcontext()"
 
@@ -168,16 +172,15 @@ def _last_micro_batch(ctx: Context, loop: cst.For) -> Optional[str]:
     return f"{target.elements[0].value.value} + 1 == len({ctx.code(it.args[0].value)})"
 
 
-def _accumulation_if(body) -> Optional[cst.If]:
-    """The `if <x> % <n> == 0:` statement of the loop body that steps an optimizer."""
+def _accumulation_if(ctx: Context, body) -> Optional[Tuple[cst.If, cst.BaseExpression]]:
+    """The ``if`` of the loop body that steps an optimizer on the accumulation condition, with
+    that condition as it can be evaluated where the micro-batch starts (``Facts.step_condition``:
+    `(i + 1) % n == 0`, `... or i + 1 == len(loader)`, a name bound to either)."""
     for stmt in body:
-        if not (isinstance(stmt, cst.If) and isinstance(stmt.test, cst.Comparison)):
-            continue
-        left = stmt.test.left
-        if not (isinstance(left, cst.BinaryOperation) and isinstance(left.operator, cst.Modulo)):
-            continue
-        if method_calls_in(stmt.body, "step"):
-            return stmt
+        if isinstance(stmt, cst.If) and method_calls_in(stmt.body, "step"):
+            found = ctx.anatomy.facts.step_condition(stmt.test, stmt)
+            if found is not None:
+                return stmt, found[0]
     return None
 
 
@@ -204,8 +207,8 @@ def _assigned_names(stmts) -> set:
     return names
 
 
-def _negate(ctx: Context, test: cst.Comparison) -> str:
-    if len(test.comparisons) == 1:
+def _negate(ctx: Context, test: cst.BaseExpression) -> str:
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
         op = test.comparisons[0].operator
         flipped = {cst.Equal: "!=", cst.NotEqual: "=="}.get(type(op))
         if flipped is not None:

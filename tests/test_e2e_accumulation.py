@@ -17,7 +17,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e_support import SCENARIOS, assert_same_weights, load_state, migrate, run_python, run_torchrun  # noqa: E402
+from e2e_support import (  # noqa: E402
+    SCENARIOS,
+    assert_same_weights,
+    load_state,
+    migrate,
+    run_horovodrun,
+    run_python,
+    run_torchrun,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -74,3 +82,61 @@ def test_accumulated_weights_match_the_big_batch(migrated, tmp_path_factory):
     ddp = tmp_path_factory.mktemp("accum-ddp")
     run_torchrun(migrated, _args(B, ACCUM), nproc=NPROC, cwd=ddp)
     assert_same_weights(load_state(big / "final.pt"), load_state(ddp / "final.pt"), atol=1e-5, label="accumulation")
+
+
+# --- the step condition spelled as real scripts spell it (DST402 for DDP, DST111 for Horovod) ------
+# Both spellings used to go unrecognised: DDP reduced on every micro-batch, and Horovod's
+# DistributedOptimizer raised "Gradients were computed more than backward_passes_per_step times".
+
+STEP_IF = "            if (step + 1) % args.accum_steps == 0:\n"
+SPELLINGS = {
+    "or_last_batch": STEP_IF.replace(" == 0:", " == 0 or step + 1 == len(loader):"),
+    "named_flag": "            last = (step + 1) % args.accum_steps == 0\n            if last:\n",
+}
+
+
+def _respelled(spelling, backend, tmp_path):
+    text = SOURCE.read_text()
+    assert STEP_IF in text, "the scenario no longer has the step condition this test re-spells"
+    source = tmp_path / "source.py"
+    source.write_text(text.replace(STEP_IF, SPELLINGS[spelling]))
+    target = tmp_path / "migrated.py"
+    migrate(source, target, backend=backend)
+    return source, target
+
+
+def _launch(backend, script, cwd):
+    if backend == "ddp":
+        return run_torchrun(script, _args(B, ACCUM), nproc=NPROC, cwd=cwd)
+    return run_horovodrun(script, _args(B, ACCUM), nproc=NPROC, cwd=cwd)
+
+
+@pytest.mark.parametrize("backend", ["ddp", pytest.param("horovod", marks=pytest.mark.horovod)])
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+def test_other_spellings_of_the_step_condition(spelling, backend, tmp_path):
+    source, target = _respelled(spelling, backend, tmp_path)
+    text = target.read_text()
+    if backend == "ddp":
+        assert "with model.no_sync() if " in text
+    else:
+        assert "backward_passes_per_step=args.accum_steps" in text
+    big = tmp_path / "big"
+    big.mkdir()
+    run_python(source, _args(NPROC * ACCUM * B, 1), cwd=big)
+    run = tmp_path / "run"
+    run.mkdir()
+    _launch(backend, target, run)
+    assert_same_weights(load_state(big / "final.pt"), load_state(run / "final.pt"), atol=1e-5, label=spelling)
+    if backend == "ddp":
+        for counts in _counted_run(target, tmp_path):
+            assert counts["allreduce"] == counts["steps"], counts  # one bucket, once per optimizer step
+
+
+@pytest.mark.horovod
+def test_control_horovod_without_backward_passes_per_step_fails(tmp_path):
+    _, target = _respelled("named_flag", "horovod", tmp_path)
+    text = target.read_text()
+    assert ", backward_passes_per_step=args.accum_steps" in text
+    target.write_text(text.replace(", backward_passes_per_step=args.accum_steps", ""))
+    with pytest.raises(Exception, match="backward_passes_per_step"):
+        _launch("horovod", target, tmp_path)
