@@ -1019,13 +1019,19 @@ def untraced_sources(anatomy: "Anatomy") -> List[UntracedSource]:
     own_refs = {l.target for l in a.loaders if l.target} | {
         bl.ref for l in a.loaders for bl in l.batch_loops
     }
-    training = [l for l in a.facts.training_loops() if isinstance(l, cst.For)]
-    around = {id(p) for l in training for p in a.stmt_parent.get(l, ()) if p is not l}
+    # names a script re-shards itself (`loader = runtime.shard_loader(loader)`)
+    own_refs |= {n for c in a.calls if _is_reshard(c.call) for n in [assigned_name(c.stmt, c.call)] if n}
+    loops = a.facts.training_loops()
+    training = [l for l in loops if isinstance(l, cst.For)]
+    around = {id(p) for l in loops for p in a.stmt_parent.get(l, ()) if p is not l}
+    out: List[UntracedSource] = []
+    for loop in loops:
+        if isinstance(loop, cst.While) and id(loop) not in around:
+            out += _untraced_draws(a, loop, own_refs)
     by_loop: Dict[int, List[BatchLoop]] = {}
     for bl in a.batch_loops:
         if bl.via != "pass":
             by_loop.setdefault(id(bl.loop), []).append(bl)
-    out: List[UntracedSource] = []
     for loop in training:
         if id(loop) in around:
             continue  # an epoch loop around the batch loop
@@ -1036,14 +1042,34 @@ def untraced_sources(anatomy: "Anatomy") -> List[UntracedSource]:
         if not counts(loop.iter, a.qualname):
             if iterated:
                 for bl in iterated:
-                    if id(bl) not in traced and not _split_by_hand(a, scope, bl.ref, own_refs):
+                    if id(bl) not in traced and bl.ref not in own_refs and not _split_by_hand(a, scope, bl.ref, own_refs):
                         out.append(UntracedSource(loop, _ref_node(loop.iter, bl.ref), scope))
             elif not _mentions_any(loop.iter, own_refs) and not a.mentions_rank(loop.iter):
                 out.append(UntracedSource(loop, _data_of(loop.iter, a.qualname), scope))
         for bl in drawn:
-            if id(bl) not in traced and not _split_by_hand(a, scope, bl.ref, own_refs):
+            if id(bl) not in traced and bl.ref not in own_refs and not _split_by_hand(a, scope, bl.ref, own_refs):
                 out.append(UntracedSource(loop, _ref_node(loop, bl.ref), scope))
     a.__dict__["_untraced_sources"] = out
+    return out
+
+
+def _untraced_draws(a: "Anatomy", loop: cst.While, own_refs: Set[str]) -> List[UntracedSource]:
+    """A training `while` loop that draws its batches with `next(<ref>)` (`batch = next(data_iter)`,
+    re-made with `iter(loader)` on StopIteration): each drawn reference no fact traces to a loader
+    of this file, to one the script re-shards, or to a split by rank."""
+    scope = a.stmt_scope.get(loop, a.module)
+    out, seen = [], set()
+    for c in a.calls:
+        if c.scope is not scope or loop not in c.parents or dotted(c.call.func) != "next" or not c.call.args:
+            continue
+        v = c.call.args[0].value
+        if isinstance(v, cst.Call) and dotted(v.func) == "iter" and v.args:
+            v = v.args[0].value
+        ref = ref_text(v)
+        if ref is None or ref in seen or ref in own_refs or _split_by_hand(a, scope, ref, own_refs):
+            continue
+        seen.add(ref)
+        out.append(UntracedSource(loop, v, scope))
     return out
 
 

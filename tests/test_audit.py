@@ -435,3 +435,19 @@ def test_batches_from_a_source_no_fact_traces_are_flagged(backend, case, old1, n
     # lint holds distify's output (it imports the runtime) to it, not a hand-written Horovod script:
     # lint cannot know the other module does not shard what it builds
     assert ("DST951" in codes(lint_source(result.output))) == (backend != "horovod")
+
+
+def test_a_while_loop_drawing_an_untraced_loader_is_flagged() -> None:
+    """`while step < max_steps: batch = next(data_iter)` over another module's loader: flagged in
+    distify's output. Controls: the script re-shards that loader itself (shard_loader, as the
+    warning says), or draws from a DataLoader of its own (which DST201 shards): nothing flagged."""
+    src = (FIXTURES / "DST951" / "foreign_loader_drawn_in_a_while_loop.in.py").read_text()
+    assert "DST951" in audit_codes(migrate_source(src.encode(), Options(backend="ddp")).findings)
+    old = "train_loader = get_training_dataloader(CIFAR_MEAN, CIFAR_STD, batch_size=16)\n"
+    resharded = broken(src, old, old + "train_loader = runtime.shard_loader(train_loader)\n").decode()
+    resharded = resharded.replace("import torch\n", "import torch\nfrom distify import runtime\n", 1)
+    assert "DST951" not in codes(lint_source(resharded.encode()))
+    own = broken(src, old, "train_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset("
+                 "torch.randn(64, 3, 8, 8), torch.randint(0, 4, (64,))), batch_size=16, shuffle=True)\n")
+    result = migrate_source(own, Options(backend="ddp"))
+    assert "DistributedSampler" in result.output.decode() and "DST951" not in audit_codes(result.findings)
