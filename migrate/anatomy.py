@@ -578,11 +578,20 @@ def iterated_refs(expr: cst.BaseExpression, aliases_q) -> List[str]:
             if a.keyword is None and not a.star:
                 out += [r for r in iterated_refs(a.value, aliases_q) if r not in out]
         return out
+    inner = _first_items(expr, aliases_q)
+    return iterated_refs(inner, aliases_q) if inner is not None else []
+
+
+def _first_items(expr: cst.Call, aliases_q) -> Optional[cst.BaseExpression]:
+    """The iterable whose items a call of enumerate()/iter()/tqdm()/itertools.cycle()/islice()
+    yields (its first argument), else None."""
+    fname = dotted(expr.func) or ""
+    q = aliases_q(expr.func) or ""
     if fname in ITER_FIRST or q in ITER_FIRST or q in TQDM or fname.endswith("tqdm"):
         a = arg(expr, 0, "iterable")
         if a is not None and not a.star:
-            return iterated_refs(a.value, aliases_q)
-    return []
+            return a.value
+    return None
 
 
 def _trains_directly(node: cst.CSTNode) -> bool:
@@ -702,15 +711,21 @@ def next_consumers(calls: Sequence["CallSite"]) -> List[Tuple["CallSite", str]]:
     draws its batches one at a time from <ref> (an endless generator, an iterator over a loader)."""
     out = []
     for c in calls:
-        if dotted(c.call.func) != "next" or not c.loops or not c.call.args:
-            continue
-        v = c.call.args[0].value
-        if isinstance(v, cst.Call) and dotted(v.func) == "iter" and v.args:
-            v = v.args[0].value
-        r = ref_text(v)
+        v = drawn_from(c.call) if c.loops else None
+        r = ref_text(v) if v is not None else None
         if r is not None:
             out.append((c, r))
     return out
+
+
+def drawn_from(call: cst.Call) -> Optional[cst.BaseExpression]:
+    """`x` of a `next(x)` or `next(iter(x))` call, else None."""
+    if dotted(call.func) != "next" or not call.args:
+        return None
+    v = call.args[0].value
+    if isinstance(v, cst.Call) and dotted(v.func) == "iter" and v.args:
+        v = v.args[0].value
+    return v
 
 
 # Draws of random indices/batches from a process-wide generator: identical on every rank that was
@@ -823,12 +838,7 @@ def loader_family(site: "CallSite") -> Optional[Tuple[str, str, List[str]]]:
 def keyed_loop(loop: cst.For, outer: Sequence[cst.For], aliases_q) -> Optional[Tuple[str, List[str], str]]:
     """(dict reference, keys, key variable) when `loop` iterates `D[v]` (maybe through enumerate/tqdm)
     and `v` is the variable of an enclosing `for v in ["train", "val"]`."""
-    it = loop.iter
-    while isinstance(it, cst.Call) and ((dotted(it.func) or "") in ITER_FIRST or (aliases_q(it.func) or "") in TQDM or (dotted(it.func) or "").endswith("tqdm")):
-        a = arg(it, 0, "iterable")
-        if a is None:
-            return None
-        it = a.value
+    it = _data_of(loop.iter, aliases_q)
     if not (isinstance(it, cst.Subscript) and len(it.slice) == 1 and isinstance(it.slice[0].slice, cst.Index)):
         return None
     key = it.slice[0].slice.value
@@ -987,10 +997,8 @@ def counts(expr: cst.BaseExpression, aliases_q) -> bool:
     q = aliases_q(expr.func) or fname
     if q in COUNTERS or fname in COUNTERS:
         return True
-    if fname in ITER_FIRST or q in ITER_FIRST or q in TQDM or fname.endswith("tqdm"):
-        a = arg(expr, 0, "iterable")
-        return a is not None and not a.star and counts(a.value, aliases_q)
-    return False
+    inner = _first_items(expr, aliases_q)
+    return inner is not None and counts(inner, aliases_q)
 
 
 @dataclass(eq=False)
@@ -1042,12 +1050,12 @@ def untraced_sources(anatomy: "Anatomy") -> List[UntracedSource]:
         if not counts(loop.iter, a.qualname):
             if iterated:
                 for bl in iterated:
-                    if id(bl) not in traced and bl.ref not in own_refs and not _split_by_hand(a, scope, bl.ref, own_refs):
+                    if id(bl) not in traced and not _bound_to_known_data(a, scope, bl.ref, own_refs):
                         out.append(UntracedSource(loop, _ref_node(loop.iter, bl.ref), scope))
             elif not _mentions_any(loop.iter, own_refs) and not a.mentions_rank(loop.iter):
                 out.append(UntracedSource(loop, _data_of(loop.iter, a.qualname), scope))
         for bl in drawn:
-            if id(bl) not in traced and bl.ref not in own_refs and not _split_by_hand(a, scope, bl.ref, own_refs):
+            if id(bl) not in traced and not _bound_to_known_data(a, scope, bl.ref, own_refs):
                 out.append(UntracedSource(loop, _ref_node(loop, bl.ref), scope))
     a.__dict__["_untraced_sources"] = out
     return out
@@ -1060,13 +1068,9 @@ def _untraced_draws(a: "Anatomy", loop: cst.While, own_refs: Set[str]) -> List[U
     scope = a.stmt_scope.get(loop, a.module)
     out, seen = [], set()
     for c in a.calls:
-        if c.scope is not scope or loop not in c.parents or dotted(c.call.func) != "next" or not c.call.args:
-            continue
-        v = c.call.args[0].value
-        if isinstance(v, cst.Call) and dotted(v.func) == "iter" and v.args:
-            v = v.args[0].value
-        ref = ref_text(v)
-        if ref is None or ref in seen or ref in own_refs or _split_by_hand(a, scope, ref, own_refs):
+        v = drawn_from(c.call) if c.scope is scope and loop in c.parents else None
+        ref = ref_text(v) if v is not None else None
+        if ref is None or ref in seen or _bound_to_known_data(a, scope, ref, own_refs):
             continue
         seen.add(ref)
         out.append(UntracedSource(loop, v, scope))
@@ -1076,14 +1080,10 @@ def _untraced_draws(a: "Anatomy", loop: cst.While, own_refs: Set[str]) -> List[U
 def _data_of(expr: cst.BaseExpression, aliases_q) -> cst.BaseExpression:
     """What a loop over `expr` reads, seen through enumerate()/tqdm()/iter() (their first argument)."""
     while isinstance(expr, cst.Call):
-        fname = dotted(expr.func) or ""
-        q = aliases_q(expr.func) or fname
-        if not (fname in ITER_FIRST or q in ITER_FIRST or q in TQDM or fname.endswith("tqdm")):
+        inner = _first_items(expr, aliases_q)
+        if inner is None:
             break
-        a = arg(expr, 0, "iterable")
-        if a is None or a.star:
-            break
-        expr = a.value
+        expr = inner
     return expr
 
 
@@ -1099,11 +1099,14 @@ def _ref_node(node: cst.CSTNode, ref: str) -> cst.CSTNode:
     return node
 
 
-def _split_by_hand(a: "Anatomy", scope: Scope, ref: str, own_refs: Set[str]) -> bool:
-    """`ref` is bound (in `scope`, else at module level) to a value that names the rank
-    (`shard = data[rank::world]`, `loader = get_loader(rank=rank)`), or that comes from this
-    file's own loaders, which the rules shard where they are built: a loader's name, or a call
-    of a function of this file that builds one (`batches = get_loaders(32)[0]`)."""
+def _bound_to_known_data(a: "Anatomy", scope: Scope, ref: str, own_refs: Set[str]) -> bool:
+    """`ref` is one of this file's loader names (`own_refs`: also one a closure reads), or is
+    bound (in `scope`, else at module level) to a value that names the rank (`shard =
+    data[rank::world]`, `loader = get_loader(rank=rank)`), or that comes from this file's own
+    loaders, which the rules shard where they are built: a loader's name, or a call of a function
+    of this file that builds one (`batches = get_loaders(32)[0]`)."""
+    if ref in own_refs:
+        return True
     builders = {id(l.call.scope) for l in a.loaders if isinstance(l.call.scope, cst.FunctionDef)}
     for sc in (scope, a.module):
         if sc is None:
