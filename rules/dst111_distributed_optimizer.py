@@ -102,6 +102,16 @@ class DistributedOptimizer(Rule):
                 prefix = m.split(".")[-1]
                 extra += f', named_parameters=[("{prefix}." + n, p) for n, p in {m}.named_parameters()]'
             accumulation = _accumulation_steps(ctx, opt)
+            if accumulation is None:
+                unsure = _unrecognised_step_condition(ctx, opt)
+                if unsure is not None:
+                    ctx.warn(
+                        self.code, unsure,
+                        f"{opt.target}.step() runs only when `{ctx.code(unsure.test)}`, after a backward() outside that "
+                        "condition: if it ever skips a step, Horovod raises \"Gradients were computed more than "
+                        "backward_passes_per_step times\"; to accumulate over N backward passes, pass "
+                        "backward_passes_per_step=N to hvd.DistributedOptimizer",
+                    )
             anchor = opt.call.stmt
             for m in ctx.anatomy.models:
                 if m.optimizer is opt and ctx.anatomy.is_before(anchor, m.place):
@@ -286,9 +296,9 @@ def _average_anchor(ctx: Context, step):
     return (last, None) if last is not None else (None, step.stmt)
 
 
-def _accumulation_steps(ctx: Context, opt):
-    """N for `if (i + 1) % N == 0: optimizer.step()` – the gradient-accumulation idiom, in each of
-    the spellings ``Facts.step_condition`` knows (`... or i + 1 == len(loader)`, `if last:`)."""
+def _conditional_steps(ctx: Context, opt):
+    """(step call site, the `if` statements between it and its enclosing `for`, innermost first)
+    for each `opt.step()` / `scaler.step(opt)` of the optimizer."""
     a = ctx.anatomy
     for site in a.calls:
         func = site.call.func
@@ -300,14 +310,37 @@ def _accumulation_steps(ctx: Context, opt):
         )
         if opt.target is None or not stepped:
             continue
-        parents = a.stmt_parent.get(site.stmt, ())
-        for p in reversed(parents):
+        ifs, loop = [], None
+        for p in reversed(a.stmt_parent.get(site.stmt, ())):
             if isinstance(p, cst.For):
+                loop = p
                 break
             if isinstance(p, cst.If):
-                found = a.facts.step_condition(p.test, p)
-                if found is not None:
-                    return ctx.code(found[1])
+                ifs.append(p)
+        yield site, ifs, loop
+
+
+def _unrecognised_step_condition(ctx: Context, opt):
+    """The `if` a step of `opt` runs under, inside a loop whose body calls backward() outside that
+    `if`, when it is not the accumulation idiom ``Facts.step_condition`` knows: distify cannot
+    tell whether it accumulates, and Horovod raises on a second backward() without a step."""
+    for _site, ifs, loop in _conditional_steps(ctx, opt):
+        if loop is None or not ifs or not method_calls_in(loop.body, "backward"):
+            continue
+        outer = ifs[-1]
+        if not method_calls_in(outer, "backward") and not ctx.anatomy.facts.rank_condition(outer.test):
+            return outer
+    return None
+
+
+def _accumulation_steps(ctx: Context, opt):
+    """N for `if (i + 1) % N == 0: optimizer.step()` – the gradient-accumulation idiom, in each of
+    the spellings ``Facts.step_condition`` knows (`... or i + 1 == len(loader)`, `if last:`)."""
+    for _site, ifs, _loop in _conditional_steps(ctx, opt):
+        for p in ifs:
+            found = ctx.anatomy.facts.step_condition(p.test, p)
+            if found is not None:
+                return ctx.code(found[1])
     return None
 
 

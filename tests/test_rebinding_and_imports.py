@@ -87,3 +87,39 @@ def test_reloaded_model_is_not_unwrapped_and_device_stays_a_string():
     assert "model.load_state_dict(torch.load(" in out  # the fresh model is no DDP
     assert "print(model.weight.sum())" in out
     assert 'device = runtime.device().type' in out
+
+
+# --- a conditional Horovod step distify cannot read is said, not left silent ----------------------
+
+_HVD_STEP = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+ACCUM = 2
+x = torch.randn(64, 4)
+loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8, shuffle=True)
+model = nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step, (xb, yb) in enumerate(loader):
+    loss = nn.functional.mse_loss(model(xb), yb) / ACCUM
+    loss.backward()
+    if CONDITION:
+        optimizer.step()
+        optimizer.zero_grad()
+'''
+
+
+@pytest.mark.parametrize("condition, warned", [
+    ("(step + 1) % ACCUM == 0 and step > 0", True),  # not the idiom distify reads: say so
+    ("torch.isfinite(loss)", True),  # a skipped step would make Horovod raise all the same
+    ("(step + 1) % ACCUM == 0", False),  # control: read, backward_passes_per_step=ACCUM
+    ("step + 1 == len(loader) or (step + 1) % ACCUM == 0", False),
+])
+def test_an_unread_horovod_step_condition_is_warned(condition, warned):
+    from distify.engine import migrate_source
+    from distify.rules.base import Options
+
+    result = migrate_source(_HVD_STEP.replace("CONDITION", condition).encode(), Options(backend="horovod"))
+    unsure = [f for f in result.findings if f.code == "DST111" and f.kind == "warning"]
+    assert bool(unsure) == warned, result.findings
+    assert ("backward_passes_per_step=ACCUM" in result.output.decode()) == (not warned)
