@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Build (once) and install Horovod 0.28.1 for the CPU build of torch, with Gloo and no MPI.
 #
-# Horovod ships only as an sdist, and its build needs three adjustments for torch >= 2.1 (see
-# shared/DESIGN.md): no build isolation (it must see the installed torch), CMake policy floor 3.5
-# (CMake 4 rejects the bundled gloo CMakeLists), and C++17 instead of the C++14 its CMake forces.
+# Horovod ships only as an sdist, and its build needs three adjustments for torch >= 2.1: no build
+# isolation (it must see the installed torch), CMake policy floor 3.5 (CMake 4 rejects the bundled
+# gloo CMakeLists), and C++17 instead of the C++14 its CMake forces (torch's headers need C++17).
 # The build takes several minutes on 2 cores, so the wheel is cached outside the repository
 # (DISTIFY_WHEEL_CACHE, default ~/.cache/distify-wheels) and reused on the next run.
 set -euo pipefail

@@ -31,13 +31,8 @@ def load(paths: Sequence[str]) -> Dict[str, Any]:
     path = find_pyproject(paths)
     if path is None:
         return {}
-    try:
-        import tomllib  # Python 3.11+
-    except ModuleNotFoundError:  # pragma: no cover - older Pythons
-        try:
-            import tomli as tomllib  # type: ignore
-        except ModuleNotFoundError:
-            return {}
+    import tomllib  # standard library from 3.11, the oldest Python distify supports (pyproject.toml)
+
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

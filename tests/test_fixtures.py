@@ -5,7 +5,8 @@ file does not exist: the case must come out unchanged), it compiles, a second ru
 and the warnings equal `<case>.<backend>.warnings` (none when absent).
 
 Regenerate after an intended change with `DISTIFY_UPDATE_GOLDENS=1 pytest tests/test_fixtures.py`,
-then read every changed expected file as a reviewer would.
+then read every changed expected file as a reviewer would. Regeneration writes and overwrites expected
+files but never deletes one: a case whose expected file would go away fails and names the file.
 """
 
 from __future__ import annotations
@@ -52,6 +53,19 @@ def _options(src: Path, backend: str) -> Options:
     return Options(backend=backend, **kwargs)
 
 
+def regenerate(path: Path, content, why_none: str) -> None:
+    """``DISTIFY_UPDATE_GOLDENS=1``: write ``content`` to the expected file ``path``. ``None`` means the
+    case now expects no such file; an existing one is then never deleted here, because a rule that
+    stopped firing would turn its golden into "must come out unchanged" (and its end-to-end runs into
+    skips) without anyone reading a diff. The test fails instead and says which file to delete by hand."""
+    if content is not None:
+        path.write_bytes(content)
+    elif path.exists():
+        pytest.fail(f"DISTIFY_UPDATE_GOLDENS: {path} exists, but the case now {why_none}. Regeneration never "
+                    f"deletes an expected file: if that is the intended behaviour, delete it yourself (git rm) "
+                    f"and say why in the commit.", pytrace=False)
+
+
 def _warning_lines(findings) -> str:
     return "".join(f"{f.line}:{f.col}: {f.code} {f.message}\n" for f in findings if f.kind == "warning")
 
@@ -65,14 +79,8 @@ def test_fixture(src: Path, backend: str) -> None:
     warnings = _warning_lines(result.findings)
 
     if UPDATE:
-        if result.output != source:
-            expected_path.write_bytes(result.output)
-        elif expected_path.exists():
-            expected_path.unlink()
-        if warnings:
-            warnings_path.write_text(warnings)
-        elif warnings_path.exists():
-            warnings_path.unlink()
+        regenerate(expected_path, result.output if result.output != source else None, "comes out unchanged")
+        regenerate(warnings_path, warnings.encode() or None, "reports no warning")
 
     expected = expected_path.read_bytes() if expected_path.exists() else source
     assert result.output.decode() == expected.decode(), f"{src.name} ({backend}) differs from {expected_path.name}"
@@ -83,6 +91,21 @@ def test_fixture(src: Path, backend: str) -> None:
 
     expected_warnings = warnings_path.read_text() if warnings_path.exists() else ""
     assert warnings == expected_warnings
+
+
+def test_regeneration_never_deletes_an_expected_file(tmp_path: Path) -> None:
+    """A golden whose case now comes out unchanged (or warning-free) stays on disk and the update run
+    fails, naming it; writing and overwriting still work, and an absent file stays absent."""
+    golden = tmp_path / "case.ddp.py"
+    golden.write_text("x = 1\n")
+    with pytest.raises(pytest.fail.Exception, match=r"case\.ddp\.py exists, but the case now comes out unchanged"):
+        regenerate(golden, None, "comes out unchanged")
+    assert golden.read_text() == "x = 1\n"
+    regenerate(golden, b"x = 2\n", "comes out unchanged")
+    assert golden.read_bytes() == b"x = 2\n"
+    absent = tmp_path / "case.ddp.warnings"
+    regenerate(absent, None, "reports no warning")
+    assert not absent.exists()
 
 
 def test_every_fixture_group_has_cases() -> None:

@@ -140,3 +140,29 @@ def test_the_test_extras_bring_every_package_the_tests_import():
     missing = [name for name in third_party
                if not {d.lower().replace("_", "-") for d in providers.get(name, [name])} & required]
     assert missing == [], f"imported by tests or the scripts they run, but not in the test extras: {missing}"
+
+
+# --- the Python versions the package claims ----------------------------------------------------
+
+def _python_floor() -> tuple:
+    text = (ROOT / "pyproject.toml").read_text()
+    spec = re.search(r'^requires-python = ">=(\d+)\.(\d+)"$', text, re.M)
+    assert spec is not None, "requires-python must be a plain '>=X.Y' floor"
+    return int(spec.group(1)), int(spec.group(2))
+
+
+def test_requires_python_is_a_python_the_code_runs_on():
+    """The floor of requires-python is a Python the package can run on: its source parses with that
+    grammar, and [tool.distify] is read with the standard library's tomllib (3.11+), with no fallback
+    that would ignore the user's configuration without a word on an older Python. CI (.ci/run) runs
+    3.11, so the floor is exactly what is tested."""
+    import ast
+
+    floor = _python_floor()
+    assert sys.version_info[:2] >= floor, "the tests run on a Python the package does not support"
+    for folder in ("migrate", "rules", "runtime"):
+        for path in (ROOT / folder).rglob("*.py"):
+            ast.parse(path.read_text(), str(path), feature_version=floor)
+    config = (ROOT / "migrate" / "config.py").read_text()
+    assert "import tomllib" in config and "tomli " not in config and floor >= (3, 11), (
+        "[tool.distify] is read with tomllib, new in Python 3.11: requires-python must not promise less")
