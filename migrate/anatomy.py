@@ -20,27 +20,21 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from distify.facts import Binding, Facts, RepeatedBlocks, all_nodes, arg, dotted, keeps_object, rank_dependent, reads_rank, repeated_blocks, training_call  # noqa: F401 - re-exported
 from distify.walk import walk
+from distify.library import PROGRESS_BARS, names_of
+from distify.names import IMPLICIT_MODULES, resolve, row_of, star_import, unwrapped  # noqa: F401 - re-exported
 from distify.standalone import find_block, is_standalone_block
 
 Scope = Union[cst.Module, cst.FunctionDef]
 Stmt = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
 
-DATALOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+DATALOADER = names_of("loader", shard="sampler")  # loaders sharded by a sampler= argument
 DEVICE = {"torch.device"}
 SAVE = {"torch.save"}
 # methods that write a model, tokenizer or config to disk (or upload it) the Hugging Face way:
 # one writer (rank 0), whoever the receiver is
 SAVE_METHODS = {"save_pretrained", "push_to_hub"}
 LOAD = {"torch.load"}
-TQDM = {
-    "tqdm.tqdm",
-    "tqdm.auto.tqdm",
-    "tqdm.notebook.tqdm",
-    "tqdm.autonotebook.tqdm",
-    "tqdm.std.tqdm",
-    "tqdm.trange",
-    "tqdm.auto.trange",
-}
+TQDM = PROGRESS_BARS
 INIT_PG = {"torch.distributed.init_process_group"}
 DDP = {
     "torch.nn.parallel.DistributedDataParallel",
@@ -200,27 +194,6 @@ class Model:
     stands_for: Optional[str] = None  # the optimizer's root it is wrapped for (`raw_model = model`)
 
 
-def resolve(aliases: Dict[str, str], expr: cst.BaseExpression) -> Optional[str]:
-    """Qualified name of a Name/Attribute chain through the module's imports (None if local)."""
-    d = dotted(expr)
-    if d is None:
-        return None
-    head, _, rest = d.partition(".")
-    if head in aliases:
-        base = aliases[head]
-        return f"{base}.{rest}" if rest else base
-    if head in IMPLICIT_MODULES:
-        # `os` used without an import (it came through a star import, or the script is broken):
-        # distify may add `import os` itself (os.devnull), after which a second run would resolve
-        # these uses; resolving them now keeps the two runs alike
-        return d
-    return None
-
-
-# modules distify may import into a script that uses them without importing them
-IMPLICIT_MODULES = frozenset({"os"})
-
-
 def assigned_name(stmt: cst.CSTNode, call: cst.Call) -> Optional[str]:
     """'x' / 'self.x' when `stmt` is exactly `x = <call>` (one statement, one target), else None."""
     if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
@@ -271,6 +244,7 @@ class _Collector(cst.CSTVisitor):
         self.horovod = False
         self.attr_uses: List[Tuple[cst.Attribute, Scope, Optional[cst.ClassDef], Stmt]] = []
         self.name_bindings: Set[str] = set()
+        self.star_modules: List[str] = []  # `from utils import *`, in source order
         self.ifexps: List[cst.IfExp] = []
         self._scope: List[Scope] = []
         self._cls: List[Optional[cst.ClassDef]] = []
@@ -378,6 +352,7 @@ class _Collector(cst.CSTVisitor):
         if module.split(".")[0] == "horovod":
             self.horovod = True
         if isinstance(node.names, cst.ImportStar):
+            self.star_modules.append(module)
             return
         for alias in node.names:
             name = dotted(alias.name)
@@ -557,22 +532,18 @@ def iterated_ref(expr: cst.BaseExpression, aliases_q) -> Optional[str]:
 # Calls whose iteration yields the items of their first argument (enumerate, a progress bar, ...) and
 # calls that iterate all their positional arguments together (zip, chain): a loop over such a call
 # consumes every loader it is given, and `pbar = tqdm(loader)` makes `pbar` another name for it.
-ITER_FIRST = {"enumerate", "iter", "reversed", "itertools.cycle", "itertools.islice"}
-ITER_ALL = {"zip", "itertools.chain", "itertools.zip_longest", "itertools.product"}
-
-
 def iterated_refs(expr: cst.BaseExpression, aliases_q) -> List[str]:
     """Every reference (see `ref_text`) whose items a loop over `expr` consumes: the iterable itself,
-    or the iterables handed to enumerate()/iter()/tqdm()/itertools.cycle()/islice() (first argument)
-    and zip()/itertools.chain()/zip_longest() (all positional arguments), nested in any order."""
+    or the iterables handed to a pass-through wrapper of the library table (enumerate(), iter(), a
+    tqdm bar, itertools.cycle(): the first argument; zip(), itertools.chain(): every positional
+    argument), nested in any order."""
     d = ref_text(expr)
     if d is not None:
         return [d]
     if not isinstance(expr, cst.Call):
         return []
-    fname = dotted(expr.func) or ""
-    q = aliases_q(expr.func) or ""
-    if fname in ITER_ALL or q in ITER_ALL:
+    row = row_of(aliases_q, expr.func)
+    if row is not None and row.kind == "wrapper" and row.items == "all":
         out: List[str] = []
         for a in expr.args:
             if a.keyword is None and not a.star:
@@ -583,11 +554,10 @@ def iterated_refs(expr: cst.BaseExpression, aliases_q) -> List[str]:
 
 
 def _first_items(expr: cst.Call, aliases_q) -> Optional[cst.BaseExpression]:
-    """The iterable whose items a call of enumerate()/iter()/tqdm()/itertools.cycle()/islice()
-    yields (its first argument), else None."""
-    fname = dotted(expr.func) or ""
-    q = aliases_q(expr.func) or ""
-    if fname in ITER_FIRST or q in ITER_FIRST or q in TQDM or fname.endswith("tqdm"):
+    """The iterable whose items a call of a first-argument wrapper (enumerate(), iter(), a tqdm bar,
+    itertools.cycle()/islice()) yields (its first argument), else None."""
+    row = row_of(aliases_q, expr.func)
+    if row is not None and row.kind == "wrapper" and row.items == "first":
         a = arg(expr, 0, "iterable")
         if a is not None and not a.star:
             return a.value
@@ -973,13 +943,6 @@ def foreign_loaders(anatomy: "Anatomy") -> List[ForeignLoader]:
     return out
 
 
-# Loops over numbers: an epoch or iteration counter, not a data source.
-COUNTERS = {
-    "range", "builtins.range", "tqdm.trange", "tqdm.auto.trange", "tqdm.notebook.trange",
-    "itertools.count", "itertools.repeat", "torch.arange", "numpy.arange",
-}
-
-
 def counts(expr: cst.BaseExpression, aliases_q) -> bool:
     """A loop over `expr` counts (epochs, iterations, phases) rather than reading data: range(),
     trange(), itertools.count(), arange(), a literal of constants, a number, through
@@ -993,9 +956,8 @@ def counts(expr: cst.BaseExpression, aliases_q) -> bool:
         )
     if not isinstance(expr, cst.Call):
         return False
-    fname = dotted(expr.func) or ""
-    q = aliases_q(expr.func) or fname
-    if q in COUNTERS or fname in COUNTERS:
+    row = row_of(aliases_q, expr.func)
+    if row is not None and row.kind == "counter":
         return True
     inner = _first_items(expr, aliases_q)
     return inner is not None and counts(inner, aliases_q)
@@ -1127,7 +1089,7 @@ def _bound_to_known_data(a: "Anatomy", scope: Scope, ref: str, own_refs: Set[str
 def _foreign_builder(a: "Anatomy", site: "CallSite") -> Optional[str]:
     """The qualified name of the function `site` calls when another module (not torch) defines
     it, else None."""
-    q = site.qualname or ""
+    q = site.qualname or star_import(a.star_modules, site.call.func, a.name_bindings) or ""
     if not q or q.split(".")[0] in ("torch", "builtins", "distify") or (dotted(site.call.func) or "") in a.functions:
         return None
     return q
@@ -1259,6 +1221,7 @@ class Anatomy:
     stmt_scope: Dict[cst.CSTNode, Scope]
     attr_uses: List[Tuple[cst.Attribute, Scope, Optional[cst.ClassDef], Stmt]]
     name_bindings: Set[str]
+    star_modules: Tuple[str, ...]
     fors: List[Tuple[cst.For, Scope, Optional[cst.ClassDef], Tuple[cst.For, ...]]]
     ifexps: List[cst.IfExp] = field(default_factory=list)
     facts: Optional[Facts] = None  # the queries below answer from it
@@ -1583,6 +1546,8 @@ def analyse(module: cst.Module) -> Anatomy:
 
     facts = Facts(module, col.calls, col.functions, col.methods, col.stmt_parent, col.stmt_scope, col.assigns)
     facts.trainers = frozenset(trainers)
+    for bl in batch_loops:  # `for b in bar` after `bar = tqdm(loader)` reads `loader`
+        bl.ref = unwrapped(facts, q, bl.scope, bl.ref, bl.loop, ref_text) if bl.via != "pass" else bl.ref
 
     def params_of(fn: cst.FunctionDef) -> List[str]:
         return [p.name.value for p in fn.params.params]
@@ -1867,6 +1832,7 @@ def analyse(module: cst.Module) -> Anatomy:
         stmt_scope=col.stmt_scope,
         attr_uses=col.attr_uses,
         name_bindings=col.name_bindings,
+        star_modules=tuple(col.star_modules),
         fors=col.fors,
         ifexps=col.ifexps,
         facts=facts,

@@ -60,6 +60,8 @@ SPEC = {
     "zip_two_loaders": dict(train=[0, 1], shuffled=[], whole=[], log=r"^epoch \d+"),
     "tqdm_bar_in_epoch": dict(train=[0], shuffled=[], whole=[], log=r"^epoch \d+"),
     "trainer_run_epoch": dict(train=[0], shuffled=[0], whole=[], log=r"^(epoch|Epoch) \d+"),
+    # the batch loop iterates `bar = tqdm(self.train_loader)`; fit() runs the epochs
+    "trainer_tqdm_bar": dict(train=[0], shuffled=[0], whole=[], log=r"^epoch \d+"),
     "endless_generator": dict(train=[0], shuffled=[0], whole=[1], log=r"^iter \d+"),
     # save_pretrained("final.pt") writes a directory
     "hf_style_local": dict(train=[0], shuffled=[], whole=[1], log=r"^epoch \d+", checkpoint="final.pt/pytorch_model.bin"),
@@ -483,3 +485,16 @@ def test_control_loader_from_utils_without_set_epoch(tmp_path):
     _, loaders, _, _ = _run("torchrun", script, tmp_path)
     with pytest.raises(AssertionError, match="same order in two passes"):
         check_shards("control", loaders, SPEC["loader_from_utils"])
+
+
+def test_control_trainer_set_epoch_on_the_bar(tmp_path):
+    """trainer_tqdm_bar: the epoch set on the progress bar instead of the loader it wraps (what distify
+    wrote before the bar was followed to its loader) dies with a NameError in fit(), where the bar is
+    unbound, under plain python already; set on nothing, the shard's order repeats."""
+    script = _broken("trainer_tqdm_bar", tmp_path, lambda t: t.replace("self.train_loader.sampler.set_epoch(epoch)", "bar.sampler.set_epoch(epoch)"))
+    result = run_python(script, train_args(B), cwd=tmp_path, check=False)
+    assert result.returncode != 0 and "NameError: name 'bar' is not defined" in result.output, result.describe()
+    script = _broken("trainer_tqdm_bar", tmp_path, lambda t: t.replace("self.train_loader.sampler.set_epoch(epoch)\n", "pass\n"))
+    _, loaders, _, _ = _run("torchrun", script, tmp_path)
+    with pytest.raises(AssertionError, match="same order in two passes"):
+        check_shards("control", loaders, SPEC["trainer_tqdm_bar"])

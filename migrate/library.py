@@ -1,0 +1,135 @@
+"""What distify knows about other people's code, as data: one row per library object.
+
+A fact asks this table, through the qualified name ``distify.names`` resolves a call's callee to
+(``from tqdm.auto import tqdm as bar`` -> ``tqdm.auto.tqdm``), never through how the script spells
+the name. Adding a library is adding rows here, with a fixture that shows the migration they allow.
+
+Kinds of rows:
+- ``loader``: builds batches a migration must shard; ``shard`` says how: ``sampler`` (the loader
+  takes ``sampler=``: give it a ``DistributedSampler`` where it is built), ``input_nodes`` (PyG's
+  neighbour samplers: split the seed nodes by rank), ``none`` (nothing a sampler can split).
+- ``wrapper``: iterating the call yields the items of the iterables it is handed, in order
+  (``items``: ``first``, its first argument; ``all``, every positional argument). A wrapper is never
+  the loader: a fact follows it to the loader it wraps (``pbar = tqdm(loader)``: ``loader``).
+- ``counter``: iterating it counts (epochs, steps); it reads no data.
+- ``framework``: a training framework that distributes the script itself; ``launch`` says how the
+  script is started on N processes. distify leaves such a script as it is and says so.
+- ``model``: builds a model in another library (its class is not in the script).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, Iterable, Optional
+
+
+@dataclass(frozen=True)
+class Known:
+    name: str  # qualified name, as distify.names resolves it
+    kind: str  # loader | wrapper | counter | framework | model
+    shard: str = ""  # loader: sampler | input_nodes | none
+    items: str = ""  # wrapper: first | all
+    title: str = ""  # framework: how a user names it
+    launch: str = ""  # framework: the command that starts the script on N processes
+
+
+def _rows(kind: str, names: Iterable[str], **kw) -> Dict[str, Known]:
+    return {n: Known(n, kind, **kw) for n in names}
+
+
+_TORCH_LOADERS = ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader")
+# PyG's DataLoader subclasses torch's and takes sampler=; its neighbour samplers are sharded
+# through the seed nodes they are given (input_nodes), which no DistributedSampler splits
+_PYG_LOADERS = ("torch_geometric.loader.DataLoader", "torch_geometric.loader.dataloader.DataLoader")
+_PYG_NODE_LOADERS = (
+    "torch_geometric.loader.NeighborLoader",
+    "torch_geometric.loader.LinkNeighborLoader",
+    "torch_geometric.loader.HGTLoader",
+)
+
+_TQDM = (
+    "tqdm.tqdm", "tqdm.std.tqdm", "tqdm.auto.tqdm", "tqdm.autonotebook.tqdm", "tqdm.notebook.tqdm",
+    "tqdm.rich.tqdm", "tqdm.asyncio.tqdm", "tqdm.contrib.tenumerate",
+    "torch.hub.tqdm",  # torch re-exports tqdm's class (pytorch/examples vision_transformer imports it from there)
+)
+_TRANGE = ("tqdm.trange", "tqdm.std.trange", "tqdm.auto.trange", "tqdm.autonotebook.trange", "tqdm.notebook.trange", "tqdm.rich.trange")
+
+TABLE: Dict[str, Known] = {
+    **_rows("loader", _TORCH_LOADERS, shard="sampler"),
+    **_rows("loader", _PYG_LOADERS, shard="sampler"),
+    **_rows("loader", _PYG_NODE_LOADERS, shard="input_nodes"),
+    **_rows("wrapper", _TQDM, items="first"),
+    **_rows(
+        "wrapper",
+        ("builtins.enumerate", "builtins.iter", "builtins.reversed", "itertools.cycle", "itertools.islice",
+         "more_itertools.peekable", "more_itertools.seekable", "more_itertools.chunked", "more_itertools.ichunked",
+         "more_itertools.islice_extended"),
+        items="first",
+    ),
+    **_rows(
+        "wrapper",
+        ("builtins.zip", "itertools.chain", "itertools.zip_longest", "itertools.product", "tqdm.contrib.tzip",
+         "more_itertools.zip_equal", "more_itertools.interleave", "more_itertools.roundrobin"),
+        items="all",
+    ),
+    **_rows(
+        "counter",
+        ("builtins.range", *_TRANGE, "itertools.count", "itertools.repeat", "torch.arange", "numpy.arange"),
+    ),
+    **_rows("framework", ("accelerate.Accelerator", "accelerate.accelerator.Accelerator"),
+            title="Hugging Face Accelerate", launch="accelerate launch {script}"),
+    **_rows(
+        "framework",
+        ("lightning.Trainer", "lightning.pytorch.Trainer", "pytorch_lightning.Trainer"),
+        title="Lightning Trainer",
+        launch="python {script} with Trainer(devices=N, strategy=\"ddp\"), or torchrun --nproc-per-node N {script}",
+    ),
+    **_rows("framework", ("lightning.Fabric", "lightning.fabric.Fabric", "lightning_fabric.Fabric"),
+            title="Lightning Fabric", launch="fabric run --devices N {script}, or torchrun --nproc-per-node N {script}"),
+    **_rows(
+        "framework",
+        ("transformers.Trainer", "transformers.Seq2SeqTrainer", "transformers.trainer.Trainer",
+         "trl.SFTTrainer", "trl.DPOTrainer", "trl.RewardTrainer"),
+        title="Hugging Face Trainer", launch="torchrun --nproc-per-node N {script} (or accelerate launch {script})",
+    ),
+    **_rows("framework", ("deepspeed.initialize",), title="DeepSpeed", launch="deepspeed {script}"),
+    **_rows(
+        "framework",
+        ("ignite.distributed.Parallel", "ignite.distributed.auto_model", "ignite.distributed.auto_dataloader"),
+        title="PyTorch Ignite (idist)", launch="torchrun --nproc-per-node N {script}",
+    ),
+    **_rows(
+        "framework",
+        ("ray.train.torch.TorchTrainer", "ray.train.torch.prepare_model", "ray.train.torch.prepare_data_loader"),
+        title="Ray Train", launch="python {script} (Ray starts the workers: ScalingConfig(num_workers=N))",
+    ),
+    **_rows("model", ("timm.create_model", "torch.hub.load")),
+}
+
+# every progress bar (DST303 turns them off on ranks other than 0)
+PROGRESS_BARS: FrozenSet[str] = frozenset(_TQDM + _TRANGE + ("tqdm.contrib.tzip",))
+
+# model constructors known by a method name on any receiver, or by the module that holds them
+MODEL_METHODS: FrozenSet[str] = frozenset({"from_pretrained", "from_config"})
+MODEL_MODULES = ("torchvision.models.", "timm.models.", "transformers.")
+
+
+def known(qualname: Optional[str]) -> Optional[Known]:
+    """The row of a qualified name (None: distify knows nothing about it)."""
+    if not qualname:
+        return None
+    row = TABLE.get(qualname)
+    if row is not None:
+        return row
+    if qualname.startswith(MODEL_MODULES[:2]) and qualname.rsplit(".", 1)[-1][:1].islower():
+        return Known(qualname, "model")  # torchvision.models.resnet18, timm.models.vit_base_...
+    if qualname.rsplit(".", 1)[-1] in MODEL_METHODS and qualname.startswith(MODEL_MODULES):
+        return Known(qualname, "model")  # transformers.AutoModel.from_pretrained
+    return None
+
+
+def names_of(kind: str, **match: str) -> FrozenSet[str]:
+    """The qualified names of every row of `kind` (and the given field values)."""
+    return frozenset(
+        n for n, r in TABLE.items() if r.kind == kind and all(getattr(r, k) == v for k, v in match.items())
+    )

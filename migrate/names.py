@@ -1,0 +1,112 @@
+"""What a name in a script is: its qualified name through the module's imports, and what distify
+knows about that object (``distify.library``).
+
+One service for every fact: the anatomy's collector records the imports (``import torch.utils.data
+as tud``, ``from tqdm.auto import tqdm as bar``) into an alias map; ``qualified`` turns a callee or
+reference (a Name/Attribute chain) into ``torch.utils.data.DataLoader``, ``tqdm.auto.tqdm``, the
+script's own ``utils.get_loader``. A builtin the module does not rebind is ``builtins.<name>``.
+Resolution is a dictionary lookup per node, done only for the nodes a fact asks about; libcst's
+scope metadata is not needed (it costs about ten times a parse for a whole module).
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Callable, Collection, Dict, Optional, Sequence
+
+import libcst as cst
+
+from distify.facts import arg, dotted
+from distify.library import Known, known
+
+# modules distify may import into a script that uses them without importing them
+IMPLICIT_MODULES = frozenset({"os"})
+_BUILTINS = frozenset(dir(builtins))
+
+
+def resolve(aliases: Dict[str, str], expr: cst.BaseExpression) -> Optional[str]:
+    """Qualified name of a Name/Attribute chain through the module's imports (None if local)."""
+    d = dotted(expr)
+    if d is None:
+        return None
+    head, _, rest = d.partition(".")
+    if head in aliases:
+        base = aliases[head]
+        return f"{base}.{rest}" if rest else base
+    if head in IMPLICIT_MODULES:
+        # `os` used without an import (it came through a star import, or the script is broken):
+        # distify may add `import os` itself (os.devnull), after which a second run would resolve
+        # these uses; resolving them now keeps the two runs alike
+        return d
+    return None
+
+
+def qualified(aliases: Dict[str, str], expr: cst.BaseExpression, bound: Collection[str] = ()) -> Optional[str]:
+    """`resolve`, and a builtin the module does not bind itself (`bound`: every name it binds) as
+    ``builtins.<name>``: ``enumerate`` is ``builtins.enumerate`` unless the script defines its own."""
+    q = resolve(aliases, expr)
+    if q is None and isinstance(expr, cst.Name) and expr.value in _BUILTINS and expr.value not in bound:
+        return f"builtins.{expr.value}"
+    return q
+
+
+def what(aliases: Dict[str, str], expr: cst.BaseExpression, bound: Collection[str] = ()) -> Optional[Known]:
+    """The library row of the object `expr` names (None: nothing distify knows)."""
+    return known(qualified(aliases, expr, bound))
+
+
+def row_of(aliases_q: Callable[[cst.BaseExpression], Optional[str]], expr: cst.BaseExpression) -> Optional[Known]:
+    """The library row of `expr` through a module's resolver (``Anatomy.qualname``), a bare builtin
+    name as ``builtins.<name>``."""
+    q = aliases_q(expr)
+    if q is None and isinstance(expr, cst.Name) and expr.value in _BUILTINS:
+        q = f"builtins.{expr.value}"
+    return known(q)
+
+
+def unwrapped(facts, aliases_q, scope, ref: str, at: cst.CSTNode, ref_of: Callable[[cst.BaseExpression], Optional[str]]) -> str:
+    """What a loop over the plain name `ref` reads when `ref` is bound, before `at` in `scope`, to a
+    pass-through wrapper of one iterable (``bar = tqdm(self.train_loader)``: ``self.train_loader``),
+    followed through chains of them; `ref` itself otherwise. A wrapper is never the loader: the
+    sampler, its epoch and a re-sharding belong to the loader it wraps. `ref_of` spells the
+    wrapped expression as the anatomy does (``ref_text``)."""
+    seen = set()
+    while "." not in ref and "[" not in ref and ref not in seen:
+        seen.add(ref)
+        b = facts.reaching_binding(scope, ref, at)
+        small = b.stmt.body[0] if b is not None and isinstance(b.stmt, cst.SimpleStatementLine) and len(b.stmt.body) == 1 else None
+        if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.value, cst.Call)):
+            break
+        if not (isinstance(small.targets[0].target, cst.Name) and small.targets[0].target.value == ref):
+            break
+        row = row_of(aliases_q, small.value.func)
+        inner = arg(small.value, 0, "iterable") if row is not None and row.kind == "wrapper" and row.items == "first" else None
+        wrapped = ref_of(inner.value) if inner is not None and not inner.star else None
+        if wrapped is None:
+            break
+        ref, at = wrapped, b.stmt
+    return ref
+
+
+def star_import(modules: Sequence[str], expr: cst.BaseExpression, bound: Collection[str]) -> Optional[str]:
+    """``<module>.<name>`` for a name the module never binds nor imports by name, when exactly one
+    star import of a module that is not torch's can have brought it (``from utils import *`` then
+    ``get_data(args)``: ``utils.get_data``); None when none or several could have."""
+    d = dotted(expr)
+    head = d.partition(".")[0] if d else ""
+    if not head or head in bound or head in _BUILTINS:
+        return None
+    own = [m for m in modules if m.split(".")[0] != "torch"]
+    return f"{own[0]}.{d}" if len(own) == 1 else None
+
+
+def frameworks(calls) -> list:
+    """(row, call site) of each call into a training framework that distributes the script itself
+    (Accelerate's ``Accelerator()``, Lightning's ``Trainer``/``Fabric``, Hugging Face's ``Trainer``,
+    ``deepspeed.initialize``...; see ``distify.library``), in source order."""
+    out = []
+    for site in calls:
+        row = known(site.qualname)
+        if row is not None and row.kind == "framework":
+            out.append((row, site))
+    return out
