@@ -15,6 +15,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import typer
 
+from distify import flags
 from distify.options import Options
 
 EXIT_OK, EXIT_FOUND, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 123
@@ -22,14 +23,19 @@ EXIT_OK, EXIT_FOUND, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 123
 lint_app = typer.Typer(add_completion=False, rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"]})
 
 
-def lint_source(source: bytes, select: Sequence[str] = (), ignore: Sequence[str] = ()) -> Tuple:
-    """The warnings the audit finds in one script (raises engine.InputError for bad input)."""
+def lint_source(source: bytes, select: Sequence[str] = (), ignore: Sequence[str] = (), backend: Optional[str] = None) -> Tuple:
+    """The warnings the audit finds in one script (raises engine.InputError for bad input). The checks
+    read the backend from the script's own code; a ``backend`` the script is not written for (the
+    project's, from ``--backend`` or ``[tool.distify]``) is reported as DST003, the conversion that
+    ``distify --backend BACKEND`` makes."""
     import libcst as cst
 
     from distify.anatomy import analyse
     from distify.engine import InputError, _check_syntax, _quick_skip, decode
+    from distify.findings import Finding
     from distify.rules import selected
     from distify.rules.base import Context
+    from distify.rules.dst003_convert_backend import CONVERT_CODE
 
     text, _ = decode(source)
     if _quick_skip(text):
@@ -40,32 +46,55 @@ def lint_source(source: bytes, select: Sequence[str] = (), ignore: Sequence[str]
     except cst.ParserSyntaxError as e:
         raise InputError(f"syntax error at {e.raw_line}:{e.raw_column + 1}") from None
     anatomy = analyse(module)
-    options = Options(backend=anatomy.flavour or "ddp", select=tuple(select), ignore=tuple(ignore))
+    options = Options(backend=backend or anatomy.flavour or "ddp", select=tuple(select), ignore=tuple(ignore))
     ctx = Context(anatomy, options)
-    for rule in selected(options.backend, options.select, options.ignore):
+    rules = selected(options.backend, options.select, options.ignore)
+    for rule in rules:
         if getattr(rule, "checks_distributed", False):
             rule.apply(ctx)
-    return tuple(sorted((f for f in ctx.findings if f.kind == "warning"), key=lambda f: (f.line, f.col, f.code)))
+    found = [f for f in ctx.findings if f.kind == "warning"]
+    if backend and anatomy.flavour not in (None, backend) and any(r.code == CONVERT_CODE for r in rules):
+        found.append(Finding(CONVERT_CODE, 1, 1, f"the script is distributed with {anatomy.flavour}, but the backend is "
+                                                 f"{backend} (--backend or [tool.distify]); converting it: distify --explain DST003",
+                             "warning"))
+    return tuple(sorted(found, key=lambda f: (f.line, f.col, f.code)))
 
 
-@lint_app.command(help="Check distributed (DDP / Horovod / FSDP) training scripts for the mistakes that make them silently wrong; rewrites nothing.")
+@lint_app.command(help="Check distributed (DDP / Horovod / FSDP) training scripts for the mistakes that make them silently "
+                       "wrong; rewrite nothing. PATH: files or directories (walked for *.py); '-' reads stdin.")
 def lint(
-    paths: Optional[List[str]] = typer.Argument(None, help="Files or directories; '-' reads stdin."),
-    select: Optional[List[str]] = typer.Option(None, "--select", help="Only checks whose code starts with these prefixes."),
-    ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Skip checks whose code starts with these prefixes."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing; only the exit status tells."),
+    paths: Optional[List[str]] = typer.Argument(None, metavar="PATH", hidden=True),
+    backend: Optional[str] = flags.backend("the backend each script's own code uses"),
+    select: Optional[List[str]] = flags.select(),
+    ignore: Optional[List[str]] = flags.ignore(),
+    quiet: bool = flags.quiet(),
+    verbose: bool = flags.verbose(),
+    as_json: bool = flags.as_json(),
 ) -> None:
-    from distify.cli import _split
+    from distify import config
     from distify.engine import InputError, iter_python_files
+    from distify.runner import UsageError, as_list, codes, findings_json, resolve_backend, write_json
+
+    def error(path: str, message: str, internal: bool = False) -> None:
+        typer.echo(f"{path}: {'internal error' if internal else 'error'}: {message}", err=True)
+        files.append({"path": path, "status": "failed" if internal else "error", "findings": [], "message": message})
 
     if not paths:
         typer.echo("distify lint: error: no path given", err=True)
         raise typer.Exit(EXIT_INPUT)
+    try:
+        cfg = config.load(paths)
+        backend = resolve_backend(backend, cfg, default=None)
+    except (config.ConfigError, UsageError) as e:
+        typer.echo(f"distify lint: error: {e}", err=True)
+        raise typer.Exit(EXIT_INPUT)
+    sel, ign = codes(select, cfg, "select"), codes(ignore, cfg, "ignore")
+    files: List[dict] = []
     found = errors = failed = 0
-    sel, ign = _split(select), _split(ignore)
-    for path, problem in (("-", None),) if paths == ["-"] else iter_python_files(paths):
+    walk = (("-", None),) if paths == ["-"] else iter_python_files(paths, as_list(cfg.get("exclude")))
+    for path, problem in walk:
         if problem:
-            typer.echo(f"{path}: error: {problem}", err=True)
+            error(path, problem)
             errors += 1
             continue
         try:
@@ -75,25 +104,36 @@ def lint(
             else:
                 with open(path, "rb") as f:
                     source = f.read()
-            findings = lint_source(source, sel, ign)
+            findings = lint_source(source, sel, ign, backend)
         except InputError as e:
-            typer.echo(f"{path}: error: {e}", err=True)
+            error(path, str(e))
             errors += 1
             continue
         except OSError as e:
-            typer.echo(f"{path}: error: cannot read: {e.strerror or e}", err=True)
+            error(path, f"cannot read: {e.strerror or e}")
             errors += 1
             continue
         except Exception as e:  # noqa: BLE001 - reported, exit 123
-            typer.echo(f"{path}: internal error: {type(e).__name__}: {e}", err=True)
+            error(path, f"{type(e).__name__}: {e}", internal=True)
             failed += 1
             continue
         found += len(findings)
-        if not quiet:
+        files.append({"path": path, "status": "found" if findings else "clean", "findings": findings_json(findings)})
+        if not quiet and not as_json:
             for f in findings:
                 typer.echo(f.format(path))
-    if failed:
-        raise typer.Exit(EXIT_INTERNAL)
-    if errors:
-        raise typer.Exit(EXIT_INPUT)
-    raise typer.Exit(EXIT_FOUND if found else EXIT_OK)
+        if verbose and not findings:
+            typer.echo(f"clean {path}", err=True)
+    code = EXIT_INTERNAL if failed else EXIT_INPUT if errors else EXIT_FOUND if found else EXIT_OK
+    if as_json:
+        write_json(files, code)
+    raise typer.Exit(code)
+
+
+def main(argv: Sequence[str]) -> int:
+    """``distify lint ARGV...``; returns the exit status."""
+    try:
+        lint_app(args=list(argv), prog_name="distify lint")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else EXIT_INPUT
+    return EXIT_OK

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from distify.options import BACKENDS, Options
 
@@ -28,9 +28,55 @@ def _split(values: Optional[List[str]]) -> List[str]:
     return out
 
 
+class UsageError(Exception):
+    """A command line or ``[tool.distify]`` that asks for something impossible; the message is one line."""
+
+
+def resolve_backend(flag: Optional[str], cfg: dict, default: Optional[str] = "ddp") -> Optional[str]:
+    """The backend a command works with: the flag, else ``[tool.distify]`` backend, else ``default``."""
+    backend = flag or cfg.get("backend") or default
+    if backend is None:
+        return None
+    if str(backend).lower() not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}: choose {', '.join(BACKENDS[:-1])} or {BACKENDS[-1]}")
+    return str(backend).lower()
+
+
+def codes(flag: Optional[List[str]], cfg: dict, key: str) -> Tuple[str, ...]:
+    """``--select``/``--ignore`` prefixes: the flag's (comma-separated, repeatable), else the config's."""
+    return tuple(_split(flag) or as_list(cfg.get(key)))
+
+
+def migration_options(cfg: dict, backend=None, select=None, ignore=None, scale_lr=None, fp16_allreduce=None, adasum=None,
+                      seed_per_rank=None, bf16=None, standalone=None, max_size=2.0, positions=True) -> Options:
+    """The Options of a migration from its flags and ``[tool.distify]`` (flags win): what ``distify``
+    migrates with, and what ``distify verify`` migrates its copy with. Raises UsageError."""
+    def flag(value, key):
+        return bool(value if value is not None else cfg.get(key, False))
+
+    options = Options(
+        backend=resolve_backend(backend, cfg),
+        select=codes(select, cfg, "select"),
+        ignore=codes(ignore, cfg, "ignore"),
+        scale_lr=flag(scale_lr, "scale_lr"),
+        fp16_allreduce=flag(fp16_allreduce, "fp16_allreduce"),
+        adasum=flag(adasum, "adasum"),
+        seed_per_rank=flag(seed_per_rank, "seed_per_rank"),
+        bf16=flag(bf16, "bf16"),
+        standalone=flag(standalone, "standalone"),
+        max_bytes=int(max_size * 2**20),
+        positions=positions,
+    )
+    if options.adasum and options.backend != "horovod":
+        raise UsageError("--adasum is a Horovod feature: use it with --backend horovod")
+    if options.bf16 and options.backend != "fsdp":
+        raise UsageError("--bf16 is an FSDP mixed precision policy: use it with --backend fsdp")
+    return options
+
+
 def execute(paths, backend=None, diff=False, check=False, select=None, ignore=None, strict=False, scale_lr=None,
             fp16_allreduce=None, adasum=None, seed_per_rank=None, bf16=None, standalone=None, max_size=2.0, quiet=False,
-            verbose=False, list_rules=False, explain=None, launch=False, nproc=None, nodes=None, port=None,
+            verbose=False, as_json=False, list_rules=False, explain=None, launch=False, nproc=None, nodes=None, port=None,
             version=None, no_cache=False) -> int:
     """One ``distify`` run from its parsed arguments (the parameters of ``distify.cli.run``); the exit code.
 
@@ -53,37 +99,16 @@ def execute(paths, backend=None, diff=False, check=False, select=None, ignore=No
 
     try:
         cfg = config.load(paths)
-    except config.ConfigError as e:
-        reporter.error("distify", str(e))
-        return EXIT_INPUT
-    backend = (backend or cfg.get("backend") or "ddp").lower()
-    if backend not in BACKENDS:
-        reporter.error("distify", f"unknown backend {backend!r}: choose ddp, horovod or fsdp")
-        return EXIT_INPUT
-    launch_defaults = (nproc if nproc is not None else cfg.get("nproc"), _split(nodes) or _as_list(cfg.get("nodes")),
-                       port if port is not None else cfg.get("port"))
-    if launch:
-        from distify.cli import _launch  # reached through typer only
+        if launch:
+            from distify.cli import _launch  # reached through typer only
 
-        return _launch(paths, backend, *launch_defaults, reporter)
-    options = Options(
-        backend=backend,
-        select=tuple(_split(select) or _as_list(cfg.get("select"))),
-        ignore=tuple(_split(ignore) or _as_list(cfg.get("ignore"))),
-        scale_lr=bool(scale_lr if scale_lr is not None else cfg.get("scale_lr", False)),
-        fp16_allreduce=bool(fp16_allreduce if fp16_allreduce is not None else cfg.get("fp16_allreduce", False)),
-        adasum=bool(adasum if adasum is not None else cfg.get("adasum", False)),
-        seed_per_rank=bool(seed_per_rank if seed_per_rank is not None else cfg.get("seed_per_rank", False)),
-        bf16=bool(bf16 if bf16 is not None else cfg.get("bf16", False)),
-        standalone=bool(standalone if standalone is not None else cfg.get("standalone", False)),
-        max_bytes=int(max_size * 2**20),
-        positions=not quiet or strict,
-    )
-    if options.adasum and backend != "horovod":
-        reporter.error("distify", "--adasum is a Horovod feature: use it with --backend horovod")
-        return EXIT_INPUT
-    if options.bf16 and backend != "fsdp":
-        reporter.error("distify", "--bf16 is an FSDP mixed precision policy: use it with --backend fsdp")
+            return _launch(paths, resolve_backend(backend, cfg), *_launch_defaults(cfg, nproc, nodes, port), reporter)
+        options = migration_options(cfg, backend, select, ignore, scale_lr, fp16_allreduce, adasum, seed_per_rank, bf16,
+                                    standalone, max_size, positions=not quiet or strict)
+        if as_json and (diff or "-" in paths):
+            raise UsageError("--json writes the report on stdout, where --diff and '-' (stdin) write code: use one")
+    except (config.ConfigError, UsageError) as e:
+        reporter.error("distify", str(e))
         return EXIT_INPUT
     from distify.engine import Mode
 
@@ -98,13 +123,29 @@ def execute(paths, backend=None, diff=False, check=False, select=None, ignore=No
             reporter.error("distify", "'-' (stdin) cannot be combined with other paths")
             return EXIT_INPUT
         return _run_stdin(options, mode, check, reporter, strict, cache)
-    return _run_paths(paths, options, mode, check, reporter, strict, _as_list(cfg.get("exclude")), hint=launch_defaults,
-                      cache=cache)
+    return _run_paths(paths, options, mode, check, reporter, strict, as_list(cfg.get("exclude")),
+                      hint=_launch_defaults(cfg, nproc, nodes, port), cache=cache, as_json=as_json)
 
 
+def _launch_defaults(cfg: dict, nproc, nodes, port) -> tuple:
+    return (nproc if nproc is not None else cfg.get("nproc"), _split(nodes) or as_list(cfg.get("nodes")),
+            port if port is not None else cfg.get("port"))
 
 
-def _as_list(value) -> List[str]:
+def findings_json(findings) -> List[dict]:
+    return [{"code": f.code, "line": f.line, "col": f.col, "kind": f.kind, "message": f.message} for f in findings]
+
+
+def write_json(files: List[dict], exit_code: int) -> None:
+    """``--json``: one document on stdout, the same shape for ``distify`` and ``distify lint``: each
+    file with its status, its findings (``kind`` fix, warning or info) and, on error, the message."""
+    import json
+
+    sys.stdout.write(json.dumps({"files": files, "exit_code": exit_code}, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def as_list(value) -> List[str]:
     if value is None:
         return []
     if isinstance(value, str):
@@ -143,10 +184,19 @@ def _run_stdin(options: Options, mode, check: bool, reporter, strict: bool, cach
     return _changed_status(result.changed, mode, check)
 
 
-def _run_paths(paths, options: Options, mode, check: bool, reporter, strict: bool, exclude, hint=None, cache=None) -> int:
-    from distify.engine import FileResult, Status, iter_python_files, process_file
+def _run_paths(paths, options: Options, mode, check: bool, reporter, strict: bool, exclude, hint=None, cache=None,
+               as_json=False) -> int:
+    results: list = []
+    code = _report_paths(paths, options, mode, check, reporter, strict, exclude, hint, cache, results)
+    if as_json:
+        write_json([{"path": r.path, "status": r.status.value, "findings": findings_json(r.findings),
+                     **({"message": r.message} if r.message else {})} for r in results], code)
+    return code
 
-    results: List[FileResult] = []
+
+def _report_paths(paths, options: Options, mode, check: bool, reporter, strict: bool, exclude, hint, cache, results) -> int:
+    from distify.engine import FileResult, Status, iter_python_files
+
     todo: List[str] = []
     for path, problem in iter_python_files(paths, exclude):
         if problem:
@@ -250,11 +300,17 @@ _FLAGS = {
     "--check": "check", "--diff": "diff", "--strict": "strict", "--quiet": "quiet", "-q": "quiet",
     "--verbose": "verbose", "-v": "verbose", "--scale-lr": "scale_lr", "--fp16-allreduce": "fp16_allreduce",
     "--adasum": "adasum", "--seed-per-rank": "seed_per_rank", "--bf16": "bf16", "--standalone": "standalone", "--no-cache": "no_cache",
+    "--json": "as_json",
 }
 _VALUES = {"--backend": "backend", "-b": "backend", "--select": "select", "--ignore": "ignore", "--max-size": "max_size"}
 _SIZE = re.compile(r"\d+(\.\d*)?|\.\d+")
-# words a subcommand of distify.cli may claim: never taken for paths here (typer decides)
-SUBCOMMANDS = frozenset({"lint", "verify", "run", "check", "help"})
+# The subcommands: a first word of the command line that names one runs it; any other command line
+# is a migration (the default command), whose words are paths. name -> (module with
+# ``main(argv) -> exit code``, what follows the name, one line for ``distify --help``).
+SUBCOMMANDS = {
+    "lint": ("distify.lint", "PATH...", "audit distributed scripts; rewrite nothing"),
+    "verify": ("distify.verify", "SCRIPT [-- ARGS]", "migrate a copy, run it, check each rank"),
+}
 
 
 def parse_fast(argv: List[str]) -> Optional[dict]:
@@ -288,14 +344,14 @@ def parse_fast(argv: List[str]) -> Optional[dict]:
             args[key] = float(value)
         else:
             return None
-    if not args["paths"] or SUBCOMMANDS.intersection(args["paths"]):
+    if not args["paths"] or argv[0] in SUBCOMMANDS:
         return None
     return args
 
 
 def main() -> None:
     """The console entry point: a plain run starts here; everything else goes to typer."""
-    args = None if sys.argv[1:2] == ["lint"] else parse_fast(sys.argv[1:])
+    args = parse_fast(sys.argv[1:])
     if args is None:
         from distify.cli import main as typer_main
 

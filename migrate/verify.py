@@ -1,7 +1,8 @@
 """``distify verify``: prove a migration by running it.
 
-    distify verify train.py [--backend ddp|horovod|fsdp] [--steps N] [--nproc 2] [--timeout S]
-                            [--as-is] [--standalone] [--against-original --batch-arg NAME] [--json]
+    distify verify train.py [--backend ddp|horovod|fsdp] [--select CODES] [--ignore CODES] [--steps N]
+                            [--nproc 2] [--timeout S] [--as-is] [--standalone]
+                            [--against-original --batch-arg NAME] [--json]
                             -- SCRIPT_ARGS...
 
 It migrates a copy of the script (the user's file is never touched; ``--as-is`` takes the script
@@ -50,7 +51,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import typer
 
-from distify.options import BACKENDS, FSDP_BACKEND, TORCH_BACKENDS
+from distify import flags
+from distify.options import FSDP_BACKEND, TORCH_BACKENDS, Options
 
 PROBE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_probe")
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -608,6 +610,7 @@ class Plan:
     standalone: bool
     against_original: bool
     batch_arg: Optional[str]
+    options: Optional[Options] = None  # what the copy is migrated with: flags and [tool.distify], as `distify` would
 
 
 def scale_batch(args: List[str], name: str, factor: int) -> Tuple[List[str], Optional[str], str]:
@@ -659,7 +662,7 @@ def verify(plan: Plan) -> dict:
         from distify.options import Options
 
         try:
-            result = migrate_source(source, Options(backend=plan.backend, standalone=plan.standalone))
+            result = migrate_source(source, plan.options or Options(backend=plan.backend, standalone=plan.standalone))
         except InputError as e:
             raise VerifyError(f"{plan.script}: {e}") from None
         migrated = result.output
@@ -828,23 +831,30 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None, pretty_exceptions
 @app.command(help="Prove a migration by running it: migrate a copy of SCRIPT, run it with plain python and "
                   "with --nproc processes on CPU, and check what each rank did. Arguments after '--' go to the script.")
 def verify_command(
-    paths: List[str] = typer.Argument(..., help="The training script, then (after '--') its arguments."),
-    backend: str = typer.Option("ddp", "--backend", "-b", help="ddp, horovod or fsdp."),
-    steps: int = typer.Option(20, "--steps", min=0, help="Stop each run after this many optimizer steps (0: run to the end)."),
-    nproc: int = typer.Option(2, "--nproc", min=2, help="Processes of the multi-process run."),
-    timeout: float = typer.Option(600.0, "--timeout", min=1.0, help="Seconds each run may take before everything it started is killed."),
+    paths: List[str] = typer.Argument(..., metavar="SCRIPT", hidden=True),
+    backend: Optional[str] = flags.backend("ddp"),
+    select: Optional[List[str]] = flags.select(),
+    ignore: Optional[List[str]] = flags.ignore(),
+    steps: int = typer.Option(20, "--steps", metavar="N", min=0, help="Stop each run after this many optimizer steps (0: run to the end)."),
+    nproc: int = typer.Option(2, "--nproc", metavar="N", min=2, help="Processes of the multi-process run."),
+    timeout: float = typer.Option(600.0, "--timeout", metavar="SECONDS", min=1.0, help="Seconds each run may take before everything it started is killed."),
     as_is: bool = typer.Option(False, "--as-is", help="Check the script as it is (already distributed): no migration."),
-    standalone: bool = typer.Option(False, "--standalone", help="Migrate with --standalone (runtime helpers written into the script)."),
+    standalone: Optional[bool] = typer.Option(None, "--standalone", help="Migrate with --standalone (runtime helpers written into the script)."),
     against_original: bool = typer.Option(False, "--against-original", help="Also run the original with the batch argument x nproc and compare the weights."),
-    batch_arg: Optional[str] = typer.Option(None, "--batch-arg", help="The script's batch-size option for --against-original (e.g. --batch-size)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (for CI)."),
+    batch_arg: Optional[str] = typer.Option(None, "--batch-arg", metavar="NAME", help="The script's batch-size option for --against-original (e.g. --batch-size)."),
+    as_json: bool = flags.as_json(),
 ) -> None:
-    backend = backend.lower()
-    if backend not in BACKENDS:
-        _usage(f"unknown backend {backend!r}: choose {', '.join(BACKENDS)}")
+    from distify import config
+    from distify.runner import UsageError, migration_options
+
+    try:  # the copy is migrated as `distify` would migrate the script: same flags, same [tool.distify]
+        options = migration_options(config.load(paths[:1]), backend, select, ignore, standalone=standalone)
+    except (config.ConfigError, UsageError) as e:
+        _usage(str(e))
     if against_original and not batch_arg:
         _usage("--against-original needs --batch-arg NAME (the script's batch-size option)")
-    plan = Plan(Path(paths[0]), list(paths[1:]), backend, steps, nproc, timeout, as_is, standalone, against_original, batch_arg)
+    plan = Plan(Path(paths[0]), list(paths[1:]), options.backend, steps, nproc, timeout, as_is, options.standalone,
+                against_original, batch_arg, options)
     try:
         report = verify(plan)
     except VerifyError as e:

@@ -293,6 +293,7 @@ ARGVS = [
     ["--ignore", "DST911", "-v", "F"], ["--strict", "--check", "F"], ["--max-size", "0.5", "F"],
     ["--max-size=3", "F"], ["--scale-lr", "--fp16-allreduce", "--seed-per-rank", "--standalone", "F"],
     ["--adasum", "-b", "horovod", "F"], ["--bf16", "-b", "fsdp", "F"], ["--no-cache", "-", ], ["F", "G", "--check", "--check"],
+    ["--json", "--check", "F"], ["check", "help"],
 ]
 
 

@@ -296,6 +296,179 @@ def test_help_via_python_m():
     assert proc.stderr == b""
 
 
+# --- one grammar for every command -------------------------------------------------------------
+
+RAW_TYPE = re.compile(r"<(?:list|int|float|str|bool|path|choice)\b[^>]*>|\b(?:int|float) range\b")
+
+
+def _help(*command) -> str:
+    proc = run_distify(*command, "--help")
+    assert proc.returncode == EXIT_OK and proc.stderr == b"", proc.stderr
+    return proc.stdout.decode()
+
+
+def _option_help(text: str) -> dict:
+    """``--flag`` -> its help text (wrapped lines joined), from a help page's Options section."""
+    options, current = {}, None
+    for line in text.split("\nOptions:\n", 1)[1].splitlines():
+        m = re.match(r"  ((?:-\w, )?--[\w-]+)(?: (\S+))?(?:\s{2,}(.*))?$", line)
+        if m:
+            current = m.group(1).split(", ")[-1]
+            options[current] = {"names": m.group(1), "value": m.group(2), "help": m.group(3) or ""}
+        elif current and line.startswith("   "):
+            options[current]["help"] = (options[current]["help"] + " " + line.strip()).strip()
+    return options
+
+
+def test_help_names_every_subcommand_and_each_answers_its_own_help():
+    from distify.runner import SUBCOMMANDS
+
+    top = _help()
+    commands = top.split("Commands", 1)[1].split("\nOptions:", 1)[0]
+    for name, (_, args, line) in SUBCOMMANDS.items():
+        assert re.search(rf"^  +distify {name} {re.escape(args)} +{re.escape(line)}$", commands, re.M), name
+        assert _help(name).startswith(f"Usage: distify {name} ")
+    assert re.search(r"^  +distify PATH\.\.\. +\S", commands, re.M), "the default command (a migration) is listed too"
+
+
+def test_help_shows_choices_and_value_names_not_type_names():
+    from distify.options import BACKENDS
+    from distify.runner import SUBCOMMANDS
+
+    for command in [(), *((name,) for name in SUBCOMMANDS)]:
+        text = _help(*command)
+        assert not RAW_TYPE.search(text), (command, RAW_TYPE.search(text).group(0))
+        assert _option_help(text)["--backend"]["value"] == "[" + "|".join(BACKENDS) + "]", command
+
+
+def test_shared_options_read_alike_in_every_command():
+    """--backend, --select, --ignore and --json are one definition (distify.flags) in every command;
+    -q and -v in each command that reports per file (the migration and lint)."""
+    pages = {name: _option_help(_help(*([name] if name else []))) for name in ("", "lint", "verify")}
+    for flag in ("--select", "--ignore", "--json"):
+        assert len({repr(page[flag]) for page in pages.values()}) == 1, flag
+    backends = {(page["--backend"]["names"], page["--backend"]["value"], page["--backend"]["help"].split(" else ")[0])
+                for page in pages.values()}
+    assert len(backends) == 1, backends
+    for flag in ("--quiet", "--verbose"):
+        assert pages[""][flag] == pages["lint"][flag], flag
+
+
+def test_words_that_are_no_subcommand_are_paths(cli, tmp_path, monkeypatch):
+    """Only the registered subcommands are words of the grammar: `distify check` migrates a file
+    named check (here: none, an input error), as it would any other path."""
+    from distify.runner import SUBCOMMANDS, parse_fast
+
+    monkeypatch.chdir(tmp_path)
+    for word in ("run", "check", "help", "migrate"):
+        assert word not in SUBCOMMANDS
+        assert parse_fast([word]) == {"paths": [word]}
+        result = cli(word)
+        assert result.exit_code == EXIT_INPUT and error_lines(result.stderr, word), result.stderr
+    for word in SUBCOMMANDS:
+        assert parse_fast([word, "x.py"]) is None
+
+
+def _lint(capsys, *args):
+    from distify.lint import main
+
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _lint_case(tmp_path):
+    """A hand-written Horovod script that forgets set_epoch (DST952), and one that does not parse."""
+    source = (Path(__file__).parent / "lint_scripts" / "horovod_mnist.py").read_text()
+    broken = source.replace("    train_sampler.set_epoch(epoch)\n", "")
+    assert broken != source
+    (tmp_path / "found.py").write_text(broken)
+    (tmp_path / "bad.py").write_text("import torch\ndef f(:\n")
+    return tmp_path / "found.py", tmp_path / "bad.py"
+
+
+def test_lint_quiet_and_verbose_mean_what_they_mean_for_a_migration(capsys, tmp_path):
+    found, bad = _lint_case(tmp_path)
+    code, out, err = _lint(capsys, "-q", found, bad)
+    assert code == EXIT_INPUT
+    assert out == "" and error_lines(err, bad) and "DST952" not in err  # errors only
+    clean = tmp_path / "clean.py"
+    clean.write_text((Path(__file__).parent / "lint_scripts" / "horovod_mnist.py").read_text())
+    code, out, err = _lint(capsys, "-v", clean, found)
+    assert code == 1 and "DST952" in out
+    assert f"clean {clean}" in err and f"clean {found}" not in err
+    assert f"clean {clean}" not in _lint(capsys, clean)[2]
+
+
+def test_lint_honours_tool_distify_and_the_command_line_wins(capsys, tmp_path):
+    found, bad = _lint_case(tmp_path)
+    pyproject = tmp_path / "pyproject.toml"
+    assert _lint(capsys, found)[0] == 1
+    pyproject.write_text('[tool.distify]\nignore = ["DST952"]\nexclude = ["bad.py"]\n')
+    code, out, err = _lint(capsys, tmp_path)
+    assert (code, out, err) == (EXIT_OK, "", ""), err  # DST952 ignored, bad.py excluded from the walk
+    code, out, _ = _lint(capsys, "--ignore", "DST0", found)
+    assert code == 1 and "DST952" in out  # the flag replaces the config's list
+    pyproject.write_text('[tool.distify]\nselect = ["DST95"]\nbackend = "ddp"\n')
+    code, out, _ = _lint(capsys, found)
+    assert code == 1 and "DST952" in out and "DST003" not in out  # DST003 is not selected
+    code, out, _ = _lint(capsys, "--select", "DST003", found)
+    assert code == 1 and re.fullmatch(rf"{re.escape(str(found))}:1:1: DST003 the script is distributed with horovod, "
+                                      r"but the backend is ddp .*\n", out), out
+    assert _lint(capsys, "--select", "DST003", "-b", "horovod", found)[0] == EXIT_OK
+    pyproject.write_text('[tool.distify]\nbackend = "tpu"\n')
+    code, _, err = _lint(capsys, found)
+    assert code == EXIT_INPUT and "unknown backend 'tpu'" in err
+    pyproject.write_text('[tool.distify]\nbakend = "ddp"\n')
+    assert _lint(capsys, found)[0] == EXIT_INPUT
+
+
+def test_json_report_of_a_migration_and_of_lint(cli, capsys, tmp_path, train_py, infer_py):
+    import json
+
+    (tmp_path / "bad.py").write_text("import torch\ndef f(:\n")
+    result = cli("--check", "--json", tmp_path)
+    assert result.exit_code == EXIT_INPUT
+    report = json.loads(result.stdout)
+    assert report["exit_code"] == EXIT_INPUT
+    files = {Path(f["path"]).name: f for f in report["files"]}
+    assert {name: f["status"] for name, f in files.items()} == {"bad.py": "error", "infer.py": "unchanged", "train.py": "changed"}
+    assert "syntax error" in files["bad.py"]["message"]
+    assert any(f["code"] == "DST201" and f["kind"] == "fix" and f["line"] > 0 for f in files["train.py"]["findings"])
+    for other in (["--diff"], ["-"]):
+        refused = cli("--json", *other, *([] if other == ["-"] else [train_py]), input=b"")
+        assert refused.exit_code == EXIT_INPUT and "--json" in refused.stderr and refused.stdout == ""
+
+    found, bad = _lint_case(tmp_path)
+    code, out, err = _lint(capsys, "--json", found, bad)
+    report = json.loads(out)
+    assert code == report["exit_code"] == EXIT_INPUT
+    files = {Path(f["path"]).name: f for f in report["files"]}
+    assert files["bad.py"]["status"] == "error"
+    assert [(f["code"], f["kind"]) for f in files["found.py"]["findings"]] == [("DST952", "warning")]
+
+
+def test_verify_migrates_its_copy_as_distify_would(tmp_path, monkeypatch):
+    """verify's copy is migrated with the options `distify` would use: the same flags, the same
+    [tool.distify] (here: the backend and --scale-lr), the same errors for a bad backend."""
+    from distify import verify
+
+    plans = []
+    monkeypatch.setattr(verify, "verify", lambda plan: plans.append(plan) or {"verdict": verify.PASS, "checks": [], "runs": []})
+    monkeypatch.setattr(verify, "render_text", lambda report: "")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("import torch\n")
+    (tmp_path / "pyproject.toml").write_text('[tool.distify]\nbackend = "horovod"\nscale-lr = true\nselect = ["DST2"]\n')
+    assert verify.main(["train.py", "--", "--epochs", "1"]) == EXIT_OK
+    options = plans[-1].options
+    assert (plans[-1].backend, options.backend, options.scale_lr, options.select) == ("horovod", "horovod", True, ("DST2",))
+    assert plans[-1].script_args == ["--epochs", "1"]
+    assert verify.main(["-b", "ddp", "--ignore", "DST3", "train.py"]) == EXIT_OK
+    assert (plans[-1].options.backend, plans[-1].options.ignore) == ("ddp", ("DST3",))
+    assert verify.main(["--backend", "tpu", "train.py"]) == EXIT_INPUT
+    assert len(plans) == 2
+
+
 def test_unknown_backend_exits_2(cli, train_py):
     before = train_py.read_bytes()
     result = cli("--backend", "tpu", train_py)

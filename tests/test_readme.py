@@ -166,3 +166,78 @@ def test_requires_python_is_a_python_the_code_runs_on():
     config = (ROOT / "migrate" / "config.py").read_text()
     assert "import tomllib" in config and "tomli " not in config and floor >= (3, 11), (
         "[tool.distify] is read with tomllib, new in Python 3.11: requires-python must not promise less")
+
+
+# --- the README's command-line synopsis is the parser's ----------------------------------------
+
+def _section(title: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else None]
+
+
+def _parsers() -> dict:
+    """Each command's click command, as `distify` builds it: '' is the migration (the default)."""
+    import typer
+
+    from distify import cli, lint, verify
+    from distify.runner import SUBCOMMANDS
+
+    apps = {"": cli.app, "lint": lint.lint_app, "verify": verify.app}
+    assert set(apps) - {""} == set(SUBCOMMANDS), "a subcommand this test does not know"
+    return {name: typer.main.get_command(app) for name, app in apps.items()}
+
+
+def _long_options(command) -> set:
+    return {o for p in command.params if p.param_type_name == "option" for o in (*p.opts, *p.secondary_opts)
+            if o.startswith("--") and o != "--help"}
+
+
+def _synopsis() -> dict:
+    """The "Command line" block: command ('' for a migration) -> its lines, continuations joined."""
+    block = re.search(r"```\n(distify .*?)```", _section("Command line"), re.S).group(1)
+    commands: dict = {}
+    for line in block.splitlines():
+        if line.startswith("distify "):
+            word = line.split()[1]
+            current = word if not word.startswith(("-", "PATH")) else ""
+            commands.setdefault(current, []).append(line)
+        else:
+            assert line.startswith(" "), line
+            commands[current][-1] += line
+    return {name: " ".join(lines) for name, lines in commands.items()}
+
+
+def test_readme_synopsis_matches_the_parser():
+    """Every command in the README's synopsis, every option it shows and every choice of --backend
+    are the parser's, and the parser has no option the synopsis leaves out."""
+    from distify.options import BACKENDS
+
+    parsers, synopsis = _parsers(), _synopsis()
+    assert set(synopsis) == set(parsers)
+    for name, text in synopsis.items():
+        shown = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", text))
+        assert shown == _long_options(parsers[name]), (name or "distify", shown ^ _long_options(parsers[name]))
+        for choices in re.findall(r"--backend (\S+?)\]", text):
+            assert tuple(choices.split("|")) == BACKENDS, (name, choices)
+
+
+def test_readme_examples_parse_with_the_real_parser():
+    """The first examples a reader meets ("What it does") and the synopsis's own example values are
+    command lines the parser accepts, and they show every backend."""
+    from distify.options import BACKENDS
+    from distify.runner import parse_fast
+
+    block = re.search(r"```bash\n(distify .*?)```", _section("What it does"), re.S).group(1)
+    command = _parsers()[""]
+    backends = set()
+    for line in block.splitlines():
+        words = shlex.split(line.split("#", 1)[0])
+        words = [w for i, w in enumerate(words) if w not in "<>" and (i == 0 or words[i - 1] not in "<>")]
+        assert words[0] == "distify", line
+        args = parse_fast(words[1:])
+        assert args is not None, f"not a plain run: {line}"
+        command.make_context("distify", words[1:])  # raises on an option the parser does not know
+        backends.add(args.get("backend", "ddp"))
+    assert backends == set(BACKENDS), backends
