@@ -1,7 +1,7 @@
 """Files already found clean are not parsed again (as black and ruff keep a cache).
 
 What is cached: the result of a file that came out **unchanged** (its output is its input), with the
-warnings and the note the engine reported for it. Replaying them gives exactly what a fresh run
+warnings and the note the engine reported for it, and whether distify refused it (exit 3). Replaying them gives exactly what a fresh run
 prints, also under ``--verbose`` (the note) and ``--strict`` (exit 2 on a cached warning). A file
 that would change, or that fails (syntax error, undecodable, internal error), is never stored: it is
 parsed on every run.
@@ -37,7 +37,7 @@ from typing import Optional, Tuple
 
 from distify.findings import Finding
 
-FORMAT = 1  # bump when the entry layout changes
+FORMAT = 2  # bump when the entry layout changes
 ENV_DIR = "DISTIFY_CACHE_DIR"
 
 
@@ -106,6 +106,7 @@ class Entry:
     findings: Tuple[Finding, ...]
     note: str
     encoding: str
+    refused: bool = False  # distify refused the file (exit 3): a replay must say so too
 
 
 @dataclass(frozen=True)
@@ -130,18 +131,18 @@ class Cache:
             if data["format"] != FORMAT or data["sha256"] != digest or data["size"] != len(source):
                 return None
             findings = tuple(_finding(x) for x in data["findings"])
-            note, encoding = data["note"], data["encoding"]
-            if not isinstance(note, str) or not isinstance(encoding, str):
+            note, encoding, refused = data["note"], data["encoding"], data["refused"]
+            if not isinstance(note, str) or not isinstance(encoding, str) or not isinstance(refused, bool):
                 return None
-            return Entry(findings, note, encoding)
+            return Entry(findings, note, encoding, refused)
         except (OSError, ValueError, KeyError, TypeError):  # missing, truncated, corrupt: a miss
             return None
 
-    def put(self, source: bytes, findings, note: str, encoding: str) -> None:
+    def put(self, source: bytes, findings, note: str, encoding: str, refused: bool = False) -> None:
         """Store the result of a file that came out unchanged (the caller's promise)."""
         digest = self.digest(source)
         data = {
-            "format": FORMAT, "sha256": digest, "size": len(source), "note": note, "encoding": encoding,
+            "format": FORMAT, "sha256": digest, "size": len(source), "note": note, "encoding": encoding, "refused": refused,
             "findings": [[f.code, f.line, f.col, f.message, f.kind] for f in findings],
         }
         import tempfile

@@ -12,7 +12,8 @@ The subcommands are listed once, in ``distify.runner.SUBCOMMANDS``; the options 
 defined once, in ``distify.flags``.
 
 Exit codes (black/pyupgrade): 0 nothing to change, 1 changed (or would change, with --check), 2
-usage or input error, 123 internal failure. Like black's, a --diff preview without --check exits 0
+usage or input error, 3 a script refused (not migrated: a partial migration would train wrong), 123
+internal failure. Like black's, a --diff preview without --check exits 0
 when it shows changes: it only answers "what would change?", and the README's first command is one.
 Nothing here imports torch.
 """

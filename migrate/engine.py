@@ -1,7 +1,7 @@
 """read → parse → analyse → rewrite → render → write.
 
 The engine is the only place that applies edits and touches files. Per file it returns a small
-frozen ``FileResult`` (unchanged / changed / error / failed) that travels across processes.
+frozen ``FileResult`` (unchanged / changed / refused / error / failed) that travels across processes.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ class Mode(enum.Enum):
 class Status(enum.Enum):
     UNCHANGED = "unchanged"
     CHANGED = "changed"
+    REFUSED = "refused"  # a training script distify declined to rewrite (a rule blocked it): left as it was
     ERROR = "error"  # the input's fault: unreadable, undecodable, syntax error
     FAILED = "failed"  # distify's fault: internal error
 
@@ -46,6 +47,7 @@ class MigrationResult:
     findings: Tuple[Finding, ...] = ()
     note: str = ""  # why nothing changed, when nothing did
     encoding: str = "utf-8"  # the source's encoding (BOM / coding cookie), for diffs
+    refused: bool = False  # a rule refused the migration: the output is the source, the warnings say why
 
     @property
     def changed(self) -> bool:
@@ -147,7 +149,9 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
         module, converted = strip(anatomy, options)
         findings += converted
         if module is None:
-            return MigrationResult(source, source, tuple(findings), note="not converted: see warnings", encoding=encoding)
+            return MigrationResult(
+                source, source, tuple(findings), note="not converted: see warnings", encoding=encoding, refused=True
+            )
         anatomy = analyse(module)
         anatomy.want_positions = options.positions
         line_map = _line_map(source, module.bytes)
@@ -168,7 +172,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
     if ctx.blocked:
         return MigrationResult(
             source, source, tuple(f for f in findings if f.kind == "warning"), note="not migrated: see warnings",
-            encoding=encoding,
+            encoding=encoding, refused=True,
         )
     new_module = module.visit(ApplyEdits(ctx.edits)) if ctx.edits else module
     if options.standalone:
@@ -346,7 +350,8 @@ def process_file(path: str, mode: Mode, options: Options, cache=None, parse: boo
         return FileResult(path, Status.ERROR, message=f"cannot read: {e.strerror or e}")
     hit = cache.get(source) if cache is not None else None
     if hit is not None:
-        return FileResult(path, Status.UNCHANGED, hit.findings, hit.note, source, source, hit.encoding)
+        status = Status.REFUSED if hit.refused else Status.UNCHANGED
+        return FileResult(path, status, hit.findings, hit.note, source, source, hit.encoding)
     if not parse:
         return None
     try:
@@ -357,9 +362,9 @@ def process_file(path: str, mode: Mode, options: Options, cache=None, parse: boo
         return FileResult(path, Status.FAILED, message=f"internal error: {type(e).__name__}: {e}", source=source)
     if not result.changed:
         if cache is not None:
-            cache.put(source, result.findings, result.note, result.encoding)
+            cache.put(source, result.findings, result.note, result.encoding, result.refused)
         return FileResult(
-            path, Status.UNCHANGED, result.findings, message=result.note, source=source, output=source,
+            path, Status.REFUSED if result.refused else Status.UNCHANGED, result.findings, message=result.note, source=source, output=source,
             encoding=result.encoding,
         )
     if mode is Mode.WRITE:

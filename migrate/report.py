@@ -130,6 +130,8 @@ class Reporter:
         if result.status in (Status.ERROR, Status.FAILED):
             self.error(result.path, result.message)
             return
+        if result.status is Status.REFUSED:  # a non-zero exit: said even under --quiet
+            self._line(f"refused {result.path}: file not migrated (the warnings say why)", "bold red")
         if self.quiet:
             return
         warnings = _warnings(result)
@@ -138,7 +140,7 @@ class Reporter:
             self._line(f"{mode_word} {result.path} ({len(fixes)} change{'s' if len(fixes) != 1 else ''})", "bold")
             for f in fixes:
                 self._line("  " + f.format(result.path), None)
-        elif self.verbose:
+        elif self.verbose and result.status is Status.UNCHANGED:
             why = f": {result.message}" if result.message else ""
             self._line(f"unchanged {result.path}{why}", "dim")
         for f in warnings:
@@ -179,7 +181,8 @@ class Reporter:
         table.add_column("result")
         table.add_column("rules applied", overflow="fold")
         table.add_column("warnings", overflow="fold")
-        styles = {Status.CHANGED: "green", Status.UNCHANGED: "dim", Status.ERROR: "red", Status.FAILED: "bold red"}
+        styles = {Status.CHANGED: "green", Status.UNCHANGED: "dim", Status.REFUSED: "red", Status.ERROR: "red",
+                  Status.FAILED: "bold red"}
         for r in rows:
             word = mode_word if r.status is Status.CHANGED else r.status.name.lower()
             applied = _codes(f for f in r.findings if f.kind in ("fix", "info"))
@@ -192,7 +195,7 @@ class Reporter:
             )
         self.err_console().print(table)
 
-    def summary(self, changed: int, unchanged: int, errors: int, mode_word: str) -> None:
+    def summary(self, changed: int, unchanged: int, errors: int, mode_word: str, refused: int = 0) -> None:
         if self.quiet:
             return
         parts = []
@@ -201,6 +204,8 @@ class Reporter:
             parts.append(f"{changed} file{'s' if changed != 1 else ''} {done}")
         if unchanged:
             parts.append(f"{unchanged} file{'s' if unchanged != 1 else ''} unchanged")
+        if refused:
+            parts.append(f"{refused} file{'s' if refused != 1 else ''} refused (not migrated)")
         if errors:
             parts.append(f"{errors} file{'s' if errors != 1 else ''} failed")
         if parts:

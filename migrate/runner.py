@@ -19,6 +19,9 @@ from typing import List, Optional, Tuple
 from distify.options import BACKENDS, Options
 
 EXIT_OK, EXIT_CHANGED, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 123
+# a training script distify refused to migrate (a rule blocked it; the warnings say where and why):
+# not "nothing to change", so that a CI step or pre-commit hook never passes on it
+EXIT_REFUSED = 3
 
 
 def _split(values: Optional[List[str]]) -> List[str]:
@@ -162,7 +165,8 @@ def _run_stdin(options: Options, mode, check: bool, reporter, strict: bool, cach
         return EXIT_INPUT
     hit = cache.get(source) if cache is not None else None
     try:
-        result = MigrationResult(source, source, hit.findings, hit.note, hit.encoding) if hit is not None else migrate_source(source, options)
+        result = (MigrationResult(source, source, hit.findings, hit.note, hit.encoding, hit.refused) if hit is not None
+                  else migrate_source(source, options))
     except InputError as e:
         reporter.error("<stdin>", str(e))
         return EXIT_INPUT
@@ -170,8 +174,8 @@ def _run_stdin(options: Options, mode, check: bool, reporter, strict: bool, cach
         reporter.error("<stdin>", f"internal error: {type(e).__name__}: {e}")
         return EXIT_INTERNAL
     if cache is not None and hit is None and not result.changed:
-        cache.put(source, result.findings, result.note, result.encoding)
-    status = Status.CHANGED if result.changed else Status.UNCHANGED
+        cache.put(source, result.findings, result.note, result.encoding, result.refused)
+    status = Status.CHANGED if result.changed else Status.REFUSED if result.refused else Status.UNCHANGED
     fr = FileResult("<stdin>", status, result.findings, result.note, source, result.output, result.encoding)
     if mode.name == "DIFF":
         reporter.diff(fr)
@@ -179,9 +183,7 @@ def _run_stdin(options: Options, mode, check: bool, reporter, strict: bool, cach
         sys.stdout.buffer.write(result.output)
         sys.stdout.buffer.flush()
     reporter.file(fr, "would rewrite" if check or mode.name == "DIFF" else "rewrote")
-    if strict and any(f.kind == "warning" for f in result.findings):
-        return EXIT_INPUT
-    return _changed_status(result.changed, mode, check)
+    return _exit_status([fr], mode, check, strict)
 
 
 def _run_paths(paths, options: Options, mode, check: bool, reporter, strict: bool, exclude, hint=None, cache=None,
@@ -207,35 +209,41 @@ def _report_paths(paths, options: Options, mode, check: bool, reporter, strict: 
         results += _process_all(todo, mode, options, progress.advance, cache)
 
     word = "would rewrite" if mode.name in ("CHECK", "DIFF") else "rewrote"
-    changed = unchanged = errors = 0
+    counts = {status: 0 for status in Status}
     for r in results:
         if r.status is Status.CHANGED and mode.name == "DIFF":
             reporter.diff(r)
         reporter.file(r, word)
-        if r.status is Status.CHANGED:
-            changed += 1
-        elif r.status in (Status.ERROR, Status.FAILED):
-            errors += 1
-        else:
-            unchanged += 1
+        counts[r.status] += 1
+    changed = counts[Status.CHANGED]
     if len(results) > 1:
         reporter.table(results, word)
-        reporter.summary(changed, unchanged, errors, word)
+        reporter.summary(changed, counts[Status.UNCHANGED], counts[Status.ERROR] + counts[Status.FAILED], word,
+                         refused=counts[Status.REFUSED])
     if hint is not None and mode.name == "WRITE" and not reporter.quiet and len(results) == 1 and changed == 1:
         _run_hint(results[0].path, options.backend, *hint, reporter)
+    return _exit_status(results, mode, check, strict)
 
-    if any(r.status is Status.FAILED for r in results):
+
+def _exit_status(results, mode, check: bool, strict: bool) -> int:
+    """The run's exit code, the most serious outcome first: 123 internal failure, 2 a file that could
+    not be read or parsed, 3 a file distify refused to migrate (also under --strict, which would
+    otherwise say 2 for its warnings: the refusal is the more specific news), 2 any warning under
+    --strict, 1 files rewritten (or that would be, with --check; a --diff preview alone exits 0, as
+    black's does), else 0. A directory that mixes rewritten and refused files exits 3: the rewritten
+    ones are written, but the run did not migrate everything it was given."""
+    from distify.engine import Status
+
+    statuses = {r.status for r in results}
+    if Status.FAILED in statuses:
         return EXIT_INTERNAL
-    if errors:
+    if Status.ERROR in statuses:
         return EXIT_INPUT
+    if Status.REFUSED in statuses:
+        return EXIT_REFUSED
     if strict and any(f.kind == "warning" for r in results for f in r.findings):
         return EXIT_INPUT
-    return _changed_status(changed, mode, check)
-
-
-def _changed_status(changed, mode, check: bool) -> int:
-    """1 when files were rewritten, or would be under --check; a --diff preview alone exits 0 (black)."""
-    return EXIT_CHANGED if changed and (check or mode.name != "DIFF") else EXIT_OK
+    return EXIT_CHANGED if Status.CHANGED in statuses and (check or mode.name != "DIFF") else EXIT_OK
 
 
 def _process_all(files: List[str], mode, options: Options, advance=lambda: None, cache=None):

@@ -87,9 +87,10 @@ def test_cached_run_prints_and_exits_as_an_uncached_one(tree, flags):
     same(reference, cold)
     same(reference, warm)
     assert warm.returncode in (1, 2) and b"broken.py" in warm.stderr  # the run is not trivial
-    # every file found unchanged is stored; the changing and failing ones never are
+    # every file found unchanged (refused ones too: left as they were) is stored; the changing and
+    # failing ones never are
     text = distify(*[f for f in flags if f != "-q"], "-v", "--no-cache", tree).stderr.decode()
-    unchanged = {p for p in tree.iterdir() if f"unchanged {p}" in text}
+    unchanged = {p for p in tree.iterdir() if f"unchanged {p}" in text or f"refused {p}" in text}
     assert len(unchanged) >= 2
     assert {p.name for p in stored} == {Cache.digest(p.read_bytes()) for p in unchanged}
     assert entries() == stored

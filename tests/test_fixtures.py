@@ -12,6 +12,7 @@ files but never deletes one: a case whose expected file would go away fails and 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,14 @@ def cases():
 def _expected_paths(src: Path, backend: str):
     stem = src.name[: -len(".in.py")]
     return src.with_name(f"{stem}.{backend}.py"), src.with_name(f"{stem}.{backend}.warnings")
+
+
+def expected_refusal(src: Path, backend: str) -> bool:
+    """What the goldens say: the case comes out unchanged and its warnings say the file was not
+    migrated (a rule refused it), so the command must exit with the refusal code."""
+    expected, warnings = _expected_paths(src, backend)
+    text = warnings.read_text() if warnings.exists() else ""
+    return not expected.exists() and re.search(r"\bnot (migrated|converted)\b", text) is not None
 
 
 FLAGS = {"--scale-lr": "scale_lr", "--fp16-allreduce": "fp16_allreduce", "--adasum": "adasum", "--seed-per-rank": "seed_per_rank",
@@ -91,6 +100,8 @@ def test_fixture(src: Path, backend: str) -> None:
 
     expected_warnings = warnings_path.read_text() if warnings_path.exists() else ""
     assert warnings == expected_warnings
+    # a refusal (exit 3, tests/test_exit_codes.py) exactly where the goldens say the file is not migrated
+    assert result.refused == expected_refusal(src, backend)
 
 
 def test_regeneration_never_deletes_an_expected_file(tmp_path: Path) -> None:

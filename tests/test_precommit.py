@@ -153,3 +153,18 @@ def test_lint_hook_checks_an_fsdp_script(tmp_path, hook_rev, precommit_home):
     _git("add", "train.py", cwd=repo)
     second = _git("commit", "-qm", "add training script", cwd=repo, check=False, env=env)
     assert second.returncode == 0, second.stdout + second.stderr
+
+
+def test_fix_hook_fails_on_a_script_distify_refuses(tmp_path, hook_rev, precommit_home):
+    """A refused script (a fixed cuda:1, DST904) exits 3: the fix hook fails the commit with the file
+    untouched, where it used to pass (exit 0) on a script distify could not migrate."""
+    refused = ROOT / "fixtures" / "DST904" / "second_gpu.in.py"
+    repo = _repo(tmp_path, hook_rev, "distify-fix")
+    (repo / "train.py").write_bytes(refused.read_bytes())
+    _git("add", ".", cwd=repo)
+    env = _env(precommit_home)
+    subprocess.run([sys.executable, "-m", "pre_commit", "install"], cwd=repo, check=True, capture_output=True, env=env)
+    result = _git("commit", "-qm", "add training script", cwd=repo, check=False, env=env)
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "DST904" in result.stdout + result.stderr and "refused" in result.stdout + result.stderr
+    assert (repo / "train.py").read_bytes() == refused.read_bytes()
