@@ -4,7 +4,7 @@ After the rules have rewritten a script, the engine analyses the *rewritten* mod
 anatomy and runs the audit checks (``DST950``-``DST959``, one rule module each, subclasses of
 ``distify.rules.base.AuditCheck``)
 on it; ``distify lint`` runs them on scripts that are already distributed. A rule is only a way to
-reach the invariants (DESIGN.md, "The invariants of a correct migration"); the audit is what says
+reach the invariants (ARCHITECTURE.md, "The invariants of a correct migration"); the audit is what says
 whether they hold, so a shape no rule knows comes out with a warning instead of silently wrong.
 
 The checks ask the anatomy (``distify.anatomy`` / ``distify.facts``) for every program fact; what

@@ -241,3 +241,40 @@ def test_readme_examples_parse_with_the_real_parser():
         command.make_context("distify", words[1:])  # raises on an option the parser does not know
         backends.add(args.get("backend", "ddp"))
     assert backends == set(BACKENDS), backends
+
+
+# --- the repository stands alone ----------------------------------------------------------------
+
+def _tracked_text_files():
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, files):
+        path = ROOT / name
+        if path.is_file() and path.suffix in (".py", ".md", ".sh", ".toml", ".yaml", ".txt", ""):
+            try:
+                yield path, path.read_text()
+            except UnicodeDecodeError:
+                continue
+
+
+def test_nothing_refers_to_documents_outside_the_repository():
+    """Code, scripts, tests and documents name no file outside the repository (the design notes it
+    was started from included): what a reader needs is in ARCHITECTURE.md."""
+    outside = re.compile("DESIGN" + r"\.md|\.\./shared/|(?<![\w.-])shared/" + "DESIGN")
+    found = [f"{path.relative_to(ROOT)}:{text[:m.start()].count(chr(10)) + 1}: {m.group(0)}"
+             for path, text in _tracked_text_files() for m in outside.finditer(text)]
+    assert found == []
+
+
+def test_the_architecture_page_names_files_that_exist():
+    """Every path ARCHITECTURE.md names (placeholders like <case>, NNN and * as wildcards) matches a
+    file or folder of the repository, and every relative link of the Markdown pages resolves."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    paths = set(re.findall(r"(?<![\w/])((?:migrate|rules|runtime|tests|fixtures|bench|examples|\.ci)/[\w./*<>-]*[\w*>/])", text))
+    assert len(paths) > 20, "the page no longer names the modules it describes"
+    missing = [p for p in sorted(paths) if not list(ROOT.glob(re.sub(r"<[^>]*>|NNN", "*", p).rstrip("/")))]
+    assert missing == []
+    for page in (ROOT / "README.md", ROOT / "ARCHITECTURE.md", *ROOT.glob("*/README.md")):
+        for link in re.findall(r"\]\(([^)#\s]+)", page.read_text()):
+            if "://" not in link:
+                assert (page.parent / link).exists(), f"{page.name}: broken link {link}"
