@@ -114,6 +114,71 @@ def _run(argv: Sequence, cwd, env, timeout: float, check: bool) -> RunResult:
     return result
 
 
+# --- launches --------------------------------------------------------------------------------
+# By default the ranks of a launch are forked from one warm process that imported torch once
+# (tests/scripts/warm_ranks.py): each rank gets the environment its launcher would give it, runs the
+# script as __main__ and exits as a fresh interpreter would, but without paying torch's import (about
+# 2 s of CPU a process, three processes a torchrun launch). DISTIFY_E2E_LAUNCH=real launches every
+# run through torchrun / horovodrun / python instead; a test of the launcher itself, or of what
+# happens at interpreter exit, passes real=True.
+LAUNCH_MODE = os.environ.get("DISTIFY_E2E_LAUNCH", "warm")
+WARM_RANKS = Path(__file__).resolve().parent / "scripts" / "warm_ranks.py"
+
+
+class _WarmLauncher:
+    """The one warm process of this test session, started at its first use."""
+
+    def __init__(self):
+        self._proc = None
+
+    def _server(self):
+        if self._proc is None or self._proc.poll() is not None:
+            import atexit
+
+            self._proc = subprocess.Popen(
+                [sys.executable, str(WARM_RANKS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, env=clean_env(), cwd=str(WARM_RANKS.parent), text=True,
+            )
+            atexit.register(self._proc.kill)
+        return self._proc
+
+    def run(self, launcher: str, script: Path, args, nproc: int, env, cwd, timeout: float, check: bool) -> RunResult:
+        import json
+        import tempfile
+
+        argv = (f"warm:{launcher}", "-np", str(nproc), str(script), *(str(a) for a in args))
+        with tempfile.TemporaryDirectory(prefix="distify-warm-") as folder:
+            out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
+            request = {"launcher": launcher, "script": str(script), "args": [str(a) for a in args],
+                       "nproc": nproc, "env": clean_env(env), "cwd": str(cwd), "timeout": timeout,
+                       "stdout": out, "stderr": err}
+            server = self._server()
+            server.stdin.write(json.dumps(request) + "\n")
+            server.stdin.flush()
+            line = server.stdout.readline()
+            if not line:
+                self._proc = None
+                raise RunFailed(f"the warm launcher died running {script}")
+            answer = json.loads(line)
+            read = lambda path: open(path, encoding="utf-8", errors="replace").read() if os.path.exists(path) else ""
+            stdout, stderr = read(out), read(err)
+        if answer["detail"]:
+            stderr += f"\n{launcher} (warm): {answer['detail']}\n"
+        result = RunResult(argv, answer["returncode"], stdout, stderr)
+        if answer.get("timeout"):
+            raise RunFailed(f"timed out after {timeout}s\n" + result.describe())
+        if check and result.returncode != 0:
+            raise RunFailed(f"{launcher} failed\n" + result.describe())
+        return result
+
+
+_WARM = _WarmLauncher()
+
+
+def _warm(real: bool) -> bool:
+    return not real and LAUNCH_MODE != "real"
+
+
 def run_python(
     script,
     args: Iterable = (),
@@ -121,9 +186,12 @@ def run_python(
     cwd=None,
     timeout: float = DEFAULT_TIMEOUT,
     check: bool = True,
+    real: bool = False,
 ) -> RunResult:
     """`python script args...` as one process with no launcher variables in its environment."""
     script = Path(script)
+    if _warm(real):
+        return _WARM.run("python", script, args, 1, env, cwd or script.parent, timeout, check)
     return _run(
         [sys.executable, script, *args],
         cwd=cwd or script.parent,
@@ -141,6 +209,7 @@ def run_torchrun(
     cwd=None,
     timeout: float = DEFAULT_TIMEOUT,
     check: bool = True,
+    real: bool = False,
 ) -> RunResult:
     """`torchrun --standalone --nproc-per-node N script args...` (CPU, gloo).
 
@@ -148,6 +217,8 @@ def run_torchrun(
     machine whose hostname resolves locally, but callers may pass it in env.
     """
     script = Path(script)
+    if _warm(real):
+        return _WARM.run("torchrun", script, args, nproc, env, cwd or script.parent, timeout, check)
     argv = [
         sys.executable,
         "-m",
@@ -158,12 +229,10 @@ def run_torchrun(
         script,
         *args,
     ]
-    def launch(attempt: int) -> RunResult:
-        return _run(argv, cwd=cwd or script.parent, env=clean_env(env), timeout=timeout, check=False)
-
-    if not check:  # check=False callers relaunch themselves (from a fresh directory)
-        return launch(1)
-    return relaunch_on_exit_abort(launch, "process", script.name)
+    result = _run(argv, cwd=cwd or script.parent, env=clean_env(env), timeout=timeout, check=False)
+    if check:
+        checked(result, "torchrun", script.name)
+    return result
 
 
 def run_horovodrun(
@@ -174,10 +243,13 @@ def run_horovodrun(
     cwd=None,
     timeout: float = 240,
     check: bool = True,
+    real: bool = False,
 ) -> RunResult:
     """`horovodrun --gloo -np N -H localhost:N python script args...` (through `python -m
     horovod.runner.launch`, so no `horovodrun` on PATH is needed)."""
     script = Path(script)
+    if _warm(real):
+        return _WARM.run("horovodrun", script, args, nproc, env, cwd or script.parent, timeout, check)
     argv = [
         sys.executable, "-m", "horovod.runner.launch", "--gloo", "-np", str(nproc), "-H", f"localhost:{nproc}",
         sys.executable, script, *args,
@@ -185,10 +257,12 @@ def run_horovodrun(
     return _run(argv, cwd=cwd or script.parent, env=clean_env(env), timeout=timeout, check=check)
 
 
-# torch 2.13 + gloo on CPU: now and then (a few % of launches on a loaded 2-core machine) a rank
-# aborts at interpreter exit, after destroy_process_group() returned and after all its work was done,
-# with "terminate called without an active exception" (a C++ thread still joinable during static
-# destruction). torchrun then reports exit code -6 for that rank.
+# torch 2.13 + gloo on CPU used to abort a rank at interpreter exit now and then, after
+# destroy_process_group() returned and all its work was done, with "terminate called without an
+# active exception" (torchrun then reports exit code -6). The runtime's cleanup fixed it; a launch
+# that ends so is a regression of that fix, and fails like any other failed launch (it used to be
+# relaunched, which would have hidden the regression). Warm launches never run C++ teardown, so only
+# real launches can show it.
 GLOO_EXIT_ABORT = "terminate called without an active exception"
 
 
@@ -203,18 +277,13 @@ def is_gloo_exit_abort(result: RunResult) -> bool:
     return codes == {"-6"} and "Traceback (most recent call last)" not in workers_part
 
 
-def relaunch_on_exit_abort(launch: Callable[[int], RunResult], launcher: str, name: str) -> RunResult:
-    """``launch(1)``, and ``launch(2)`` once more when the only failure was a rank's abort at exit
-    (see GLOO_EXIT_ABORT); ``launch`` starts each attempt afresh (new directories, spies).
-    Raises RunFailed unless the run it returns exited 0."""
-    result = launch(1)
-    if is_gloo_exit_abort(result):
-        import warnings
-
-        warnings.warn(f"{name}: a rank aborted at exit (gloo); relaunching once")
-        result = launch(2)
+def checked(result: RunResult, launcher: str, name: str) -> RunResult:
+    """``result``, or RunFailed when the launch did not exit 0 (saying so when a rank aborted at
+    exit: the runtime's exit fix regressed)."""
     if result.returncode != 0:
-        raise RunFailed(f"{launcher} failed\n" + result.describe())
+        why = (" (a rank aborted at interpreter exit: the runtime's clean-up regressed)"
+               if is_gloo_exit_abort(result) else "")
+        raise RunFailed(f"{launcher} failed{why}\n" + result.describe())
     return result
 
 

@@ -38,7 +38,7 @@ from e2e_support import (  # noqa: E402
     load_state,
     migrate,
     original_weights,
-    relaunch_on_exit_abort,
+    checked,
     run_horovodrun,
     run_torchrun,
     PARAM_SPY,
@@ -124,7 +124,7 @@ def _launch(launcher, script, workdir: Path, original: Path = None):
             return run_torchrun(script, train_args(B), nproc=NPROC, env=env, cwd=run_dir, check=False)
         return run_horovodrun(script, train_args(B), env=env, cwd=run_dir, check=False)
 
-    result = relaunch_on_exit_abort(launch, launcher, script.name)
+    result = checked(launch(1), launcher, script.name)
     deprecations = deprecations_by_author(spy["warnings"], original or CORPUS / f"{script.stem}.in.py", script)
     assert deprecations["distify"] == [], "distify's code provoked:\n" + "\n".join(deprecations["distify"])
     dumps = spy["dumps"]

@@ -40,7 +40,7 @@ from e2e_support import (  # noqa: E402
     assert_same_weights,
     load_state,
     migrate,
-    relaunch_on_exit_abort,
+    checked,
     run_horovodrun,
     run_python,
     run_torchrun,
@@ -196,7 +196,7 @@ def _run(launcher, script, workdir: Path, batch=B):
     if launcher == "python":
         result = launch(1)
     else:
-        result = relaunch_on_exit_abort(launch, launcher, script.name)
+        result = checked(launch(1), launcher, script.name)
     import torch
 
     ranks = ["single"] if launcher == "python" else [str(r) for r in range(NPROC)]

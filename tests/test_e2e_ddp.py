@@ -26,7 +26,7 @@ from e2e_support import (  # noqa: E402
     load_state,
     migrate,
     read_fs_log,
-    relaunch_on_exit_abort,
+    checked,
     run_python,
     run_torchrun,
 )
@@ -119,7 +119,7 @@ class Runs:
                 return run_torchrun(script, self._args(scenario, batch), nproc=NPROC, env=env, cwd=workdir,
                                     check=False)
 
-            result = relaunch_on_exit_abort(launch, "torchrun", scenario.name)
+            result = checked(launch(1), "torchrun", scenario.name)
         else:
             result = run_python(script, self._args(scenario, batch), env=env, cwd=workdir)
         checkpoint = workdir / "final.pt"

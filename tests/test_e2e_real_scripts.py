@@ -35,7 +35,7 @@ from e2e_support import (  # noqa: E402
     RunResult,
     migrate,
     read_fs_log,
-    relaunch_on_exit_abort,
+    checked,
     run_horovodrun,
     run_python,
     run_torchrun,
@@ -154,7 +154,7 @@ def run(script: Path, args, root: Path, how: str, extra_env=None) -> Run:
             return run_torchrun(script, args, nproc=NPROC, env=env, cwd=workdir, check=False)
         return run_horovodrun(script, args, nproc=NPROC, env=env, cwd=workdir, check=False)
 
-    result = relaunch_on_exit_abort(launch, how, script.name)
+    result = checked(launch(1), how, script.name)
     return Run(holder["workdir"], result, holder["log"], holder["dumps"])
 
 
@@ -205,7 +205,7 @@ def assert_one_writer(original: Run, distributed: Run, label: str) -> None:
 
 
 def assert_checkpoint_keys(original: Run, distributed: Run, label: str) -> None:
-    checked = 0
+    compared = 0
     for path in sorted(original.workdir.rglob("*")):
         if path.suffix not in (".pt", ".pth", ".ckpt") or not path.is_file():
             continue
@@ -215,8 +215,8 @@ def assert_checkpoint_keys(original: Run, distributed: Run, label: str) -> None:
         twin = distributed.workdir / path.relative_to(original.workdir)
         assert twin.is_file(), f"{label}: {twin.name} was not written"
         assert state_keys(twin) == keys, f"{label}: {twin.name} keys differ from the original's"
-        checked += 1
-    assert checked, f"{label}: the original saved no state_dict to compare"
+        compared += 1
+    assert compared, f"{label}: the original saved no state_dict to compare"
 
 
 def migrated(name: str, backend: str, tmp_path: Path) -> Path:

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_support import (  # noqa: E402
     REPO_ROOT,
     migrate,
-    relaunch_on_exit_abort,
+    checked,
     run_python,
     run_horovodrun,
     run_torchrun,
@@ -252,7 +252,7 @@ def _launch(launcher: str, script: Path, root: Path):
             return run_torchrun(script, ARGS, nproc=2, env=env, cwd=run_root, check=False)
         return run_horovodrun(script, ARGS, nproc=2, env=env, cwd=run_root, check=False)
 
-    result = relaunch_on_exit_abort(launch, launcher, script.name)
+    result = checked(launch(1), launcher, script.name)
     seen = spy["seen"]
     lines = [(int(e), float(loss), int(c), int(t)) for e, loss, c, t in LINE.findall(result.output)]
     reads = {p.stem[len("seen-"):]: json.loads(p.read_text()) for p in seen.glob("seen-*.json")}

@@ -8,7 +8,11 @@ import sys
 
 def after_import(module_name, patch):
     """Have ``patch(module)`` run once, right after ``import module_name`` has executed the module's
-    body (so its attributes exist) and before the importing code sees it."""
+    body (so its attributes exist) and before the importing code sees it; at once when the module is
+    already imported (a process forked from a parent that imported it, as the tests' warm launcher)."""
+    if module_name in sys.modules:
+        patch(sys.modules[module_name])
+        return
 
     class _ImportHook:
         def find_spec(self, name, path=None, target=None):

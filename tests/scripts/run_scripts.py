@@ -17,37 +17,16 @@ import ast
 import importlib
 import json
 import os
-import runpy
 import signal
 import sys
 import time
-import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from forked_main import run_as_main  # noqa: E402  (the child's side, shared with warm_ranks.py)
 
 
 def _child(job: dict) -> None:
-    os.chdir(job["cwd"])
-    fd = os.open(job["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    sys.argv = [job["script"]]
-    sys.path[0] = job.get("syspath") or os.path.dirname(job["script"])
-    code = 0
-    try:
-        runpy.run_path(job["script"], run_name="__main__")
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if not isinstance(exc.code, int) and exc.code is not None:
-            print(exc.code, file=sys.stderr)  # as the interpreter does for sys.exit("message")
-    except BaseException:  # noqa: BLE001 - reported to the parent through the exit status
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # atexit handlers (the runtime's process-group cleanup) run as in a real interpreter exit
-    import atexit
-
-    atexit._run_exitfuncs()
-    os._exit(code)
+    run_as_main(job["script"], (), job["cwd"], job["out"], None, None, job.get("syspath"))
 
 
 def _last_line(path: str) -> str:
