@@ -19,6 +19,7 @@ import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from distify.facts import Binding, Facts, RepeatedBlocks, all_nodes, arg, dotted, keeps_object, rank_dependent, reads_rank, repeated_blocks, training_call  # noqa: F401 - re-exported
+from distify.model_state import final_place
 from distify.walk import walk
 from distify.library import PROGRESS_BARS, names_of
 from distify.names import IMPLICIT_MODULES, resolve, row_of, star_import, unwrapped  # noqa: F401 - re-exported
@@ -1545,6 +1546,7 @@ def analyse(module: cst.Module) -> Anatomy:
             bl.via = "pass"
 
     facts = Facts(module, col.calls, col.functions, col.methods, col.stmt_parent, col.stmt_scope, col.assigns)
+    col.facts = facts  # _find_model asks it when the model is final (distify.model_state)
     facts.trainers = frozenset(trainers)
     for bl in batch_loops:  # `for b in bar` after `bar = tqdm(loader)` reads `loader`
         bl.ref = unwrapped(facts, q, bl.scope, bl.ref, bl.loop, ref_text) if bl.via != "pass" else bl.ref
@@ -1983,7 +1985,7 @@ def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
             if isinstance(small, cst.Expr) and small.value is c.call:
                 if _before(col, place, c.stmt) and _before(col, c.stmt, opt_stmt):
                     place = c.stmt
-    late = _late_move(col, opt, root, assign_stmt)
+    late = final_place(col.facts, col.qualname, root, assign_stmt, place, opt_stmt)
     if late is not None:
         place = late
     if place is not assign_stmt:
@@ -2004,37 +2006,6 @@ def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
         optimizer=opt,
         assign_node=assign_node,
     )
-
-
-def _late_move(col: _Collector, opt: Optimizer, root: str, assign_stmt: cst.CSTNode) -> Optional[cst.CSTNode]:
-    """The last move of `root` to its device after its optimizer is built (`model =
-    model.to(device)`, `model.cuda()`), when it comes before any loop that follows the optimizer,
-    at the construction's level, in the optimizer's scope. ``Module.to()`` moves the parameters in
-    place (the same Parameter objects the optimizer holds), so wrapping after such a move is as
-    correct as before it; a move inside or after a loop is not taken (DST908 refuses it)."""
-    if root.startswith("self."):
-        return None
-    opt_stmt = opt.call.stmt
-    level = col.stmt_parent.get(assign_stmt, ())
-    late = None
-    for stmt, parents in col.stmt_parent.items():
-        if col.stmt_scope.get(stmt) is not opt.call.scope or not _before(col, opt_stmt, stmt):
-            continue
-        if isinstance(stmt, (cst.For, cst.While)):
-            break  # the loops that train: a move after one of them is no setup step
-        if parents != level or not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-            continue
-        small = stmt.body[0]
-        if isinstance(small, cst.Expr) and moves_model(col.qualname, small.value, root):
-            late = stmt
-        elif (
-            isinstance(small, cst.Assign)
-            and len(small.targets) == 1
-            and dotted(small.targets[0].target) == root
-            and moves_model(col.qualname, small.value, root)
-        ):
-            late = stmt
-    return late
 
 
 def _compiled_alias(col: _Collector, opt: Optimizer, m: Model) -> Optional[Model]:

@@ -14,6 +14,7 @@ import libcst as cst
 from distify.anatomy import COLLECTIVES, Anatomy, CallSite, arg, dotted
 from distify.edits import EditSet, parse_stmts
 from distify.facts import all_nodes
+from distify.model_state import last_within
 
 from distify.findings import Finding  # import-light, so that a cached run can report without libcst
 from distify.options import BACKENDS, DDP_BACKEND, FSDP_BACKEND, HOROVOD_BACKEND, TORCH_BACKENDS, Options
@@ -420,6 +421,8 @@ def method_calls_in(node: cst.CSTNode, method: str) -> int:
 def reaching_scopes(ctx: Context, model, anchor) -> dict:
     """(scope, dotted name) -> (statement the use must follow or None, "module" | "unwrap")."""
     a = ctx.anatomy
+    # a wrap after a compound statement (`if resume: load ... else: init ...`) follows all of it
+    anchor = last_within(a.facts, anchor)
     out = {(id(model.scope), model.name): (anchor, "module")}
     if model.name.startswith("self.") and model.cls is not None:
         for fn, cls in a.methods.items():

@@ -7,6 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from distify.anatomy import DDP, assigned_name, dotted, moves_to_device, through_compile, through_data_parallel
+from distify.model_state import moved
 from distify.rules.base import DDP_BACKEND, Context, Rule
 
 
@@ -17,7 +18,12 @@ class WrapDDP(Rule):
         Finds each model whose parameters an optimizer receives and wraps it right after it
         reaches its device and before the optimizer is built:
         ``model = runtime.DDP(Net().to(device), device_ids=runtime.device_ids())`` in place, or a
-        ``model = runtime.DDP(model, device_ids=...)`` line after a separate ``model.to(device)``.
+        ``model = runtime.DDP(model, device_ids=...)`` line after a separate ``model.to(device)``
+        – or after the last statement that changes the model before training, when that comes
+        later (``distify.model_state``): ``.apply(init_fn)``, ``load_state_dict``, a replaced head
+        (``model.fc = nn.Linear(...)``), frozen parameters, ``model = torch.compile(model)``, also
+        under ``if``/``else`` (the wrap follows the whole statement) or in a function of the
+        script handed the model.
         ``device_ids`` is ``[local_rank]`` on GPU and ``None`` on CPU. ``runtime.DDP(...)`` returns
         torch's ``DistributedDataParallel`` whenever the job has more than one process; in a
         one-process run (plain ``python``) it returns a pass-through with the same ``.module``,
@@ -26,7 +32,9 @@ class WrapDDP(Rule):
     Why:
         DDP averages gradients across processes during ``backward()``, so every rank takes the
         same optimizer step – the step of the big batch made of all ranks' batches. Without it
-        the ranks train separate models.
+        the ranks train separate models. DDP broadcasts rank 0's parameters when it wraps, and
+        registers the parameters that require a gradient then: an initialisation drawn after the
+        wrap gives each rank its own weights, a head replaced after it is never averaged.
 
     Example:
         model = Net().to(device)
@@ -57,7 +65,7 @@ class WrapDDP(Rule):
             # a model that is never moved to a device stays on the CPU: no device_ids then
             value = through_data_parallel(ctx.anatomy.qualname, model.value)  # DST902 drops DataParallel
             value = through_compile(ctx.anatomy.qualname, value)  # DDP(torch.compile(Net().to(device)))
-            placed = model.place is not model.assign or moves_to_device(value)
+            placed = moves_to_device(value) or moved(ctx.anatomy.facts, ctx.anatomy.qualname, model.name, model.assign, model.place)
             ids = f", device_ids={ctx.runtime}.device_ids()" if placed else ""
             if model.place is model.assign and model.value is not None and model.assign_node is not None:
                 def wrap(node: cst.Assign, ddp=ddp, ids=ids) -> cst.Assign:

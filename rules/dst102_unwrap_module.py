@@ -157,7 +157,7 @@ def _still_wrapped(a, model, anchor, scope, name, stmt, mode):
         if any(
             a.is_before(anchor, s) and not a.facts.keeps(s, model.name)
             for s in a.rebindings(model.scope, model.name)
-            if s is not anchor
+            if s is not anchor and anchor not in a.stmt_parent.get(s, ())
         ):
             return "unwrap"
     return mode

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import dotted
+from distify.facts import all_nodes, contains_node
+from distify.model_state import INIT, LOAD, before_training, changes_in
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule
 
 
@@ -13,9 +14,13 @@ class BroadcastState(Rule):
 
     What it does:
         Adds ``hvd.broadcast_parameters(model.state_dict(), root_rank=0)`` after the optimizer is
-        built – and after any ``load_state_dict`` that follows it in the same function, so a
-        resumed checkpoint is what gets broadcast. When the optimizer's state is loaded there too,
-        ``hvd.broadcast_optimizer_state(optimizer, root_rank=0)`` follows. A fresh optimizer's
+        built – and after the last statement before training that loads or re-initialises the
+        model (``load_state_dict``, ``.apply(init_fn)``), also under a condition (``if
+        args.resume:``) or inside a function of the script that is handed the model
+        (``load_checkpoint(path, model, optimizer)``), so a resumed checkpoint is what gets
+        broadcast. When the optimizer's state is loaded there too,
+        ``hvd.broadcast_optimizer_state(optimizer, root_rank=0)`` follows (under the load's own
+        ``if``, when that condition reads only values that are the same on every rank). A fresh optimizer's
         state is not broadcast: it is identical everywhere, and Horovod would create it with a
         zero-gradient step that shifts Adam's step count and applies weight decay once.
 
@@ -46,44 +51,43 @@ class BroadcastState(Rule):
         for opt in [*ctx.state.get("hvd_optimizers", []), *ctx.state.get("hvd_averaged", [])]:
             anchor = ctx.state.get("hvd_anchor", {}).get(opt, opt.call.stmt)
             loads_optimizer = False
-            siblings = a.stmt_parent.get(anchor, ())
-            # loads after the first loop that follows the optimizer (the training loop) come after
-            # training – reloading the best weights at the end – and must not delay the broadcast
-            loops_after = [
-                level[0]
-                for loop, scope, _cls, _outer in a.fors
-                if scope is opt.call.scope
-                for level in [[s for s in (*a.stmt_parent.get(loop, ()), loop) if a.stmt_parent.get(s, ()) == siblings]]
-                if level and a.is_before(anchor, level[0])
-            ]
-            # the last load_state_dict after the optimizer, at the optimizer's block level
-            for site in a.calls:
-                if site.scope is not opt.call.scope or not isinstance(site.call.func, cst.Attribute):
-                    continue
-                if site.call.func.attr.value != "load_state_dict":
-                    continue
-                owner = dotted(site.call.func.value) or ""
-                if owner not in opt.models and owner != opt.target and not any(owner.startswith(m + ".") for m in opt.models):
-                    continue
-                chain = (*site.parents, site.stmt)
-                level = [s for s in chain if a.stmt_parent.get(s, ()) == siblings]
-                if any(a.is_before(loop, level[0]) for loop in loops_after if level):
-                    continue
-                if level and a.is_before(anchor, level[0]) and not _inside_loop(level[0]):
-                    anchor = level[0]
-                    loads_optimizer = loads_optimizer or owner == opt.target
+            # the last statement before training that loads or re-initialises the model or loads the
+            # optimizer: under a condition (`if args.resume:`) or in a function of the script it is
+            # handed to (`load_checkpoint(path, model, optimizer)`); what follows the first loop after
+            # the optimizer (the training loop: reloading the best weights at the end) is not waited for
+            roots = [*opt.models, *([opt.target] if opt.target else [])]
+            for stmt in before_training(a.facts, anchor):
+                found = [c for c in changes_in(a.facts, a.qualname, stmt, roots) if c.kind in (LOAD, INIT)]
+                if found:
+                    anchor = stmt
+                    for c in found:
+                        if c.kind == LOAD and c.root == opt.target:
+                            loads_optimizer = _when_loaded(ctx, stmt, c.node)
+                if any(isinstance(n, (cst.For, cst.While)) for n in all_nodes(stmt, skip_nested=True)):
+                    break
             lines = [f"{hvd}.broadcast_parameters({m}.state_dict(), root_rank=0)" for m in opt.models]
             if loads_optimizer:
                 # only a loaded state needs broadcasting: on a fresh optimizer Horovod creates the
                 # state with a zero-gradient step, which shifts Adam's step count and applies weight
-                # decay once – the run would no longer match the single-process one
-                lines.append(f"{hvd}.broadcast_optimizer_state({opt.target}, root_rank=0)")
+                # decay once – the run would no longer match the single-process one. A load under
+                # `if args.resume:` is broadcast under the same condition (the same on every rank)
+                line = f"{hvd}.broadcast_optimizer_state({opt.target}, root_rank=0)"
+                lines.append(line if loads_optimizer is True else f"if {loads_optimizer}:\n    {line}")
             ctx.edits.insert_after(anchor, ctx.stmts("\n".join(lines)))
             ctx.report(self.code, opt.call.call, "rank 0's parameters and optimizer state are broadcast before training")
 
 
-def _inside_loop(stmt: cst.CSTNode) -> bool:
-    return isinstance(stmt, (cst.For, cst.While))
+def _when_loaded(ctx: Context, stmt: cst.CSTNode, load: cst.CSTNode):
+    """True when the optimizer load in `stmt` runs on every path; the condition's source when it
+    runs in the body of an ``if`` on something that is the same on every rank (``args.resume``)
+    – a fresh optimizer must not get Horovod's zero-gradient state step; False otherwise."""
+    if not isinstance(stmt, cst.If):
+        return True
+    if stmt.orelse is not None or not contains_node(stmt.body, load) or ctx.anatomy.facts.rank_condition(stmt.test):
+        return False
+    if any(isinstance(n, cst.Call) for n in all_nodes(stmt.test)):
+        return False  # `os.path.isfile(path)` may differ between hosts: a collective under it could hang
+    return ctx.code(stmt.test)
 
 
 RULE = BroadcastState()

@@ -6,7 +6,7 @@ from typing import List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
-from distify.anatomy import COMPILE, Model, compiled_module, compiles_model, dotted
+from distify.anatomy import COMPILE, Model, assigned_name, compiled_module, compiles_model, dotted
 from distify.facts import all_nodes, names, stmt_bindings
 from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
 
@@ -243,6 +243,8 @@ def _shard_point(ctx: Context, model: Model):
     for site in a.calls_to(COMPILE):
         if site.scope is not model.scope or not compiles_model(a.qualname, site.call, model.name):
             continue
+        if assigned_name(site.stmt, site.call) != model.name:
+            continue  # a compiled copy under another name: DST907 refuses it
         if not (a.is_before(model.assign, site.stmt) and (site.stmt is model.place or a.is_before(site.stmt, model.place) or model.place in a.stmt_parent.get(site.stmt, ()))):
             continue
         at = next((s for s in (*a.stmt_parent.get(site.stmt, ()), site.stmt) if a.stmt_parent.get(s, ()) == level), None)
@@ -267,8 +269,8 @@ def _move_optimizer(ctx: Context, model: Model, point: cst.CSTNode, where: str):
     stmt = opt.call.stmt
     if opt.call.scope is not model.scope or not a.is_before(stmt, point) or (where == "before" and stmt is point):
         return []
-    if where == "before":
-        return "the optimizer is built before the model is compiled: build it after the compile"
+    # where == "before" (nanoGPT: optimizer, then `if compile: model = torch.compile(model)`): the shard goes
+    # before the compile and the optimizer after it; the compiled module holds the sharded parameters
     if opt.target is None or a.stmt_parent.get(stmt, ()) != a.stmt_parent.get(point, ()):
         return "its construction is not a plain `optimizer = ...` line next to where the model is sharded"
     between = [

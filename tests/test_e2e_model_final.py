@@ -1,0 +1,110 @@
+"""Executed: the DDP wrap comes after the last change to the model's parameters (issue 22, item 3).
+
+fixtures/DST101/init_after_build.in.py builds two networks, then either loads saved weights
+(``--epoch N``) or re-initialises them with ``.apply(weights_init_normal)`` from the unseeded global
+generator, and only then builds the optimizer (the CycleGAN layout). Wrapped before that ``if``,
+every rank would draw its own weights after DDP's broadcast and train its own model, silently.
+
+- a fresh run (the ``.apply`` branch, 2 ranks under torchrun): every rank holds the same
+  parameters at the end (a test-only sitecustomize dumps each rank's optimizer parameters);
+- a resumed run (the load branch, deterministic): the checkpoint equals the original's at batch 2B;
+- control: the same migrated script with the wraps moved back above the ``if`` (where distify put
+  them before) ends with ranks that differ.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from e2e_support import (  # noqa: E402
+    PARAM_SPY,
+    REPO_ROOT,
+    assert_same_weights,
+    load_state,
+    migrate,
+    run_python,
+    run_torchrun,
+    sitecustomize_env,
+)
+
+pytestmark = pytest.mark.e2e
+
+SOURCE = REPO_ROOT / "fixtures" / "DST101" / "init_after_build.in.py"
+B = 16
+NPROC = 2
+WRAPS = (
+    "G_AB = runtime.DDP(G_AB, device_ids=runtime.device_ids())\n"
+    "G_BA = runtime.DDP(G_BA, device_ids=runtime.device_ids())\n"
+)
+BRANCHES = "\nif opt.epoch != 0:\n"
+
+
+def _saved_models(workdir: Path) -> None:
+    """saved_models/G_AB_1.pth and G_BA_1.pth: the weights the resumed runs load."""
+    import torch
+
+    g = torch.Generator().manual_seed(11)
+    shapes = {"net.0.weight": (16, 6), "net.0.bias": (16,), "net.2.weight": (6, 16), "net.2.bias": (6,)}
+    (workdir / "saved_models").mkdir(parents=True)
+    for name in ("G_AB", "G_BA"):
+        state = {k: torch.randn(*s, generator=g) for k, s in shapes.items()}
+        torch.save(state, workdir / "saved_models" / f"{name}_1.pth")
+
+
+def _ranks(script: Path, workdir: Path, args) -> dict:
+    """Launch on NPROC ranks in `workdir`; each rank's optimizer parameters at exit."""
+    import torch
+
+    dumps = workdir / "dumps"
+    dumps.mkdir(parents=True)
+    env = sitecustomize_env(workdir / "spy", PARAM_SPY, {"DISTIFY_E2E_PARAM_DIR": str(dumps)})
+    run_torchrun(script, args, nproc=NPROC, env=env, cwd=workdir)
+    return {r: torch.load(dumps / f"rank{r}.pt") for r in range(NPROC)}
+
+
+def _same_on_every_rank(ranks: dict) -> bool:
+    import torch
+
+    return all(
+        len(ranks[r]) == len(ranks[0]) and all(torch.equal(a, b) for a, b in zip(ranks[0], ranks[r]))
+        for r in ranks
+    )
+
+
+def _args(batch, epoch=0):
+    return ["--batch-size", batch, "--epochs", 2, "--epoch", epoch, "--checkpoint", "final.pt"]
+
+
+def test_wrap_after_apply_init_and_load(tmp_path):
+    script = tmp_path / "script" / "init_after_build.py"
+    migrate(SOURCE, script, backend="ddp")
+    text = script.read_text()
+    assert text.index(BRANCHES) < text.index(WRAPS), "the wraps must follow the load/init branches"
+
+    fresh = _ranks(script, tmp_path / "fresh", _args(B))
+    assert fresh[0], "no optimizer parameters were recorded"
+    assert _same_on_every_rank(fresh), "ranks trained different models after .apply(init_fn)"
+
+    original = tmp_path / "original"
+    _saved_models(original)
+    run_python(SOURCE, _args(NPROC * B, epoch=1), cwd=original)
+    resumed = tmp_path / "resumed"
+    _saved_models(resumed)
+    assert _same_on_every_rank(_ranks(script, resumed, _args(B, epoch=1)))
+    assert_same_weights(load_state(original / "final.pt"), load_state(resumed / "final.pt"), atol=1e-5,
+                        label=f"resumed, 2 ranks x {B} vs batch {NPROC * B}")
+
+    # control: the wraps where they were before (above the branches) -> each rank keeps its own init
+    early = tmp_path / "script" / "wrapped_early.py"
+    moved = text.replace(WRAPS, "").replace(BRANCHES, "\n" + WRAPS + BRANCHES)
+    moved = moved.replace("G_AB.load_state_dict(", "G_AB.module.load_state_dict(")
+    moved = moved.replace("G_BA.load_state_dict(", "G_BA.module.load_state_dict(")
+    assert moved != text
+    early.write_text(moved)
+    assert not _same_on_every_rank(_ranks(early, tmp_path / "control", _args(B))), (
+        "control: with the wrap before .apply(init_fn) the ranks should differ"
+    )
