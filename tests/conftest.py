@@ -47,6 +47,53 @@ def horovod_problem() -> "str | None":
     return _horovod_problem[0]
 
 
+# --- the quick run and the full matrix ----------------------------------------------------------
+# `python -m pytest -q` (the README's test command) runs every unit test -- every rule's fixtures and
+# goldens, the audit, lint, the CLI, the runtime -- and, of the end-to-end tests (marked `e2e`: they
+# launch real training processes), one representative case per backend plus the launcher contract.
+# `--full` adds the whole end-to-end matrix: every scenario, corpus script and golden launched, under
+# torchrun, FSDP and horovodrun. CI runs both (.ci/run).
+QUICK_E2E = (
+    "tests/test_e2e_ddp.py::test_ddp_two_ranks_match_big_batch[examples_style]",
+    "tests/test_e2e_ddp.py::test_ddp_side_effects_happen_once[examples_style]",
+    "tests/test_e2e_fsdp.py::test_fsdp_two_ranks_match_big_batch[examples_style]",
+    "tests/test_e2e_horovod.py::test_horovod_two_ranks_match_big_batch[examples_style]",
+    "tests/test_warm_launcher.py::",  # the warm launcher against real torchrun/horovodrun launches
+)
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--full", action="store_true", default=False,
+                     help="run the full end-to-end matrix too (CI); without it, one end-to-end case per backend")
+
+
+def _quick(nodeid: str) -> bool:
+    return any(nodeid == wanted or (wanted.endswith("::") and nodeid.startswith(wanted)) for wanted in QUICK_E2E)
+
+
+# Test modules whose module-scoped fixture runs one batch for all their cases (every golden at once;
+# the six benchmarks side by side): under pytest-xdist (-n, see pyproject.toml) their cases go to one
+# worker, or each worker would run the whole batch again.
+ONE_WORKER_MODULES = ("tests/test_goldens_run.py", "tests/test_bench_smoke.py")
+
+
+def _select_quick_run(config, items) -> None:
+    if config.getoption("--full"):
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if item.get_closest_marker("e2e") is not None and not _quick(item.nodeid) else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+    # A representative case renamed away would silently leave its backend untested.
+    collected_files = {item.nodeid.split("::")[0] for item in keep + drop}
+    for wanted in QUICK_E2E:
+        if wanted.split("::")[0] in collected_files and not any(_quick(i.nodeid) and i.nodeid.startswith(
+                wanted.rstrip(":")) for i in keep):
+            raise pytest.UsageError(f"conftest.QUICK_E2E names {wanted}, which no longer exists")
+
+
 _imports_torch: dict = {}
 
 
@@ -54,7 +101,11 @@ def pytest_collection_modifyitems(config, items) -> None:
     """Mark ``torch`` every test of a module that imports torch anywhere (at the top or inside a
     test): the tests whose outcome can depend on the torch version. CI's second environment
     (torch 2.13.0) reruns those, after its first ran everything against the newest torch."""
+    _select_quick_run(config, items)
     for item in items:
+        module = item.nodeid.split("::")[0]
+        if module in ONE_WORKER_MODULES:
+            item.add_marker(pytest.mark.xdist_group(module))
         path = str(item.fspath)
         if path not in _imports_torch:
             try:
