@@ -106,6 +106,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
 
     from distify.anatomy import analyse
     from distify.audit import is_audit
+    from distify.names import frameworks
     from distify.edits import ApplyEdits
     from distify.rules import selected
     from distify.rules.base import Context
@@ -123,6 +124,9 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
     if standalone_name is not None and not options.standalone:
         options = replace(options, standalone=True)  # an earlier --standalone output stays standalone
     incremental = False
+    if frameworks(anatomy.calls) and not anatomy.migrated_by_distify:
+        # Accelerate, Lightning, the HF Trainer, DeepSpeed...: the framework distributes the script
+        return MigrationResult(source, source, _notes(anatomy, options, path, "DST960"), note="distributed by a framework", encoding=encoding)
     if anatomy.flavour == options.backend or _unsharded_fsdp_output(anatomy, options):
         if not anatomy.migrated_by_distify:
             return MigrationResult(
@@ -133,7 +137,8 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
         incremental = True
     if not anatomy.has_training:
         # nothing distify knows how to migrate; the audit still says when it trains all the same
-        return MigrationResult(source, source, _audit(anatomy, options, []), note="no training loop", encoding=encoding)
+        said = tuple(_audit(anatomy, options, [])) + _notes(anatomy, options, path, "DST961")
+        return MigrationResult(source, source, said, note="no training loop", encoding=encoding)
 
     findings: List[Finding] = []
     line_map = None
@@ -221,6 +226,20 @@ def _advice(anatomy, options: Options) -> Tuple[Finding, ...]:
     for rule in rules:
         rule.apply(ctx)
     return tuple(sorted((f for f in ctx.findings if f.kind == "warning"), key=lambda f: (f.line, f.col, f.code)))
+
+
+def _notes(anatomy, options: Options, path: Optional[str], code: str) -> Tuple[Finding, ...]:
+    """What rule `code` says about why a file is left as it is (when selected): info lines the
+    report prints without -v."""
+    from distify.rules import selected
+    from distify.rules.base import Context
+
+    ctx = Context(anatomy, options)
+    ctx.state["script_path"] = path
+    for rule in selected(options.backend, options.select, options.ignore):
+        if rule.code == code:
+            rule.apply(ctx)
+    return tuple(ctx.findings)
 
 
 def _audit(anatomy, options: Options, prior: Sequence[Finding], migrated: bool = False) -> List[Finding]:

@@ -14,7 +14,8 @@ class Finding:
     line: int
     col: int
     message: str
-    kind: str = "fix"  # fix | warning | info
+    # fix | warning | info | note (why a file is left as it is: printed without -v, never an error)
+    kind: str = "fix"
 
     def format(self, path: str) -> str:
         return f"{path}:{self.line}:{self.col}: {self.code} {self.message}"

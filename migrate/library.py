@@ -15,6 +15,7 @@ Kinds of rows:
 - ``framework``: a training framework that distributes the script itself; ``launch`` says how the
   script is started on N processes. distify leaves such a script as it is and says so.
 - ``model``: builds a model in another library (its class is not in the script).
+- ``print``: writes a log line, as ``print`` does (``tqdm.write``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Dict, FrozenSet, Iterable, Optional
 @dataclass(frozen=True)
 class Known:
     name: str  # qualified name, as distify.names resolves it
-    kind: str  # loader | wrapper | counter | framework | model
+    kind: str  # loader | wrapper | counter | framework | model | print
     shard: str = ""  # loader: sampler | input_nodes | none
     items: str = ""  # wrapper: first | all
     title: str = ""  # framework: how a user names it
@@ -104,6 +105,8 @@ TABLE: Dict[str, Known] = {
         title="Ray Train", launch="python {script} (Ray starts the workers: ScalingConfig(num_workers=N))",
     ),
     **_rows("model", ("timm.create_model", "torch.hub.load")),
+    # a progress bar's own print: a log line like print()'s
+    **_rows("print", ("tqdm.write", *(f"{t}.write" for t in _TQDM if ".contrib." not in t))),
 }
 
 # every progress bar (DST303 turns them off on ranks other than 0)

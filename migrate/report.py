@@ -143,6 +143,9 @@ class Reporter:
         elif self.verbose and result.status is Status.UNCHANGED:
             why = f": {result.message}" if result.message else ""
             self._line(f"unchanged {result.path}{why}", "dim")
+        for f in result.findings:
+            if f.kind == "note":  # why a file is left as it is (a framework distributes it...): said, not implied
+                self._line(f.format(result.path), None)
         for f in warnings:
             self._line(f.format(result.path), "yellow")
 
@@ -170,7 +173,7 @@ class Reporter:
         """
         if self.quiet or not self._is_tty(self.err):
             return
-        rows = [r for r in results if self.verbose or r.status is not Status.UNCHANGED or _warnings(r)]
+        rows = [r for r in results if self.verbose or r.status is not Status.UNCHANGED or _warnings(r) or _notes(r)]
         if not rows:
             return
         from rich.markup import escape
@@ -185,7 +188,7 @@ class Reporter:
                   Status.FAILED: "bold red"}
         for r in rows:
             word = mode_word if r.status is Status.CHANGED else r.status.name.lower()
-            applied = _codes(f for f in r.findings if f.kind in ("fix", "info"))
+            applied = _codes(f for f in r.findings if f.kind in ("fix", "info", "note"))
             warned = _codes(_warnings(r))
             table.add_row(
                 escape(r.path),
@@ -242,6 +245,10 @@ class Progress:
     def advance(self) -> None:
         if self._bar is not None:
             self._bar.advance(self._task)
+
+
+def _notes(result: FileResult) -> list:
+    return [f for f in result.findings if f.kind == "note"]
 
 
 def _warnings(result: FileResult) -> list:

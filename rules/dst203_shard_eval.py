@@ -9,6 +9,7 @@ import libcst as cst
 
 from distify.anatomy import CallSite, Loader, arg, assigned_name, dotted, iterated_ref
 from distify.facts import all_nodes, header_names, names, uses
+from distify.library import names_of
 from distify.rules.base import (
     FSDP_BACKEND, HOROVOD_BACKEND, Context, Rule, add_kwarg, binds_locally, hoistable_argument, loader_stem,
 )
@@ -33,6 +34,7 @@ NO_GRAD = {
 # method calls that only convert a value: `x.sum().item()` is as much a sum as `x.sum()`
 CONVERSIONS = {"item", "cpu", "detach", "float", "double", "long", "int", "clone", "to", "numpy"}
 COLLECTIVE_PREFIXES = ("torch.distributed", "horovod", "distify")
+PRINTS = names_of("print")  # tqdm.write and its twins (distify.library)
 LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "exception", "log", "write"}
 
 
@@ -431,7 +433,7 @@ class _Planner:
             if isinstance(func, cst.Name) and func.value == "print" and not q:
                 return "its evaluation loop prints (every rank would print its own part)"
             logs = isinstance(func, cst.Attribute) and func.attr.value in LOG_METHODS
-            if q.startswith("logging") or dotted(func) == "tqdm.write" or logs:
+            if q.startswith("logging") or q in PRINTS or logs:
                 return "its evaluation loop logs (every rank would log its own part)"
             root = _root(func)
             if root is None or root in local:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import libcst as cst
 
+from distify.library import names_of
 from distify.rules.base import Context, Rule, call_statement
 
 
-PRINT_LIKE = {"tqdm.tqdm.write", "tqdm.auto.tqdm.write", "tqdm.write"}
+PRINT_LIKE = names_of("print")  # tqdm.write and its twins (distify.library)
 
 
 class Rank0Print(Rule):

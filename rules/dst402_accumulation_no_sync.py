@@ -7,6 +7,7 @@ from typing import List, Optional, Tuple
 import libcst as cst
 
 from distify.anatomy import dotted
+from distify.names import row_of
 from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, Context, Rule, method_calls_in, names_in, reaching_scopes
 from distify.walk import walk
 
@@ -164,7 +165,10 @@ class AccumulationNoSync(Rule):
 def _last_micro_batch(ctx: Context, loop: cst.For) -> Optional[str]:
     """`i + 1 == len(loader)` for `for i, batch in enumerate(loader):` (None for other loops)."""
     it = loop.iter
-    if not (isinstance(it, cst.Call) and dotted(it.func) == "enumerate" and len(it.args) == 1 and it.args[0].keyword is None):
+    if not (isinstance(it, cst.Call) and len(it.args) == 1 and it.args[0].keyword is None):
+        return None
+    row = row_of(ctx.anatomy.qualname, it.func)
+    if row is None or row.name != "builtins.enumerate":
         return None
     target = loop.target
     if not (isinstance(target, cst.Tuple) and target.elements and isinstance(target.elements[0].value, cst.Name)):

@@ -1,0 +1,120 @@
+"""DST961 a file that builds what training needs but trains elsewhere: left unchanged, and said."""
+
+from __future__ import annotations
+
+from typing import List, Set, Tuple
+
+import libcst as cst
+
+from distify.anatomy import Anatomy, CallSite, dotted
+from distify.facts import all_nodes
+from distify.library import known
+from distify.names import qualified, star_import
+from distify.rules.base import Context, Rule
+
+
+class TrainingElsewhere(Rule):
+    """Say where the training seems to run when a file that builds it has no training loop.
+
+    What it does:
+        When a file builds what training needs – a DataLoader, an optimizer – or calls
+        ``backward()``, but distify finds no training loop in it (nothing it could migrate), the
+        file is left as it is and distify says so without ``-v``: it names the call that hands the
+        loader or optimizer to code distify does not read (a function or method of another module,
+        ``simclr.train(train_loader)``, ``train_one_epoch(model, optimizer, loader)``), with its line.
+
+    Why:
+        A file left unchanged in silence reads as "nothing to do". Launched on N processes it
+        trains N copies on the same data: every rank reads all of it and saves and prints. The
+        loop that needs the sampler and the wrapper lives in the module named here.
+
+    Example:
+        simclr = SimCLR(model=model, optimizer=optimizer)
+        simclr.train(train_loader)    # DST961: no training loop in this file; training seems to run
+                                      # in simclr.train() (another module): nothing was changed
+    """
+
+    code = "DST961"
+    name = "training-elsewhere"
+    summary = "left unchanged: the training loop is not in this file"
+
+    def apply(self, ctx: Context) -> None:
+        a = ctx.anatomy
+        if a.has_training:
+            return
+        backward = any(isinstance(c.call.func, cst.Attribute) and c.call.func.attr.value == "backward" for c in a.calls)
+        optimizers = [c for c in a.calls if _builds_optimizer(c)]
+        if not optimizers and not backward:
+            return  # a data or evaluation script: nothing says it trains
+        loaders, built = _training_objects(a)
+        # the call handed a loader first (`simclr.train(train_loader)`), else one handed an optimizer
+        for site in sorted(a.calls, key=lambda c: not _hands_over(a, c, loaders)):
+            if _hands_over(a, site, built):
+                callee = dotted(site.call.func) or "a function"
+                ctx.report(
+                    self.code,
+                    site.call,
+                    f"left unchanged: no training loop in this file; training seems to run in {callee}() "
+                    "(code distify does not read): launched on N processes, every rank would train on all the "
+                    "data; migrate that module's loop (or run distify on it)",
+                    kind="note",
+                )
+                return
+        what = "an optimizer" if optimizers else "backward()"
+        ctx.report(
+            self.code,
+            a.module.body[0] if a.module.body else a.module,
+            f"left unchanged: this file uses {what} but distify found no training loop in it; nothing was changed",
+            kind="note",
+        )
+
+
+def _training_objects(a: Anatomy) -> Tuple[Set[str], Set[str]]:
+    """The names this file binds to a loader it builds, and those with the optimizers too."""
+    loaders: Set[str] = set()
+    for l in a.loaders:
+        loaders.update(n for n in [l.target, *l.bound] if n)
+    names = set(loaders)
+    for c in a.calls:
+        row = known(c.qualname)
+        target = _assigned(c)
+        if target and row is not None and row.kind == "loader":
+            loaders.add(target)
+        if target and (_builds_optimizer(c) or target in loaders):
+            names.add(target)
+    return loaders, names
+
+
+def _builds_optimizer(c: CallSite) -> bool:
+    """A torch.optim optimizer class (not a scheduler or the base class)."""
+    parts = (c.qualname or "").split(".")
+    return len(parts) == 3 and parts[:2] == ["torch", "optim"] and parts[2][:1].isupper() and parts[2] != "Optimizer"
+
+
+def _assigned(c: CallSite) -> str:
+    stmt = c.stmt
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign):
+        a = stmt.body[0]
+        if a.value is c.call and len(a.targets) == 1:
+            return dotted(a.targets[0].target) or ""
+    return ""
+
+
+def _hands_over(a: Anatomy, site: CallSite, built: Set[str]) -> bool:
+    """`site` passes one of `built` to code of another module: neither a function or class of this
+    file, nor torch, a builtin or a library object distify knows (a loader, a wrapper...)."""
+    if not built or a.facts.callee(site.call, site.scope) is not None:
+        return False
+    head = (dotted(site.call.func) or "").split(".")[0]
+    if head in a.functions or head in a.classes or (head == "self" and site.cls is not None):
+        return False
+    q = qualified(a.aliases, site.call.func, a.name_bindings) or star_import(a.star_modules, site.call.func, a.name_bindings) or ""
+    if q.split(".")[0] in ("torch", "builtins", "distify") or known(q) is not None:
+        return False
+    passed: List[str] = [
+        dotted(n) or "" for arg in site.call.args for n in all_nodes(arg.value) if isinstance(n, (cst.Name, cst.Attribute))
+    ]
+    return any(p in built for p in passed)
+
+
+RULE = TrainingElsewhere()
