@@ -30,6 +30,7 @@ SCRIPTS = [
     ("P4", "p4_overhead.py"),
     ("P5", "p5_scaling.py"),
     ("P6", "p6_cache.py"),
+    ("P7", "p7_engine.py"),
 ]
 KEEP = re.compile(r"<!-- keep:(\w+) -->\n(.*?)<!-- /keep:\1 -->", re.S)
 

@@ -1,6 +1,6 @@
 """Smoke test of the benchmarks: each bench script runs in --quick mode and prints its RATIO line(s).
 
-Not a timing assertion: the numbers of a --quick run mean nothing. The six scripts run concurrently
+Not a timing assertion: the numbers of a --quick run mean nothing. The scripts run concurrently
 (each is one mostly sequential process tree) to keep the test near a minute on two cores.
 """
 
@@ -13,7 +13,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ["p1_throughput.py", "p2_startup.py", "p3_comm.py", "p4_overhead.py", "p5_scaling.py", "p6_cache.py"]
+SCRIPTS = ["p1_throughput.py", "p2_startup.py", "p3_comm.py", "p4_overhead.py", "p5_scaling.py", "p6_cache.py",
+           "p7_engine.py"]
 
 pytest.importorskip("torch")
 
