@@ -12,17 +12,21 @@ class CompileOrder(Rule):
     """Compile the inner module, then wrap it; refuse a compiled model the wrapper would miss.
 
     What it does:
-        ``model = torch.compile(model)`` (also under ``if args.compile:``), ``model =
-        torch.compile(Net().to(device))`` and ``model.compile()`` are kept, and the DDP wrap goes
-        around the compiled module, after the compile: ``model = runtime.DDP(model, ...)``. With
+        ``model = torch.compile(model)`` (also under ``if args.compile:``, also after the optimizer
+        is built, nanoGPT's order), ``model = torch.compile(Net().to(device))`` and
+        ``model.compile()`` are kept, and the DDP wrap goes around the compiled module, after the
+        compile: ``model = runtime.DDP(model, ...)``. With
         ``raw_model = model`` before ``model = torch.compile(model)`` the compiled ``model`` is
         wrapped and ``raw_model`` stays the plain module. A ``model.compile()`` after the wrap
         compiles the inner module (``model.module.compile()``). Checkpoints keep the original's
         keys: ``_orig_mod.`` where the original saved the compiled module, none where it saved the
         plain one, never ``module.``. With FSDP the plain module is sharded first and compiled after
         (``fully_shard(model)`` then ``model = torch.compile(model)``; a ``torch.compile(Net())``
-        construction is split in two), so the keys stay the original's too. With Horovod nothing changes: its optimizer averages the
-        gradients of the parameters, which compiled and plain module share.
+        construction is split in two; an optimizer built before the compile moves after it). The
+        full state FSDP gathers (``get_model_state_dict``) names the parameters without
+        ``_orig_mod.``. With Horovod nothing changes: its optimizer averages the gradients of the
+        parameters, which compiled and plain module share (2 ranks end bit-identical:
+        tests/test_e2e_compile_order.py).
         Any other ``torch.compile`` (a compiled copy under a name distify does not wrap, trained
         while the wrapper is bypassed) leaves the file unchanged with this warning.
 

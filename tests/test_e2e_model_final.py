@@ -55,14 +55,16 @@ def _saved_models(workdir: Path) -> None:
         torch.save(state, workdir / "saved_models" / f"{name}_1.pth")
 
 
-def _ranks(script: Path, workdir: Path, args) -> dict:
-    """Launch on NPROC ranks in `workdir`; each rank's optimizer parameters at exit."""
+def _ranks(script: Path, workdir: Path, args, real: bool = False) -> dict:
+    """Launch on NPROC ranks in `workdir`; each rank's optimizer parameters at exit. ``real``: a real
+    torchrun launch, whose processes each seed torch's default generator from the OS (ranks forked
+    from one warm process would share its stream, and an unseeded init would agree by accident)."""
     import torch
 
     dumps = workdir / "dumps"
     dumps.mkdir(parents=True)
     env = sitecustomize_env(workdir / "spy", PARAM_SPY, {"DISTIFY_E2E_PARAM_DIR": str(dumps)})
-    run_torchrun(script, args, nproc=NPROC, env=env, cwd=workdir)
+    run_torchrun(script, args, nproc=NPROC, env=env, cwd=workdir, real=real)
     return {r: torch.load(dumps / f"rank{r}.pt") for r in range(NPROC)}
 
 
@@ -85,7 +87,7 @@ def test_wrap_after_apply_init_and_load(tmp_path):
     text = script.read_text()
     assert text.index(BRANCHES) < text.index(WRAPS), "the wraps must follow the load/init branches"
 
-    fresh = _ranks(script, tmp_path / "fresh", _args(B))
+    fresh = _ranks(script, tmp_path / "fresh", _args(B), real=True)
     assert fresh[0], "no optimizer parameters were recorded"
     assert _same_on_every_rank(fresh), "ranks trained different models after .apply(init_fn)"
 
@@ -105,6 +107,6 @@ def test_wrap_after_apply_init_and_load(tmp_path):
     moved = moved.replace("G_BA.load_state_dict(", "G_BA.module.load_state_dict(")
     assert moved != text
     early.write_text(moved)
-    assert not _same_on_every_rank(_ranks(early, tmp_path / "control", _args(B))), (
+    assert not _same_on_every_rank(_ranks(early, tmp_path / "control", _args(B), real=True)), (
         "control: with the wrap before .apply(init_fn) the ranks should differ"
     )
