@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import libcst as cst
+
+from distify.facts import dotted
 from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, Context, Rule
 
 
@@ -9,9 +12,11 @@ class UnwrappedModel(Rule):
     """Warn about an optimizer whose model distify could not find or wrap.
 
     What it does:
-        Reports the optimizer when the model it trains is not built in the same function (or the
-        same class, for ``self.`` attributes) before it – e.g. a model passed in as an argument or
-        returned by a helper and then unpacked.
+        Refuses the file (leaves it unchanged) when an optimizer that the script steps trains a
+        model that is not built in the same function (or the same class, for ``self.`` attributes)
+        before it – a model passed in as an argument, returned by a helper and unpacked, or a layer
+        that builds an optimizer over its own ``self.parameters()`` (forward-forward training: no
+        wrapper owns those parameters). An optimizer that is never stepped is only reported.
 
     Why:
         Wrapping in the wrong place is worse than not wrapping: a model wrapped after the
@@ -32,6 +37,12 @@ class UnwrappedModel(Rule):
         a = ctx.anatomy
         found = {id(m.optimizer) for m in a.models}
         named = {(id(m.optimizer), n) for m in a.models for n in (m.name, m.stands_for) if n}
+        # optimizers whose .step() the script calls anywhere (`self.opt.step()` in a layer's own train_step too)
+        steps = {
+            dotted(c.call.func.value)
+            for c in a.calls
+            if isinstance(c.call.func, cst.Attribute) and c.call.func.attr.value == "step"
+        }
         for opt in a.optimizers:
             missing = [r for r in opt.models if (id(opt), r) not in named]
             if not opt.models:
@@ -46,6 +57,16 @@ class UnwrappedModel(Rule):
                     )
                 else:
                     how = "not wrapped; wrap it with runtime.DDP(model, device_ids=runtime.device_ids()) yourself"
+                if opt.target is not None and opt.target in steps:
+                    # it steps: written with a warning, the ranks would drift apart from the first step
+                    ctx.block(
+                        self.code,
+                        opt.call.call,
+                        f"{opt.target} steps the parameters of {m}, which no distributed wrapper owns (it is not "
+                        f"built in this scope before the optimizer): file not migrated; its updates would not be "
+                        f"averaged across ranks. Build the model and its optimizer in one scope, or {how.split('; ', 1)[1]}",
+                    )
+                    continue
                 ctx.warn(
                     self.code,
                     opt.call.call,

@@ -248,8 +248,6 @@ EXPECTED = {
     ("DST204", "numpy_choice"): ("DST959", "numpy's global stream is not re-seeded per rank; DST204 warns instead"),
     ("DST201", "helper_shared"): ("DST951", "one helper builds the training and evaluation loaders; DST201 refuses"),
     ("DST903", "while_epochs"): ("DST952", "no epoch loop found; DST903 asks for set_epoch by hand"),
-    ("DST905", "model_from_helper"): ("DST954", "model not built where distify can wrap it; DST905 refuses"),
-    ("DST905", "model_parameter"): ("DST954", "model comes in as a parameter; DST905 refuses"),
     ("DST906", "star_args"): ("DST951", "DataLoader arguments unpacked; DST906 refuses to shard"),
     ("DST906", "two_splats"): ("DST951", "DataLoader arguments unpacked; DST906 refuses to shard"),
 }
