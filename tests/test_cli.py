@@ -454,7 +454,7 @@ def test_verify_migrates_its_copy_as_distify_would(tmp_path, monkeypatch):
     from distify import verify
 
     plans = []
-    monkeypatch.setattr(verify, "verify", lambda plan: plans.append(plan) or {"verdict": verify.PASS, "checks": [], "runs": []})
+    monkeypatch.setattr(verify, "verify", lambda plan: plans.append(plan) or {"verdict": verify.OK, "checks": [], "runs": []})
     monkeypatch.setattr(verify, "render_text", lambda report: "")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("import torch\n")

@@ -1,10 +1,13 @@
-"""`distify verify`: it passes distify's own migrations of every scenario style for both backends,
-and each of its checks fails on a migrated script broken on purpose in exactly that respect.
+"""`distify verify`: it says OK on distify's own migrations of every scenario style for each backend,
+and on a migrated script broken on purpose it says FAILED (the check about that bug failing) or "not
+proven", never OK -- all at the default settings (no --steps), which is what users run.
 
 Every test here runs the real command (`python -m distify verify ... --json`), which launches the
 script with plain python, torchrun and Horovod's gloo launcher. Broken scripts are the golden
 outputs in fixtures/ (what distify writes today; test_fixtures.py keeps them current) with one edit,
-checked with --as-is. Runs are kept short (small epochs, large batches, few steps).
+checked with --as-is. Runs are kept short (small data, large batches); the default 20 steps are
+followed by the rest of each script with its data passes cut short, so end-of-training saves,
+prints and evaluation are judged too.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ pytestmark = pytest.mark.e2e
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts" / "verify"
 VERIFY_TIMEOUT = 900
+NOT_PROVEN = 3  # distify.verify.EXIT_NOT_PROVEN (imported here only through the report's own exit_code)
 
 
 def verify(script, *args, cwd, env=None):
@@ -37,6 +41,7 @@ def verify(script, *args, cwd, env=None):
         report = json.loads(proc.stdout)
     except ValueError:
         raise AssertionError(f"no JSON report (exit {proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}") from None
+    assert report["exit_code"] == proc.returncode, report
     return proc.returncode, report
 
 
@@ -45,7 +50,11 @@ def status(report) -> dict:
 
 
 def failed(report) -> set:
-    return {c["name"] for c in report["checks"] if c["status"] == "fail"}
+    return {c["name"] for c in report["checks"] if c["status"] == "failed"}
+
+
+def check(report, name) -> dict:
+    return next(c for c in report["checks"] if c["name"] == name)
 
 
 def explain(report) -> str:
@@ -64,67 +73,171 @@ def snapshot(folder: Path) -> dict:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-# --- distify's migrations pass -------------------------------------------------------------------
+# --- distify's migrations are OK -----------------------------------------------------------------
 
-# (scenario, verify options, script arguments, checks that must pass: the run gives them evidence)
+# (scenario, script arguments, checks that must hold: the run gives them evidence). No --steps: the
+# runs longer than 20 steps (module_level, trainer_class) are cut short after them and still reach
+# their final saves and prints.
 STYLES = [
-    ("module_level", ["--steps", "0"], ["--epochs", "2", "--batch-size", "32"], {"params", "shards", "writers", "prefix", "prints"}),
-    ("examples_style", ["--steps", "0"], ["--epochs", "1", "--batch-size", "32", "--save-model"],
-     {"params", "shards", "writers", "prefix", "prints"}),
-    ("trainer_class", ["--steps", "0"], ["--epochs", "2", "--batch-size", "32", "--checkpoint-dir", "ckpts"],
-     {"params", "shards", "writers", "prefix"}),  # it logs to stderr: no stdout to judge
-    ("shuffled", ["--steps", "0"], ["--epochs", "2", "--batch-size", "64"], {"params", "shards", "order", "writers", "prefix", "prints"}),
+    ("module_level", ["--epochs", "3", "--batch-size", "16"], {"params", "shards", "writers", "prefix", "prints"}),
+    ("examples_style", ["--epochs", "2", "--batch-size", "32", "--save-model"],
+     {"params", "shards", "writers", "prefix", "prints", "metrics"}),
+    ("trainer_class", ["--epochs", "3", "--batch-size", "16", "--checkpoint-dir", "ckpts"],
+     {"params", "shards", "writers", "prefix", "metrics"}),  # it logs to stderr: no stdout to judge
+    ("shuffled", ["--epochs", "2", "--batch-size", "64"], {"params", "shards", "order", "writers", "prefix", "prints"}),
     # hard-coded .cuda() calls: the migrated script must run with CUDA hidden
-    ("legacy_cuda", ["--steps", "0"], ["--epochs", "1", "--batch-size", "64"], {"params", "shards", "writers", "prefix"}),
+    ("legacy_cuda", ["--epochs", "2", "--batch-size", "64"], {"params", "shards", "order", "writers", "prefix"}),
 ]
 
 
 @pytest.mark.parametrize("backend", ["ddp", pytest.param("horovod", marks=pytest.mark.horovod), "fsdp"])
-@pytest.mark.parametrize("name,options,args,evidence", STYLES, ids=[s[0] for s in STYLES])
-def test_verify_passes_distify_migrations(name, options, args, evidence, backend, tmp_path):
+@pytest.mark.parametrize("name,args,evidence", STYLES, ids=[s[0] for s in STYLES])
+def test_verify_says_ok_on_distify_migrations(name, args, evidence, backend, tmp_path):
     home = user_dir(tmp_path, SCENARIOS / f"{name}.in.py")
     if name == "trainer_class":  # a folder the script writes into already exists: verify must not write there
         (home / "ckpts").mkdir()
         (home / "ckpts" / "epoch_000.pt").write_bytes(b"the user's own checkpoint")
     before = snapshot(home)
-    code, report = verify("train.py", "--backend", backend, *options, "--", *args, cwd=home)
-    assert code == 0 and report["verdict"] == "pass", explain(report)
+    code, report = verify("train.py", "--backend", backend, "--", *args, cwd=home)
+    assert code == 0 and report["verdict"] == "ok", explain(report)
     checks = status(report)
     if backend == "fsdp":
         evidence = evidence | {"sharded"}
-    assert {c: "pass" for c in evidence} == {c: checks[c] for c in evidence}, explain(report)
+    assert {c: "held" for c in evidence} == {c: checks[c] for c in evidence}, explain(report)
+    assert set(checks.values()) <= {"held", "not_applicable"}, explain(report)
     assert snapshot(home) == before, "verify changed the user's directory"
 
 
 @pytest.mark.parametrize("backend", ["ddp", pytest.param("horovod", marks=pytest.mark.horovod)])
 def test_verify_standalone_output(backend, tmp_path):
     home = user_dir(tmp_path, SCENARIOS / "module_level.in.py")
-    code, report = verify("train.py", "--standalone", "--backend", backend, "--steps", "0", "--",
-                          "--epochs", "1", "--batch-size", "32", cwd=home)
-    assert code == 0 and status(report)["params"] == "pass", explain(report)
+    code, report = verify("train.py", "--standalone", "--backend", backend, "--", "--epochs", "1", "--batch-size", "32", cwd=home)
+    assert code == 0 and status(report)["params"] == "held", explain(report)
 
 
-def test_verify_against_original_weights_equal(tmp_path):
-    home = user_dir(tmp_path, SCENARIOS / "examples_style.in.py")
-    code, report = verify("train.py", "--steps", "6", "--against-original", "--batch-arg", "--batch-size",
-                          "--", "--epochs", "1", "--batch-size", "16", cwd=home)
-    assert code == 0, explain(report)
-    weights = next(c for c in report["checks"] if c["name"] == "weights")
-    assert weights["status"] == "pass" and "--batch-size 32" in weights["detail"], explain(report)
+# --- against the original, on shuffled data --------------------------------------------------------
+
+
+def test_against_original_on_a_shuffling_script(tmp_path):
+    """The training loader shuffles: the original at 2 x batch draws the permutation the ranks'
+    DistributedSampler drew, so the weights are judged (here equal). --batch-size is not passed: the
+    original gets twice its argparse default."""
+    home = user_dir(tmp_path, SCENARIOS / "shuffled.in.py")
+    code, report = verify("train.py", "--against-original", "--batch-arg", "batch-size", "--", "--epochs", "2", cwd=home)
+    weights = check(report, "weights")
+    assert code == 0 and weights["status"] == "held", explain(report)
+    assert "drew the ranks' shuffle" in weights["detail"] and "2 x the default of --batch-size" in weights["detail"], explain(report)
+
+
+def test_against_original_fails_without_gradient_averaging(tmp_path):
+    """The same shuffling script with its DDP wrap removed (each rank steps on its own gradients):
+    the weights are judged and differ, at the default steps."""
+    home = broken(tmp_path, SCENARIOS / "shuffled.ddp.py",
+                  ("model = runtime.DDP(nn.Sequential(nn.Linear(12, 64), nn.ReLU(), nn.Linear(64, 2)).to(device), device_ids=runtime.device_ids())",
+                   "model = nn.Sequential(nn.Linear(12, 64), nn.ReLU(), nn.Linear(64, 2)).to(device)"),
+                  ("torch.save(model.module.state_dict()", "torch.save(model.state_dict()"))
+    code, report = verify("train.py", "--as-is", "--against-original", "--batch-arg", "--batch-size",
+                          "--", "--epochs", "2", "--batch-size", "32", cwd=home)
+    assert code == 1 and {"params", "weights"} <= failed(report), explain(report)
+    assert "max |difference|" in check(report, "weights")["detail"]
 
 
 def test_verify_fsdp_against_original_compares_gathered_weights(tmp_path):
     """Under fsdp each rank holds half of every parameter: the snapshot compared with the original
     at 2 x batch is the gathered whole (shapes and values), and the params check says it gathered."""
     home = user_dir(tmp_path, SCENARIOS / "examples_style.in.py")
-    code, report = verify("train.py", "--backend", "fsdp", "--steps", "6", "--against-original", "--batch-arg",
-                          "--batch-size", "--", "--epochs", "1", "--batch-size", "16", cwd=home)
+    code, report = verify("train.py", "--backend", "fsdp", "--against-original", "--batch-arg",
+                          "--batch-size", "--", "--epochs", "1", "--batch-size", "16", "--save-model", cwd=home)
     assert code == 0, explain(report)
-    weights = next(c for c in report["checks"] if c["name"] == "weights")
-    assert weights["status"] == "pass" and "--batch-size 32" in weights["detail"], explain(report)
-    params = next(c for c in report["checks"] if c["name"] == "params")
-    assert "gathered" in params["detail"], explain(report)
-    assert "torchrun" in next(c for c in report["checks"] if c["name"] == "launch")["title"]
+    weights = check(report, "weights")
+    assert weights["status"] == "held" and "--batch-size 32" in weights["detail"], explain(report)
+    assert "gathered" in check(report, "params")["detail"], explain(report)
+    assert "torchrun" in check(report, "launch")["title"]
+
+
+# --- controls: one broken thing, never OK -----------------------------------------------------------
+
+
+def broken(tmp_path, golden: Path, *edits) -> Path:
+    """tmp_path/user/train.py: the golden migrated script with each (old, new) edit made (each `old` once)."""
+    text = golden.read_text()
+    for old, new in edits:
+        assert text.count(old) == 1, f"{old!r} is not in {golden.name} exactly once"
+        text = text.replace(old, new)
+    home = tmp_path / "user"
+    home.mkdir()
+    (home / "train.py").write_text(text)
+    return home
+
+
+GUARDED_SAVE = "if runtime.is_main_process():\n    torch.save(model.module.state_dict(), args.checkpoint)\n"
+UNGUARDED_SAVE = "torch.save(model.module.state_dict(), args.checkpoint)\nif runtime.is_main_process():\n"
+CONTROLS = [
+    # (id, golden output, edit, script arguments, the one check that must fail)
+    ("sampler-removed", "shuffled.ddp.py", ("sampler=train_sampler,", "shuffle=True,"), ["--epochs", "1", "--batch-size", "64"], "shards"),
+    ("set-epoch-removed", "shuffled.ddp.py", ("    train_sampler.set_epoch(epoch)\n", ""), ["--epochs", "2", "--batch-size", "64"], "order"),
+    ("save-unguarded", "module_level.ddp.py", (GUARDED_SAVE, UNGUARDED_SAVE), ["--epochs", "3", "--batch-size", "16"], "writers"),
+    ("prefix-kept", "module_level.ddp.py", ("torch.save(model.module.state_dict()", "torch.save(model.state_dict()"),
+     ["--epochs", "3", "--batch-size", "16"], "prefix"),
+    # without --save-model: the save, which needs model.module, is not reached (and so not proven)
+    ("ddp-wrap-removed", "examples_style.ddp.py", ("model = runtime.DDP(Net().to(device), device_ids=runtime.device_ids())",
+                                                   "model = Net().to(device)"), ["--epochs", "1", "--batch-size", "64"], "params"),
+    ("print-unguarded", "examples_style.ddp.py",
+     ("        if runtime.is_main_process():\n            print('epoch {} test_loss", "        if True:\n            print('epoch {} test_loss"),
+     ["--epochs", "1", "--batch-size", "64", "--save-model"], "prints"),
+    ("metric-not-reduced", "examples_style.ddp.py", ("        test_loss, correct = runtime.all_reduce_sum(test_loss, correct)\n", ""),
+     ["--epochs", "1", "--batch-size", "64", "--save-model"], "metrics"),
+]
+
+
+@pytest.mark.parametrize("golden,edit,args,name", [c[1:] for c in CONTROLS], ids=[c[0] for c in CONTROLS])
+def test_control_fails_exactly_its_check(golden, edit, args, name, tmp_path):
+    home = broken(tmp_path, SCENARIOS / golden, edit)
+    code, report = verify("train.py", "--as-is", "--", *args, cwd=home)
+    assert code == 1 and report["verdict"] == "failed", explain(report)
+    assert failed(report) == {name}, explain(report)
+    where = check(report, name)["where"]
+    assert where and all(w["path"] == "train.py" and w["line"] > 0 for w in where), explain(report)
+
+
+def test_planted_bugs_after_the_default_steps_fail(tmp_path):
+    """The issue's script: set_epoch deleted, the save unguarded and saving the wrapper's keys, 40
+    steps of training -- the save comes well after the default 20 steps and is still judged."""
+    home = broken(tmp_path, SCENARIOS / "module_level.ddp.py", ("    train_sampler.set_epoch(epoch)\n", ""),
+                  (GUARDED_SAVE, "torch.save(model.state_dict(), args.checkpoint)\nif runtime.is_main_process():\n"))
+    code, report = verify("train.py", "--as-is", "--", "--epochs", "5", "--batch-size", "16", cwd=home)
+    assert code == 1 and {"writers", "prefix"} <= failed(report), explain(report)
+    assert "data passes cut short after 20" in check(report, "launch")["detail"], explain(report)
+    order = check(report, "order")
+    assert order["status"] == "not_applicable" and "does not shuffle" in order["detail"], explain(report)
+
+
+def test_a_save_the_arguments_never_reach_is_not_proven(tmp_path):
+    """examples_style saves only with --save-model: without it the save never runs, and verify says
+    "not proven" (exit 3), naming the save's line and what would reach it."""
+    home = user_dir(tmp_path, SCENARIOS / "examples_style.ddp.py")
+    code, report = verify("train.py", "--as-is", "--", "--epochs", "1", "--batch-size", "64", cwd=home)
+    assert code == NOT_PROVEN and report["verdict"] == "not_proven", explain(report)
+    writers = check(report, "writers")
+    assert writers["status"] == "not_exercised" and "torch.save(model.module.state_dict(), args.checkpoint)" in writers["detail"]
+    assert "arguments that reach the save" in writers["prove"], explain(report)
+
+
+def test_control_image_write_unguarded(tmp_path):
+    """distify writes the image on rank 0 only (os.devnull elsewhere); unguarded, both ranks write it."""
+    home = user_dir(tmp_path, SCRIPTS / "sample_images.py")
+    code, report = verify("train.py", "--", "--epochs", "1", cwd=home)
+    assert code == 0 and status(report)["writers"] == "held", explain(report)
+    assert "samples/epoch_0.pgm (rank 0)" in check(report, "writers")["detail"]
+
+    migrated = subprocess.run([sys.executable, "-m", "distify", "-", "--quiet"], input=(SCRIPTS / "sample_images.py").read_text(),
+                              capture_output=True, text=True, env=clean_env()).stdout
+    old = "open(path if runtime.is_main_process() else os.devnull, \"wb\")"
+    assert migrated.count(old) == 1
+    (home / "train.py").write_text(migrated.replace(old, "open(path, \"wb\")"))
+    code, report = verify("train.py", "--as-is", "--", "--epochs", "1", cwd=home)
+    assert code == 1 and failed(report) == {"writers"}, explain(report)
+    assert "samples/epoch_0.pgm was written by ranks [0, 1]" in check(report, "writers")["detail"]
 
 
 FSDP_CONTROLS = [
@@ -138,83 +251,16 @@ FSDP_CONTROLS = [
 
 @pytest.mark.parametrize("golden,old,new,checks", [c[1:] for c in FSDP_CONTROLS], ids=[c[0] for c in FSDP_CONTROLS])
 def test_fsdp_control_fails_exactly_its_checks(golden, old, new, checks, tmp_path):
-    home = broken(tmp_path, SCENARIOS / golden, old, new)
-    code, report = verify("train.py", "--as-is", "--backend", "fsdp", "--steps", "3", "--",
-                          "--epochs", "1", "--batch-size", "32", cwd=home)
+    home = broken(tmp_path, SCENARIOS / golden, (old, new))
+    code, report = verify("train.py", "--as-is", "--backend", "fsdp", "--", "--epochs", "1", "--batch-size", "32", cwd=home)
     assert code == 1 and failed(report) == checks, explain(report)
-
-
-def test_verify_against_original_scales_an_argparse_default(tmp_path):
-    """--batch-arg names an option the user did not pass: the original gets twice its default."""
-    home = user_dir(tmp_path, SCENARIOS / "examples_style.in.py")
-    code, report = verify("train.py", "--steps", "4", "--against-original", "--batch-arg", "batch-size",
-                          "--", "--epochs", "1", cwd=home)
-    weights = next(c for c in report["checks"] if c["name"] == "weights")
-    assert code == 0 and weights["status"] == "pass", explain(report)
-
-
-# --- controls: one broken thing, one failed check --------------------------------------------------
-
-
-def broken(tmp_path, golden: Path, old: str, new: str) -> Path:
-    """tmp_path/user/train.py: the golden migrated script with `old` replaced by `new` (once)."""
-    text = golden.read_text()
-    assert text.count(old) == 1, f"{old!r} is not in {golden.name} exactly once"
-    home = tmp_path / "user"
-    home.mkdir()
-    (home / "train.py").write_text(text.replace(old, new))
-    return home
-
-
-CONTROLS = [
-    # (id, golden output, text, replacement, script arguments, the one check that must fail)
-    ("sampler-removed", "shuffled.ddp.py", "sampler=train_sampler,", "shuffle=True,", ["--epochs", "1", "--batch-size", "64"], "shards"),
-    ("set-epoch-removed", "shuffled.ddp.py", "    train_sampler.set_epoch(epoch)\n", "", ["--epochs", "2", "--batch-size", "64"], "order"),
-    ("save-unguarded", "module_level.ddp.py", "if runtime.is_main_process():\n    torch.save(model.module.state_dict(), args.checkpoint)\n",
-     "torch.save(model.module.state_dict(), args.checkpoint)\nif runtime.is_main_process():\n",
-     ["--epochs", "1", "--batch-size", "64"], "writers"),
-    ("prefix-kept", "module_level.ddp.py", "torch.save(model.module.state_dict()", "torch.save(model.state_dict()",
-     ["--epochs", "1", "--batch-size", "64"], "prefix"),
-    ("ddp-wrap-removed", "examples_style.ddp.py", "model = runtime.DDP(Net().to(device), device_ids=runtime.device_ids())",
-     "model = Net().to(device)", ["--epochs", "1", "--batch-size", "64"], "params"),
-    ("print-unguarded", "examples_style.ddp.py",
-     "        if runtime.is_main_process():\n            print('epoch {} test_loss",
-     "        if True:\n            print('epoch {} test_loss", ["--epochs", "1", "--batch-size", "64"], "prints"),
-]
-
-
-@pytest.mark.parametrize("golden,old,new,args,check", [c[1:] for c in CONTROLS], ids=[c[0] for c in CONTROLS])
-def test_control_fails_exactly_its_check(golden, old, new, args, check, tmp_path):
-    home = broken(tmp_path, SCENARIOS / golden, old, new)
-    code, report = verify("train.py", "--as-is", "--steps", "0", "--", *args, cwd=home)
-    assert code == 1 and report["verdict"] == "fail", explain(report)
-    assert failed(report) == {check}, explain(report)
-    where = next(c for c in report["checks"] if c["name"] == check)["where"]
-    assert where and all(w["path"] == "train.py" and w["line"] > 0 for w in where), explain(report)
-
-
-def test_control_image_write_unguarded(tmp_path):
-    """distify writes the image on rank 0 only (os.devnull elsewhere); unguarded, both ranks write it."""
-    home = user_dir(tmp_path, SCRIPTS / "sample_images.py")
-    code, report = verify("train.py", "--steps", "0", "--", "--epochs", "1", cwd=home)
-    assert code == 0 and status(report)["writers"] == "pass", explain(report)
-    assert "samples/epoch_0.pgm (rank 0)" in next(c for c in report["checks"] if c["name"] == "writers")["detail"]
-
-    migrated = subprocess.run([sys.executable, "-m", "distify", "-", "--quiet"], input=(SCRIPTS / "sample_images.py").read_text(),
-                              capture_output=True, text=True, env=clean_env()).stdout
-    old = "open(path if runtime.is_main_process() else os.devnull, \"wb\")"
-    assert migrated.count(old) == 1
-    (home / "train.py").write_text(migrated.replace(old, "open(path, \"wb\")"))
-    code, report = verify("train.py", "--as-is", "--steps", "0", "--", "--epochs", "1", cwd=home)
-    assert code == 1 and failed(report) == {"writers"}, explain(report)
-    assert "samples/epoch_0.pgm was written by ranks [0, 1]" in next(c for c in report["checks"] if c["name"] == "writers")["detail"]
 
 
 @pytest.mark.horovod
 def test_control_horovod_broadcast_removed(tmp_path):
     home = broken(tmp_path, SCENARIOS / "examples_style.horovod.py",
-                  "    hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n", "")
-    code, report = verify("train.py", "--as-is", "--backend", "horovod", "--steps", "4", "--", "--epochs", "1", cwd=home)
+                  ("    hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n", ""))
+    code, report = verify("train.py", "--as-is", "--backend", "horovod", "--", "--epochs", "1", "--save-model", cwd=home)
     assert code == 1 and failed(report) == {"params"}, explain(report)
 
 
@@ -222,18 +268,20 @@ def test_random_batches_reported(tmp_path):
     """Batches drawn with torch.randint: distify re-seeds each rank once the models are built
     (DST204), so the ranks draw different batches; without that line every rank draws the same."""
     home = user_dir(tmp_path, SCRIPTS / "random_batches.py")
-    code, report = verify("train.py", "--steps", "6", cwd=home)
-    assert code == 0 and status(report)["random"] == "pass", explain(report)
+    code, report = verify("train.py", "--", "--iters", "12", cwd=home)
+    assert code == 0 and status(report)["random"] == "held", explain(report)
 
     migrated = subprocess.run([sys.executable, "-m", "distify", "-", "--quiet"], input=(SCRIPTS / "random_batches.py").read_text(),
                               capture_output=True, text=True, env=clean_env()).stdout
     reseed = "torch.manual_seed(torch.initial_seed() + dist.get_rank())\n"
     assert migrated.count(reseed) == 1
     (home / "train.py").write_text(migrated.replace(reseed, ""))
-    code, report = verify("train.py", "--as-is", "--steps", "6", cwd=home)
+    code, report = verify("train.py", "--as-is", cwd=home)
     assert code == 1 and failed(report) == {"random"}, explain(report)
-    where = next(c for c in report["checks"] if c["name"] == "random")["where"]
+    where = check(report, "random")["where"]
     assert [w["source"] for w in where] == ["ix = torch.randint(len(data), (args.batch_size,))"], explain(report)
+    # 40 iterations, no DataLoader to cut short: verify stops it after 23 steps and says the end was not seen
+    assert "does not end when its data passes do" in check(report, "prints")["detail"], explain(report)
 
 
 # --- the command itself --------------------------------------------------------------------------
@@ -287,7 +335,7 @@ def test_timeout_kills_every_run_and_cleans_up(tmp_path):
     proc, pids, tmpdir = _start_hanging(tmp_path, "--timeout", "25")
     out, err = proc.communicate(timeout=400)
     report = json.loads(out)
-    assert proc.returncode == 1 and status(report)["plain"] == "fail" and status(report)["launch"] == "fail", out + err
+    assert proc.returncode == 1 and status(report)["plain"] == "failed" and status(report)["launch"] == "failed", out + err
     assert all("timed out" in c["detail"] for c in report["checks"] if c["name"] in ("plain", "launch"))
     assert sorted(p.name for p in pids.iterdir()) == ["0", "0-helper", "1", "1-helper", "plain", "plain-helper"], \
         "not every process got to run"
@@ -326,25 +374,14 @@ def test_unchanged_script_needs_as_is(tmp_path):
 
 
 def test_horovod_missing_skips_its_runs_with_a_message(tmp_path):
-    """A horovod that cannot be imported: the Horovod run is skipped with the reason, and the verdict
-    is not a pass (nothing was verified across processes)."""
+    """A horovod that cannot be imported: the Horovod runs are skipped with the reason, and the verdict
+    is "not proven" (nothing was exercised across processes), not OK."""
     fake = tmp_path / "fake"
     (fake / "horovod").mkdir(parents=True)
     (fake / "horovod" / "__init__.py").write_text("raise ImportError('horovod was built without PyTorch support')\n")
     home = user_dir(tmp_path, SCENARIOS / "module_level.in.py")
     env = clean_env({"PYTHONPATH": os.pathsep.join(p for p in (str(fake), os.environ.get("PYTHONPATH", "")) if p)})
     code, report = verify("train.py", "--backend", "horovod", "--steps", "2", cwd=home, env=env)
-    assert code == 1 and report["verdict"] == "fail" and failed(report) == set(), explain(report)
-    launch = next(c for c in report["checks"] if c["name"] == "launch")
-    assert launch["status"] == "skip" and "horovod.torch is not importable" in launch["detail"], explain(report)
-
-
-def test_control_weights_differ_from_the_original(tmp_path):
-    """A learning rate scaled by the world size keeps the ranks in step but leaves the
-    equivalence with the original at N x batch: only the weights check fails, with the difference."""
-    home = broken(tmp_path, SCENARIOS / "examples_style.ddp.py", "lr=args.lr, momentum=0.9",
-                  "lr=args.lr * runtime.world_size(), momentum=0.9")
-    code, report = verify("train.py", "--as-is", "--steps", "4", "--against-original", "--batch-arg", "--batch-size",
-                          "--", "--epochs", "1", "--batch-size", "16", cwd=home)
-    assert code == 1 and failed(report) == {"weights"}, explain(report)
-    assert "max |difference|" in next(c for c in report["checks"] if c["name"] == "weights")["detail"]
+    assert code == NOT_PROVEN and report["verdict"] == "not_proven" and failed(report) == set(), explain(report)
+    launch = check(report, "launch")
+    assert launch["status"] == "not_exercised" and "horovod.torch is not importable" in launch["detail"], explain(report)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from distify import verify
-from distify.verify import FAIL, PASS, SKIP, Sources
+from distify import verify, verify_checks
+from distify.verify_checks import FAILED as FAIL, HELD as PASS, NOT_APPLICABLE, NOT_EXERCISED, Reach, Sources
+from distify.verify_facts import ScriptFacts, Site
 
 
 def test_sandbox_mirrors_the_users_directory(tmp_path):
@@ -107,6 +108,8 @@ def test_scale_batch_rejects_a_non_integer():
 
 
 SOURCES = Sources("train.py", "\n".join(f"line {i}" for i in range(1, 60)), Path("."))
+END = Reach(True)
+STOPPED = Reach(False, "verify stopped the run", "run with --steps 0")
 
 
 def _loader_events(shards, length, complete=True, shuffle=False):
@@ -125,57 +128,71 @@ def _loader_events(shards, length, complete=True, shuffle=False):
 
 def test_shards_padding_up_to_n_minus_1_is_reported_not_failed():
     # DistributedSampler over 5 samples on 2 ranks pads with sample 0
-    check = verify.check_shards(_loader_events([[0, 2, 4], [1, 3, 0]], 5), SOURCES)
+    check = verify_checks.check_shards(_loader_events([[0, 2, 4], [1, 3, 0]], 5), SOURCES)
     assert check.status == PASS and "1 padding" in check.detail
 
 
 def test_shards_overlap_beyond_padding_fails_at_the_loader():
-    check = verify.check_shards(_loader_events([[0, 1, 2], [1, 2, 3]], 4), SOURCES)
+    check = verify_checks.check_shards(_loader_events([[0, 1, 2], [1, 2, 3]], 4), SOURCES)
     assert check.status == FAIL and check.where[0]["line"] == 10
 
 
 def test_shards_that_miss_samples_fail():
-    check = verify.check_shards(_loader_events([[0, 1], [2, 3]], 8), SOURCES)
+    check = verify_checks.check_shards(_loader_events([[0, 1], [2, 3]], 8), SOURCES)
     assert check.status == FAIL and "4 never read" in check.detail
 
 
-def test_shards_of_an_unfinished_pass_are_only_checked_for_overlap():
-    check = verify.check_shards(_loader_events([[0, 2], [1, 3]], 8, complete=False), SOURCES)
-    assert check.status == PASS and "did not finish" in check.detail
+def test_shards_of_an_unfinished_pass_need_the_samplers_lengths():
+    events = _loader_events([[0, 2], [1, 3]], 8, complete=False)
+    check = verify_checks.check_shards(events, SOURCES)
+    assert check.status == NOT_EXERCISED and "coverage is not seen" in check.detail
+    for rank, evs in events.items():
+        evs[0]["sampler_len"] = 4
+    check = verify_checks.check_shards(events, SOURCES)
+    assert check.status == PASS and "hold 4 + 4 of 8 samples" in check.detail
+    for rank, evs in events.items():
+        evs[0]["sampler_len"] = 2  # a sampler over a quarter of the data on each of 2 ranks
+    check = verify_checks.check_shards(events, SOURCES)
+    assert check.status == FAIL and "hold 4 of 8" in check.detail
 
 
-def test_order_needs_two_passes():
-    check = verify.check_order(_loader_events([[0, 2], [1, 3]], 4, shuffle=True), SOURCES, 20)
-    assert check.status == SKIP and "raise --steps" in check.detail
+def test_order_needs_two_passes_and_a_shuffle():
+    check = verify_checks.check_order(_loader_events([[0, 2], [1, 3]], 4, shuffle=True), SOURCES)
+    assert check.status == NOT_EXERCISED and "--epochs 2" in check.prove
+    check = verify_checks.check_order(_loader_events([[0, 2], [1, 3]], 4, shuffle=False), SOURCES)
+    assert check.status == NOT_APPLICABLE and "does not shuffle" in check.detail and "DistributedSampler" in check.detail
 
 
 def test_params_disagreement_names_the_optimizer_line():
     events = {r: [dict(k="opt", id=0, site=["train.py", 12]), dict(k="step", opt=0, n=1, sha=sha, abs=float(r))]
               for r, sha in enumerate(["a", "b"])}
-    check = verify.check_params(events, SOURCES)
+    check = verify_checks.check_params(events, SOURCES)
     assert check.status == FAIL and "after step 1" in check.detail and check.where[0]["source"] == "line 12"
 
 
 def test_prints_compare_lines_with_numbers_masked():
     events = {0: [dict(k="out", text="epoch 1 loss 0.25", site=["train.py", 30])],
               1: [dict(k="out", text="epoch 1 loss 0.31", site=["train.py", 30])]}
-    assert verify.check_prints(events, SOURCES).status == FAIL
+    assert verify_checks.check_prints(events, SOURCES, END).status == FAIL
     events[1] = [dict(k="out", text="rank 1 done", site=["train.py", 31])]
-    assert verify.check_prints(events, SOURCES).status == PASS
+    assert verify_checks.check_prints(events, SOURCES, END).status == PASS
+    # the same lines from a run verify had to stop early: what came after was not seen
+    assert verify_checks.check_prints(events, SOURCES, STOPPED).status == NOT_EXERCISED
+    assert verify_checks.check_prints({0: [], 1: []}, SOURCES, END).status == NOT_APPLICABLE
 
 
 def test_random_draws_outside_the_loop_are_not_judged():
     once = {r: [dict(k="rand", fn="randint", site=["train.py", 5], w=0, sha="s")] for r in (0, 1)}
-    assert verify.check_random(once, SOURCES) is None
+    assert verify_checks.check_random(once, SOURCES) is None
     loop = {r: [dict(k="rand", fn="randint", site=["train.py", 20], w=w, sha=f"{w}") for w in range(3)] for r in (0, 1)}
-    assert verify.check_random(loop, SOURCES).status == FAIL
+    assert verify_checks.check_random(loop, SOURCES).status == FAIL
     loop[1] = [dict(k="rand", fn="randint", site=["train.py", 20], w=w, sha=f"r1-{w}") for w in range(3)]
-    assert verify.check_random(loop, SOURCES).status == PASS
+    assert verify_checks.check_random(loop, SOURCES).status == PASS
 
 
 def _report(*checks):
     plan = verify.Plan(Path("train.py"), [], "ddp", 20, 2, 60.0, False, False, False, None)
-    runs = [verify.Run(label, [], Path("."), Path("."), returncode=0) for label in ("plain python", "2 processes")]
+    runs = [verify_checks.Run(label, [], Path("."), Path("."), returncode=0) for label in ("plain python", "2 processes")]
     return verify._report(plan, list(checks), runs, [])
 
 
@@ -184,7 +201,7 @@ def test_text_and_rich_reports_name_the_failing_line():
                            [{"path": "train.py", "line": 53, "source": "print(f'saved {x}')"}])
     report = _report(verify.Check("migrate", "distify migrates a copy", PASS, "13 changes"), failing)
     text = verify.render_text(report)
-    assert "FAIL  log lines are printed once" in text and "at train.py:53: print(f'saved {x}')" in text
+    assert "FAILED         log lines are printed once" in text and "at train.py:53: print(f'saved {x}')" in text
     assert text.rstrip().endswith("verdict: FAILED - 1 check failed: log lines are printed once")
     import io
 
@@ -195,16 +212,29 @@ def test_text_and_rich_reports_name_the_failing_line():
     assert "train.py:53" in buffer.getvalue() and "ranks [0, 1]" in buffer.getvalue()
 
 
-def test_all_passing_report_is_ok():
-    report = _report(verify.Check("params", "ranks agree", PASS, "ok"), verify.Check("order", "order", SKIP, "n/a"))
-    assert report["verdict"] == PASS and "verdict: OK - 1 check holds (1 not applicable)" in verify.render_text(report)
+def test_verdict_is_ok_only_when_every_applicable_check_was_exercised():
+    held = verify.Check("params", "ranks agree", PASS, "ok")
+    na = verify.Check("order", "order", NOT_APPLICABLE, "the loader does not shuffle")
+    report = _report(held, na)
+    assert (report["verdict"], report["exit_code"]) == ("ok", 0)
+    assert "verdict: OK - 1 check holds, 1 not applicable to this script" in verify.render_text(report)
+    unseen = verify.Check("writers", "one rank writes each file", NOT_EXERCISED, "the save never ran",
+                          [{"path": "train.py", "line": 40, "source": "torch.save(m, p)"}], prove="pass --save-model")
+    report = _report(held, na, unseen)
+    assert (report["verdict"], report["exit_code"]) == ("not_proven", verify.EXIT_NOT_PROVEN) and verify.EXIT_NOT_PROVEN not in (0, 1, 2)
+    text = verify.render_text(report)
+    assert "verdict: NOT PROVEN - 1 check not exercised: one rank writes each file" in text
+    assert "to prove it: pass --save-model" in text and "at train.py:40: torch.save(m, p)" in text
+    failing = verify.Check("prints", "printed once", FAIL, "twice")
+    assert _report(held, unseen, failing)["verdict"] == "failed"  # a failure outranks what was not seen
+    assert json.loads(json.dumps(report))["checks"][2]["prove"] == "pass --save-model"
 
 
 def test_shards_of_a_stream_are_not_claimed():
     events = _loader_events([[], []], None)
     for evs in events.values():
         evs[:] = [e for e in evs if e["k"] != "batch"]
-    assert verify.check_shards(events, SOURCES).status == SKIP
+    assert verify_checks.check_shards(events, SOURCES).status == NOT_APPLICABLE
 
 
 @pytest.mark.parametrize("argv", [[], ["train.py", "--bogus"], ["missing.py"], ["train.py", "--against-original"],
@@ -214,3 +244,136 @@ def test_usage_errors_exit_2(argv, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert verify.main(argv) == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+def _run_with(tmp_path, events, name="multi"):
+    """A Run whose records are `events` (rank -> list), written where the probe would write them."""
+    records = tmp_path / name
+    records.mkdir()
+    for rank, evs in events.items():
+        (records / f"rank{rank}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evs))
+    return verify_checks.Run(name, [], records, tmp_path, returncode=0)
+
+
+SAVE = ScriptFacts(saves=(Site(40, 41, "torch.save(model.module.state_dict(), path)"),))
+
+
+def test_a_save_that_never_ran_is_not_exercised_and_named(tmp_path):
+    """The script has a torch.save at line 40 that the run did not reach: writers and prefix are not
+    exercised (not held) and say where; once a write from that line is recorded both hold."""
+    run = _run_with(tmp_path, {0: [dict(k="out", text="done", site=["train.py", 9])], 1: []})
+    writers = verify_checks.check_writers(run, SOURCES, str(tmp_path / "records"), SAVE, END)
+    prefix = verify_checks.check_prefix([run, run], None, SOURCES, SAVE, END)
+    for check in (writers, prefix):
+        assert check.status == NOT_EXERCISED and check.where[0]["line"] == 40 and "arguments that reach" in check.prove
+    # no save in the script and nothing written: the checks cannot apply
+    assert verify_checks.check_writers(run, SOURCES, str(tmp_path / "records"), ScriptFacts(), END).status == NOT_APPLICABLE
+    saved = _run_with(tmp_path, {0: [dict(k="write", path=str(tmp_path / "m.pt"), how="torch.save", prefixed=False,
+                                           site=["train.py", 41])], 1: []}, "saved")
+    (tmp_path / "m.pt").write_bytes(b"")
+    assert verify_checks.check_writers(saved, SOURCES, str(tmp_path / "records"), SAVE, END).status == PASS
+    assert verify_checks.check_prefix([saved, saved], None, SOURCES, SAVE, END).status == PASS
+    # stopped early: the end of the script was not reached, whatever the script's saves
+    assert verify_checks.check_writers(saved, SOURCES, str(tmp_path / "records"), ScriptFacts(), STOPPED).status == NOT_EXERCISED
+
+
+def _eval_events(reduce: bool, sharded: bool = True):
+    events = {}
+    for rank in (0, 1):
+        evs = [dict(k="loader", id=0, site=["train.py", 10], sampler="DistributedSampler", shuffle=False, len=4, batch_size=2),
+               dict(k="loader", id=1, site=["train.py", 11], sampler="ShardSampler", shuffle=False, len=4, batch_size=2),
+               dict(k="pass", loader=0, p=0), dict(k="batch", loader=0, p=0, i=[rank]), dict(k="step", opt=0, n=1, sha="a", abs=1.0),
+               dict(k="train", loader=0, opt=0), dict(k="pass", loader=1, p=0),
+               dict(k="batch", loader=1, p=0, i=[rank * 2, rank * 2 + 1] if sharded else [0, 1, 2, 3]),
+               dict(k="end", loader=1, p=0)]
+        if reduce:
+            evs.append(dict(k="coll", fn="all_reduce", site=["train.py", 30]))
+        evs.append(dict(k="out", text="acc 0.5", site=["train.py", 31]))
+        events[rank] = evs
+    return events
+
+
+def test_metrics_of_a_sharded_evaluation_must_be_reduced():
+    check = verify_checks.check_metrics(_eval_events(reduce=False), SOURCES, END)
+    assert check.status == FAIL and check.where[0]["line"] == 11 and "covers one shard" in check.detail
+    check = verify_checks.check_metrics(_eval_events(reduce=True), SOURCES, END)
+    assert check.status == PASS and check.where[0]["line"] == 30
+    # every rank evaluates the whole set: nothing needs reducing
+    assert verify_checks.check_metrics(_eval_events(reduce=False, sharded=False), SOURCES, END).status == PASS
+
+
+def test_weights_are_not_judged_over_dropout_and_say_where(tmp_path):
+    step = dict(k="step", opt=0, n=3, sha="a", abs=1.0)
+    multi = _run_with(tmp_path, {0: [dict(k="snapshot", n=3), step, dict(k="dropout", fn="dropout", p=0.5, site=["train.py", 22])]})
+    original = _run_with(tmp_path, {0: [dict(k="snapshot", n=3), step]}, "original")
+    check = verify_checks.check_weights(multi, original, 2, "--batch-size 32", {"max_abs_diff": 0.3}, SOURCES)
+    assert check.status == NOT_EXERCISED and "dropout (train.py:22: line 22)" in check.detail and "0.3" in check.detail
+    quiet = _run_with(tmp_path, {0: [dict(k="snapshot", n=3), step]}, "quiet")
+    assert verify_checks.check_weights(quiet, original, 2, "x", {"max_abs_diff": 0.3}, SOURCES).status == FAIL
+    assert verify_checks.check_weights(quiet, original, 2, "x", {"max_abs_diff": 1e-6}, SOURCES).status == PASS
+
+
+def test_training_permutations_follow_the_ranks_sampler():
+    events = _loader_events([[0, 2], [1, 3]], 4, shuffle=True)
+    events[0][1:1] = [dict(k="pass", loader=0, p=0, seed=5, epoch=0), dict(k="pass", loader=0, p=1, seed=5, epoch=1)]
+    assert verify_checks.training_permutations(events) == {"0": [[5, 0], [5, 1]]}
+
+
+PROBED = '''\
+import sys
+import torch
+import torch.nn as nn
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset, RandomSampler
+from torch.utils.data.distributed import DistributedSampler
+
+data = TensorDataset(torch.arange(40.0).reshape(20, 2))
+loader = DataLoader(data, batch_size=2, shuffle=True)
+model = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(4):
+    for (x,) in loader:
+        model(x).sum().backward()
+        opt.step()
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % sys.argv[1], rank=0, world_size=1)
+dist.all_reduce(torch.zeros(1))
+print("the end")
+reference = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=7)
+reference.set_epoch(1)
+print("ranks drew", list(reference))
+'''
+
+
+@pytest.mark.e2e
+def test_probe_drains_passes_records_and_aligns(tmp_path):
+    """One plain run under the probe: after 3 steps the pass in progress ends and each later pass
+    yields one batch, so the code after the loop runs; the dropout and the collective are recorded;
+    and with DISTIFY_VERIFY_PERMS the RandomSampler draws the DistributedSampler's permutation."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run, records = tmp_path / "run", tmp_path / "records"
+    run.mkdir()
+    records.mkdir()
+    copy, workdir = verify.build_sandbox(run, tmp_path / "train.py", PROBED.encode(), tmp_path)
+    env = verify.child_env({"DISTIFY_VERIFY_SCRIPT": str(copy), "DISTIFY_VERIFY_RECORDS": str(records),
+                            "DISTIFY_VERIFY_SANDBOX": str(run), "DISTIFY_VERIFY_STEPS": "3",
+                            "DISTIFY_VERIFY_PERMS": json.dumps({"0": [[7, 0], [7, 1]]})})
+    out = subprocess.run([sys.executable, str(copy), str(port)], cwd=str(workdir), env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    events = [json.loads(line) for line in (records / "rank0.jsonl").read_text().splitlines()]
+    kinds = [e["k"] for e in events]
+    assert kinds.count("step") == 3 + 3 and "drain" in kinds and "the end" in out.stdout  # passes 1-3: one batch each
+    batches = {}
+    for e in events:
+        if e["k"] == "batch":
+            batches.setdefault(e["p"], []).extend(e["i"])
+    assert [len(batches[p]) for p in range(4)] == [6, 2, 2, 2]
+    assert any(e["k"] == "end" and e.get("cut") for e in events)
+    assert any(e["k"] == "dropout" and e["site"] == ["train.py", 14] for e in events)
+    assert any(e["k"] == "coll" and e["fn"] == "all_reduce" and e["site"] == ["train.py", 17] for e in events)
+    assert any(e["k"] == "aligned" for e in events)
+    drew = json.loads(out.stdout.split("ranks drew", 1)[1].strip().replace("'", '"'))
+    assert batches[1] == drew[:2]  # pass 1 of the original = the DistributedSampler's epoch-1 order

@@ -6,15 +6,30 @@ It acts only in the process that runs the script under test (``sys.argv[0]`` is
 nothing. In that process it appends one JSON object per line to ``$DISTIFY_VERIFY_RECORDS/rank<R>.jsonl``:
 
 - ``opt``/``step``: each optimizer (where it was built) and, after each of its steps, a digest of
-  its parameters (an FSDP2 DTensor parameter gathered whole first: ranks hold different shards) and
-  how many of them are sharded; after ``$DISTIFY_VERIFY_STEPS`` steps of the first optimizer that steps, every
-  rank waits for the others at a barrier and exits with status 0 (no collective left half-done);
-- ``loader``/``batch``/``end``/``train``: each DataLoader, the indices it yields per pass, the
-  end of each pass, and which loaders fed an optimizer step;
+  its parameters (an FSDP2 DTensor parameter gathered whole first: ranks hold different shards), how
+  many of them are sharded, and whether torch's global generator drew during the step (``rng``);
+- ``drain``: after ``$DISTIFY_VERIFY_STEPS`` steps of the first optimizer that steps, the rest of the
+  script runs with its data passes cut short: the pass in progress ends at its next batch and every
+  later pass of every DataLoader yields one batch (only where a for loop, comprehension or generator
+  consumes the loader: a bare ``next()`` is never cut), so end-of-training saves, prints and
+  evaluation run. ``stop``: when the training goes on regardless (3 steps in a row without a batch,
+  or 100 steps while draining) every rank waits at a barrier and exits 0 (``reason`` loop / cap);
+  with ``$DISTIFY_VERIFY_AFTER=exit`` (the original of --against-original) it exits at the steps;
+- ``loader``/``pass``/``batch``/``end``/``train``: each DataLoader (its sampler, whether it shuffles,
+  its length), each pass (the sampler's seed and epoch), the indices it yields, the end of each pass
+  (``cut`` when verify ended it), and which loaders fed an optimizer step; ``datarng``: a training
+  loader whose fetch drew from the global generator (augmentation);
 - ``write``: every file opened for writing, renamed into place or passed to ``torch.save`` (with
   whether the saved state's keys carry DDP's ``module.`` prefix);
 - ``out``: each line the process writes to stdout, with the line of user code that wrote it;
-- ``rand``: ``torch.randint``/``torch.randperm`` draws made by user code, per step window.
+- ``rand``: ``torch.randint``/``torch.randperm`` draws made by user code, per step window;
+  ``dropout``: each line of user code that applies dropout in training mode;
+- ``coll``: each collective (``dist.all_reduce``, ``all_gather``..., ``hvd.allreduce``...) called from
+  outside torch and Horovod, with the user line that led to it;
+- ``snapshot`` (with ``$DISTIFY_VERIFY_SNAPSHOT=1``): every optimizer's parameters saved after the
+  steps, or at exit when the script ends first, for --against-original. With
+  ``$DISTIFY_VERIFY_PERMS`` (loader id -> [seed, epoch] per pass) a RandomSampler of that loader
+  draws ``torch.randperm(n)`` from a generator seeded with seed + epoch: the DistributedSampler's order.
 
 Ranks other than 0 initialise their modules differently (to show a missing broadcast of rank 0's
 weights) unless ``$DISTIFY_VERIFY_DIVERGE`` is 0: FSDP2's fully_shard keeps each rank's own slice of
@@ -227,12 +242,29 @@ if _ACTIVE:
 
     # --- torch ---------------------------------------------------------------------------------
 
-    _state = dict(first_opt=None, last_loader=None, depth=0, stopping=False)
+    # After the steps: "drain" lets the script run on to its end with every data pass cut short (the
+    # pass in progress ends, each later pass yields one batch), so its saves, prints and evaluation
+    # run; "exit" (the original of --against-original, which is only compared) leaves at once.
+    _AFTER = os.environ.get("DISTIFY_VERIFY_AFTER", "drain")
+    _DRAIN_STEPS = int(os.environ.get("DISTIFY_VERIFY_DRAIN_STEPS") or 100)
+    _UNFED_STEPS = 3  # steps in a row, while draining, that took no batch from a DataLoader
+    _SNAPSHOT = os.environ.get("DISTIFY_VERIFY_SNAPSHOT") == "1"
+    _PERMS = json.loads(os.environ.get("DISTIFY_VERIFY_PERMS") or "{}")  # loader id -> [[seed, epoch] per pass]
+    _TORCH_DIR = None  # set once torch is imported: collectives torch makes itself are not the script's
+
+    _state = dict(first_opt=None, last_loader=None, depth=0, stopping=False, draining=False, drain_steps=0,
+                  unfed=0, fed=False, snapshot=False, rng=None, rng_pending=False)
     _opt_ids = {}
     _opt_refs = {}
     _opt_steps = {}
     _train_pairs = set()
     _loader_passes = {}
+    _once = set()
+
+    def _emit_once(key, **record):
+        if key not in _once:
+            _once.add(key)
+            _emit(**record)
 
     def _opt_id(optimizer):
         key = id(optimizer)
@@ -255,12 +287,36 @@ if _ACTIVE:
                 return any(_prefixed(v, depth + 1) for v in obj.values())
         return False
 
+    def _for_loop(frame):
+        """The iterator's caller is a for loop (or a comprehension, enumerate, zip, a generator such as
+        tqdm's) or a ``yield from`` (a disabled tqdm): a StopIteration ends it cleanly. A next() call
+        would raise it in user code."""
+        import dis
+
+        try:
+            return frame.f_code.co_code[frame.f_lasti] in _LOOP_OPS
+        except (AttributeError, IndexError):
+            return False
+
+    import dis as _dis
+
+    _LOOP_OPS = {_dis.opmap[name] for name in ("FOR_ITER", "SEND", "YIELD_FROM") if name in _dis.opmap}
+
+    def _rng_moved(torch):
+        """Did the global CPU generator draw since the last mark? Marks now."""
+        before, now = _state["rng"], torch.random.get_rng_state()
+        _state["rng"] = now
+        return before is not None and not torch.equal(before, now)
+
     def _patch_torch(torch):
         import hashlib
 
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
         from torch.utils.data import dataloader as dl
+        from torch.utils.data import sampler as samplers
 
+        global _TORCH_DIR
+        _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
         real_save = torch.save
 
         def save(obj, f, *args, **kwargs):
@@ -307,15 +363,32 @@ if _ACTIVE:
             oid = _opt_id(optimizer)
             n = _opt_steps[oid] = _opt_steps.get(oid, 0) + 1
             sha, total, sharded = digest(optimizer)
-            _emit(k="step", opt=oid, n=n, sha=sha, abs=total, sharded=sharded)
+            _emit(k="step", opt=oid, n=n, sha=sha, abs=total, sharded=sharded, rng=_rng_moved(torch) or _state["rng_pending"],
+                  drain=_state["draining"])
+            _state["rng_pending"] = False
             loader = _state["last_loader"]
             if loader is not None and (loader, oid) not in _train_pairs:
                 _train_pairs.add((loader, oid))
                 _emit(k="train", loader=loader, opt=oid)
             if _state["first_opt"] is None:
                 _state["first_opt"] = oid
-            if oid == _state["first_opt"] and n >= _STEPS:
-                _stop(torch)
+            if oid != _state["first_opt"]:
+                return
+            if _state["draining"]:
+                _state["drain_steps"] += 1
+                _state["unfed"] = 0 if _state["fed"] else _state["unfed"] + 1
+                _state["fed"] = False
+                if _state["unfed"] >= _UNFED_STEPS:
+                    _stop(torch, "loop")
+                elif _state["drain_steps"] >= _DRAIN_STEPS:
+                    _stop(torch, "cap")
+            elif n >= _STEPS:
+                if _SNAPSHOT:
+                    _snapshot(torch, n)
+                if _AFTER == "exit":
+                    _stop(torch, "steps")
+                _state["draining"] = True
+                _emit(k="drain", n=n)
 
         register_optimizer_step_pre_hook(pre_hook)
         register_optimizer_step_post_hook(post_hook)
@@ -340,22 +413,48 @@ if _ACTIVE:
                 length = len(self.dataset)
             except TypeError:
                 length = None
+            try:
+                sampler_len = len(sampler)
+            except TypeError:
+                sampler_len = None
             _emit(k="loader", id=lid, site=_user_site(sys._getframe(1)), sampler=name, shuffle=shuffles,
-                  len=length, batch_size=self.batch_size, drop_last=self.drop_last,
+                  len=length, sampler_len=sampler_len, batch_size=self.batch_size, drop_last=self.drop_last,
                   replicas=getattr(sampler, "num_replicas", None))
+            if str(lid) in _PERMS and isinstance(sampler, samplers.RandomSampler) and not sampler.replacement \
+                    and length is not None and sampler.num_samples == length:
+                _align(sampler, _PERMS[str(lid)])
+                _emit(k="aligned", loader=lid)
 
         dl.DataLoader.__init__ = loader_init
+
+        def pass_start(self, loader):
+            lid = getattr(loader, "_distify_verify_id", None)
+            if lid is not None:
+                self._distify_verify_pass = (lid, _loader_passes[lid])
+                self._distify_verify_budget = 1 if _state["draining"] else None
+                self._distify_verify_cut = False
+                _loader_passes[lid] += 1
+                sampler = getattr(loader, "sampler", None)
+                _emit(k="pass", loader=lid, p=self._distify_verify_pass[1], seed=getattr(sampler, "seed", None),
+                      epoch=getattr(sampler, "epoch", None))
+            _rng_moved(torch)  # the iterator drew its base seed: not the training step's randomness
 
         real_iter_init = dl._BaseDataLoaderIter.__init__
 
         def iter_init(self, loader, *args, **kwargs):
             real_iter_init(self, loader, *args, **kwargs)
-            lid = getattr(loader, "_distify_verify_id", None)
-            if lid is not None:
-                self._distify_verify_pass = (lid, _loader_passes[lid])
-                _loader_passes[lid] += 1
+            pass_start(self, loader)
 
         dl._BaseDataLoaderIter.__init__ = iter_init
+
+        real_reset = dl._BaseDataLoaderIter._reset
+
+        def reset(self, loader, first_iter=False):
+            real_reset(self, loader, first_iter)
+            if not first_iter and hasattr(self, "_distify_verify_pass"):
+                pass_start(self, loader)  # persistent workers: the same iterator, a new pass
+
+        dl._BaseDataLoaderIter._reset = reset
 
         real_next_index = dl._BaseDataLoaderIter._next_index
 
@@ -382,9 +481,22 @@ if _ACTIVE:
 
         def loader_next(self):
             where = getattr(self, "_distify_verify_pass", None)
+            if where is not None and _state["draining"]:
+                budget = self._distify_verify_budget
+                if not budget and _for_loop(sys._getframe(1)):
+                    if not self._distify_verify_cut:
+                        self._distify_verify_cut = True
+                        _emit(k="end", loader=where[0], p=where[1], cut=True)
+                    raise StopIteration
+                self._distify_verify_budget = (budget or 0) - 1
+                _state["fed"] = True
             if where is not None:
                 _state["last_loader"] = where[0]
-            return real_next(self)
+                _state["rng_pending"] = _rng_moved(torch) or _state["rng_pending"]
+            data = real_next(self)
+            if where is not None and _rng_moved(torch):
+                _emit_once(("datarng", where[0]), k="datarng", loader=where[0])
+            return data
 
         dl._BaseDataLoaderIter.__next__ = loader_next
 
@@ -402,8 +514,85 @@ if _ACTIVE:
 
             setattr(torch, fn_name, drawn)
 
+        functional = torch.nn.functional
+        for fn_name in ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"):
+            real_fn = getattr(functional, fn_name, None)
+            if real_fn is None:
+                continue
+
+            def dropped(*args, _real=real_fn, _name=fn_name, **kwargs):
+                p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+                training = kwargs.get("training", args[2] if len(args) > 2 else True)
+                if training and p:
+                    site = _user_site(sys._getframe(1))
+                    _emit_once(("dropout", tuple(site or ())), k="dropout", fn=_name, p=float(p), site=site)
+                return _real(*args, **kwargs)
+
+            setattr(functional, fn_name, dropped)
+
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available():
+            _wrap_collectives(dist, ("all_reduce", "reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
+                                     "gather", "gather_object", "reduce_scatter", "reduce_scatter_tensor"))
+
         if _WORLD > 1 and _RANK != 0 and os.environ.get("DISTIFY_VERIFY_DIVERGE", "1") != "0":
             _diverge_init(torch)
+
+    def _align(sampler, perms):
+        """The original of --against-original: its RandomSampler draws, pass after pass, the permutation the
+        ranks' DistributedSampler drew (torch.randperm(n) from a generator seeded with seed + epoch), so
+        the ranks' k-th batches together hold the samples of its k-th batch."""
+        import torch
+
+        count = [0]
+
+        def order():
+            p = count[0]
+            count[0] += 1
+            if p < len(perms):
+                return perms[p]
+            seed, epoch = perms[-1]
+            return [seed, epoch + p - len(perms) + 1]
+
+        def aligned_iter():
+            seed, epoch = order()
+            generator = torch.Generator()
+            generator.manual_seed(int(seed) + int(epoch))
+            yield from torch.randperm(len(sampler.data_source), generator=generator).tolist()
+
+        object.__setattr__(sampler, "_distify_verify_iter", aligned_iter)  # read by the patched class method below
+        cls = type(sampler)
+        if not getattr(cls, "_distify_verify_aligned", False):
+            real_iter = cls.__iter__
+
+            def class_iter(self):
+                own = self.__dict__.get("_distify_verify_iter")
+                return own() if own is not None else real_iter(self)
+
+            cls.__iter__ = class_iter
+            cls._distify_verify_aligned = True
+
+    def _wrap_collectives(module, names):
+        """Record the collectives the script (or a library it calls, not torch or Horovod themselves)
+        makes: an evaluation over sharded data must reduce what it measured."""
+        here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+        for name in names:
+            real_fn = getattr(module, name, None)
+            if real_fn is None:
+                continue
+
+            def collective(*args, _real=real_fn, _name=name, **kwargs):
+                caller = sys._getframe(1).f_code.co_filename
+                if not (caller.startswith(here) or (_TORCH_DIR and caller.startswith(_TORCH_DIR))
+                        or f"{os.sep}horovod{os.sep}" in caller):
+                    _emit(k="coll", fn=_name, site=_user_site(sys._getframe(1)))
+                return _real(*args, **kwargs)
+
+            setattr(module, name, collective)
+
+    def _patch_horovod(hvd):
+        _wrap_collectives(hvd, ("allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_", "allgather",
+                                "allgather_object", "reducescatter"))
 
     def _diverge_init(torch):
         import inspect
@@ -439,23 +628,54 @@ if _ACTIVE:
         rank digests the same optimizer after the same step), any other tensor as it is."""
         return p.full_tensor() if _is_shard(p) else p
 
-    def _stop(torch):
-        """Every rank is here right after the same optimizer step: wait for the others, save the
-        parameters, exit 0 without tearing the interpreter (and the process group) down."""
+    def _snapshot(torch, n):
+        """Every optimizer's parameters (whole) after n steps of the first, for --against-original."""
+        _state["snapshot"] = True
+        params = {}
+        for oid, ref in _opt_refs.items():
+            opt = ref()
+            if opt is not None:
+                params[oid] = [_full(p.detach()).cpu().clone() for g in opt.param_groups for p in g["params"]]
+        _GUARD.busy = True
+        try:
+            torch.save.__wrapped__(params, os.path.join(_RECORDS, f"params.rank{_RANK}.pt"))
+        finally:
+            _GUARD.busy = False
+        _emit(k="snapshot", n=n)
+
+    def _at_exit():
+        out = sys.stdout
+        if isinstance(out, _Tee):
+            out.flush_pending()
+        torch = sys.modules.get("torch")
+        if _SNAPSHOT and torch is not None and not _state["snapshot"] and _state["first_opt"] is not None:
+            try:
+                opts = [ref() for ref in _opt_refs.values()]
+                sharded = any(_is_shard(p) for opt in opts if opt is not None for g in opt.param_groups for p in g["params"])
+                if sharded and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+                    _emit(k="snapshot_error", error="the process group was destroyed before the end: no gathered snapshot")
+                else:
+                    _snapshot(torch, _opt_steps.get(_state["first_opt"], 0))
+            except Exception as error:  # noqa: BLE001 - report it; the run itself is judged on its own
+                _emit(k="snapshot_error", error=repr(error))
+        _emit(k="exit")
+        _flush()
+
+    import atexit
+
+    atexit.register(_at_exit)
+
+    def _stop(torch, reason):
+        """Every rank is here right after the same optimizer step: wait for the others, exit 0 without
+        tearing the interpreter (and the process group) down. `reason`: steps (the original of
+        --against-original, compared only), loop (a training loop that the data passes do not end),
+        cap (too many steps while draining)."""
         _state["stopping"] = True
         try:
             out = sys.stdout
             if isinstance(out, _Tee):
                 out.flush_pending()
-            _emit(k="stop", steps=_STEPS)
-            params = {}
-            for oid, ref in _opt_refs.items():
-                opt = ref()
-                if opt is not None:
-                    params[oid] = [_full(p.detach()).cpu().clone() for g in opt.param_groups for p in g["params"]]
-            _GUARD.busy = True
-            torch.save.__wrapped__(params, os.path.join(_RECORDS, f"params.rank{_RANK}.pt"))
-            _GUARD.busy = False
+            _emit(k="stop", steps=_opt_steps.get(_state["first_opt"], 0), reason=reason)
             _synchronise(torch)
         except BaseException as error:  # noqa: BLE001 - report, then still leave
             _emit(k="stop_error", error=repr(error))
@@ -489,3 +709,4 @@ if _ACTIVE:
     from _distify_import_hook import after_import
 
     after_import("torch", _patch_torch)
+    after_import("horovod.torch", _patch_horovod)
