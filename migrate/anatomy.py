@@ -21,8 +21,8 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 from distify.facts import Binding, Facts, RepeatedBlocks, all_nodes, arg, dotted, keeps_object, rank_dependent, reads_rank, repeated_blocks, training_call  # noqa: F401 - re-exported
 from distify.model_state import final_place
 from distify.walk import walk
-from distify.library import PROGRESS_BARS, names_of
-from distify.names import IMPLICIT_MODULES, resolve, row_of, star_import, unwrapped  # noqa: F401 - re-exported
+from distify.library import PROGRESS_BARS, known, names_of
+from distify.names import IMPLICIT_MODULES, resolve, row_of, seeds_sharded, star_import, unwrapped  # noqa: F401 - re-exported
 from distify.standalone import find_block, is_standalone_block
 
 Scope = Union[cst.Module, cst.FunctionDef]
@@ -991,7 +991,7 @@ def untraced_sources(anatomy: "Anatomy") -> List[UntracedSource]:
         bl.ref for l in a.loaders for bl in l.batch_loops
     }
     # names a script re-shards itself (`loader = runtime.shard_loader(loader)`)
-    own_refs |= {n for c in a.calls if _is_reshard(c.call) for n in [assigned_name(c.stmt, c.call)] if n}
+    own_refs |= {n for c in a.calls if _is_reshard(c.call) or seeds_sharded(c) for n in [assigned_name(c.stmt, c.call)] if n}
     loops = a.facts.training_loops()
     training = [l for l in loops if isinstance(l, cst.For)]
     around = {id(p) for l in loops for p in a.stmt_parent.get(l, ()) if p is not l}
@@ -1093,7 +1093,7 @@ def _foreign_builder(a: "Anatomy", site: "CallSite") -> Optional[str]:
     q = site.qualname or star_import(a.star_modules, site.call.func, a.name_bindings) or ""
     if not q or q.split(".")[0] in ("torch", "builtins", "distify") or (dotted(site.call.func) or "") in a.functions:
         return None
-    return q
+    return None if (known(q) is not None and known(q).kind == "loader") else q  # the table says how a library loader shards
 
 
 def _through_generator(a: "Anatomy", consumer: BatchLoop, site: "CallSite", gen: BatchLoop, seen: set) -> List[ForeignLoader]:

@@ -44,7 +44,7 @@ _TORCH_LOADERS = ("torch.utils.data.DataLoader", "torch.utils.data.dataloader.Da
 _PYG_LOADERS = ("torch_geometric.loader.DataLoader", "torch_geometric.loader.dataloader.DataLoader")
 _PYG_NODE_LOADERS = (
     "torch_geometric.loader.NeighborLoader",
-    "torch_geometric.loader.LinkNeighborLoader",
+    "torch_geometric.loader.neighbor_loader.NeighborLoader",
     "torch_geometric.loader.HGTLoader",
 )
 

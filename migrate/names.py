@@ -100,13 +100,30 @@ def star_import(modules: Sequence[str], expr: cst.BaseExpression, bound: Collect
     return f"{own[0]}.{d}" if len(own) == 1 else None
 
 
+def library_calls(calls, kind: str, **match: str) -> list:
+    """(row, call site) of each call of a library object of `kind` (and the given row fields), in
+    source order: ``library_calls(a.calls, "loader", shard="input_nodes")``."""
+    out = []
+    for site in calls:
+        row = known(site.qualname)
+        if row is not None and row.kind == kind and all(getattr(row, k) == v for k, v in match.items()):
+            out.append((row, site))
+    return out
+
+
 def frameworks(calls) -> list:
     """(row, call site) of each call into a training framework that distributes the script itself
     (Accelerate's ``Accelerator()``, Lightning's ``Trainer``/``Fabric``, Hugging Face's ``Trainer``,
     ``deepspeed.initialize``...; see ``distify.library``), in source order."""
-    out = []
-    for site in calls:
-        row = known(site.qualname)
-        if row is not None and row.kind == "framework":
-            out.append((row, site))
-    return out
+    return library_calls(calls, "framework")
+
+
+def seeds_sharded(site) -> bool:
+    """`site` builds a loader the table shards through its seed nodes (PyG's NeighborLoader) and
+    hands it this rank's part of them: ``input_nodes=runtime.shard_nodes(...)``."""
+    row = known(site.qualname)
+    if row is None or row.kind != "loader" or row.shard != "input_nodes":
+        return False
+    nodes = arg(site.call, 2, "input_nodes")
+    func = nodes.value.func if nodes is not None and isinstance(nodes.value, cst.Call) else None
+    return isinstance(func, cst.Attribute) and func.attr.value == "shard_nodes"

@@ -29,6 +29,7 @@ _MODULES = (
     "dst202_set_epoch",
     "dst203_shard_eval",
     "dst204_data_rng",
+    "dst205_shard_input_nodes",
     "dst307_full_state_dict",
     "dst301_rank0_save",
     "dst302_rank0_print",

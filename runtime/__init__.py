@@ -48,6 +48,7 @@ __all__ = [
     "rank",
     "reduce_mean",
     "shard_loader",
+    "shard_nodes",
     "unwrap",
     "world_size",
 ]
@@ -680,6 +681,28 @@ def shard_loader(loader: Any, num_replicas: Optional[int] = None, rank: Optional
             f"the original {loader.batch_size} (drop_last={loader.drop_last}); {where}"
         )
     return shard_loader
+
+
+def shard_nodes(nodes: Any, num_replicas: Optional[int] = None, rank: Optional[int] = None) -> Any:
+    """This rank's part of the seed nodes a neighbour-sampling loader is given (PyG's
+    ``NeighborLoader(data, input_nodes=...)``): a boolean mask or an index tensor (also a
+    ``(node_type, nodes)`` pair), split as ``DistributedSampler`` splits a dataset. Every rank gets
+    ``ceil(n / N)`` node indices – the first ones repeated to pad – so that every rank makes the same
+    number of steps per pass (a rank with one step more would wait for the others' gradients forever).
+    """
+    if isinstance(nodes, tuple) and len(nodes) == 2 and isinstance(nodes[0], str):
+        return (nodes[0], shard_nodes(nodes[1], num_replicas, rank))
+    if nodes is None:
+        raise TypeError("shard_nodes: input_nodes=None means every node; pass torch.arange(data.num_nodes)")
+    index = torch.as_tensor(nodes)
+    if index.dtype == torch.bool:
+        index = index.nonzero().view(-1)
+    replicas = world_size() if num_replicas is None else int(num_replicas)
+    me = _process_rank() if rank is None else int(rank)
+    total = -(-index.numel() // replicas) * replicas
+    if index.numel() and total > index.numel():
+        index = torch.cat([index, index[: total - index.numel()]])
+    return index[me:total:replicas]
 
 
 def unwrap(model: Any) -> Any:

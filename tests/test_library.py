@@ -154,3 +154,37 @@ def test_control_no_note_without_training_or_with_the_loop_here():
     source = (FIXTURES / "DST202" / "tqdm_bar_in_trainer.in.py").read_bytes()
     result = migrate_source(source, Options(backend="ddp"))
     assert result.output != source and not any(f.code == "DST961" for f in result.findings)
+
+
+def _split_checks(parts, seeds):
+    """Every rank gets as many seed nodes (same step count), together they cover every seed, and
+    only the padding repeats."""
+    sizes = {len(p) for p in parts}
+    assert len(sizes) == 1, f"ranks get different numbers of seed nodes: {[len(p) for p in parts]}"
+    got = [int(i) for p in parts for i in p]
+    assert set(got) == set(seeds), "the ranks' seed nodes do not cover the training nodes"
+    assert len(got) - len(set(got)) < len(parts), "more repeats than padding needs"
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_shard_nodes_splits_seed_nodes_evenly(world):
+    import torch
+
+    from distify import runtime
+
+    mask = torch.zeros(23, dtype=torch.bool)
+    seeds = [1, 2, 4, 7, 9, 11, 12, 15, 20]
+    mask[seeds] = True
+    for nodes in (mask, torch.tensor(seeds)):
+        _split_checks([runtime.shard_nodes(nodes, world, r) for r in range(world)], seeds)
+    typed = runtime.shard_nodes(("paper", torch.tensor(seeds)), world, 0)
+    assert typed[0] == "paper" and len(typed[1]) == -(-len(seeds) // world)
+
+
+def test_control_an_unpadded_split_is_caught():
+    """Control: a plain strided split (no padding) leaves ranks with different step counts."""
+    import torch
+
+    seeds = torch.tensor([1, 2, 4, 7, 9])
+    with pytest.raises(AssertionError, match="different numbers"):
+        _split_checks([seeds[r::2] for r in range(2)], seeds.tolist())
