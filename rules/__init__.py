@@ -21,6 +21,7 @@ _MODULES = (
     "dst101_ddp_wrap",
     "dst102_unwrap_module",
     "dst103_fp16_comm_hook",
+    "dst104_model_contract",
     "dst121_fully_shard",
     "dst111_distributed_optimizer",
     "dst112_broadcast_state",

@@ -7,6 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from distify.anatomy import DDP, assigned_name, dotted, moves_to_device, through_compile, through_data_parallel
+from distify.model_contract import forward_gaps, training_freezes
 from distify.model_state import moved
 from distify.rules.base import DDP_BACKEND, Context, Rule
 
@@ -23,7 +24,11 @@ class WrapDDP(Rule):
         later (``distify.model_state``): ``.apply(init_fn)``, ``load_state_dict``, a replaced head
         (``model.fc = nn.Linear(...)``), frozen parameters, ``model = torch.compile(model)``, also
         under ``if``/``else`` (the wrap follows the whole statement) or in a function of the
-        script handed the model.
+        script handed the model. ``find_unused_parameters=True`` is added when the model's class in
+        this file can leave a parameter without a gradient (``distify.model_contract``): a
+        submodule defined in ``__init__`` and never reached from ``forward``, one reached only
+        under a condition (``if y is not None:``, ``if random.random() < p:``), or parameters
+        frozen inside the training loop.
         ``device_ids`` is ``[local_rank]`` on GPU and ``None`` on CPU. ``runtime.DDP(...)`` returns
         torch's ``DistributedDataParallel`` whenever the job has more than one process; in a
         one-process run (plain ``python``) it returns a pass-through with the same ``.module``,
@@ -67,6 +72,9 @@ class WrapDDP(Rule):
             value = through_compile(ctx.anatomy.qualname, value)  # DDP(torch.compile(Net().to(device)))
             placed = moves_to_device(value) or moved(ctx.anatomy.facts, ctx.anatomy.qualname, model.name, model.assign, model.place)
             ids = f", device_ids={ctx.runtime}.device_ids()" if placed else ""
+            skips = self._skips(ctx, model)
+            if skips is not None:
+                ids += ", find_unused_parameters=True"
             if model.place is model.assign and model.value is not None and model.assign_node is not None:
                 def wrap(node: cst.Assign, ddp=ddp, ids=ids) -> cst.Assign:
                     call = cst.parse_expression(f"{ddp}(_model_{ids})")
@@ -85,6 +93,26 @@ class WrapDDP(Rule):
                 model.assign,
                 f"{model.name} wrapped in DistributedDataParallel (runtime.DDP: a pass-through when there is one process)",
             )
+
+    def _skips(self, ctx: Context, model):
+        """The first reason a backward pass can leave a parameter of `model` without a gradient
+        (``distify.model_contract``), reported; None when there is none."""
+        a = ctx.anatomy
+        cls = a.model_class(model)
+        gaps = forward_gaps(cls, a.classes, a.qualname, ctx.code) if cls is not None else []
+        gaps += training_freezes(a.facts, a.qualname, model.scope, model.name)
+        for g in gaps:
+            if g.kind == "unused":
+                why = f"{g.what} is defined in __init__ and never reached from forward: it never gets a gradient"
+            elif g.kind == "conditional":
+                why = f"{g.what} is reached only when `{g.why}`: the steps that skip it leave it without a gradient"
+            elif g.kind == "freeze":
+                why = "parameters stop requiring a gradient during training"
+            else:
+                continue
+            ctx.report(self.code, g.node, f"{model.name} wrapped with find_unused_parameters=True: {why}")
+            return g
+        return None
 
 
 def _rewrapped(ctx: Context, model) -> Optional[cst.CSTNode]:

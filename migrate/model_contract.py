@@ -1,0 +1,226 @@
+"""DDP's contract, read from the model's own code.
+
+DDP expects every parameter that requires a gradient to get one in every backward pass, once. A
+model's class (its ``__init__`` and ``forward``, and the classes of this file it is built from)
+says whether that holds:
+
+- a submodule or parameter defined in ``__init__`` and never reached from ``forward``
+  (``self.head`` kept for another task): no gradient, ever;
+- one reached only under a condition (``if y is not None: ...``, ``if random.random() < p:``, an
+  ``x if c else y``, the right side of ``and``/``or``): no gradient in the steps that skip it;
+- activation checkpointing with reentrant autograd (``torch.utils.checkpoint.checkpoint(f, x)``
+  without ``use_reentrant=False``): its parameters' gradients are produced in a nested backward
+  that DDP's hooks see out of order.
+
+And the training loop says whether the set of parameters that require a gradient changes while it
+runs (``model.encoder.requires_grad_(False)`` at some epoch, or ``True`` to unfreeze).
+
+Read-only; the rules ask it (DST101 decides ``find_unused_parameters``, DST104 the rest).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Set
+
+import libcst as cst
+
+from distify.facts import Facts, all_nodes, dotted, training_call
+
+CHECKPOINTS = frozenset({
+    "torch.utils.checkpoint.checkpoint",
+    "torch.utils.checkpoint.checkpoint_sequential",
+})
+# torch.nn names that build no module or parameter
+_NOT_MODULES = ("torch.nn.functional.", "torch.nn.init.", "torch.nn.utils.")
+
+
+@dataclass(frozen=True)
+class Gap:
+    kind: str  # unused | conditional | reentrant | freeze | unfreeze
+    node: cst.CSTNode  # where: the member's assignment, the reference, the checkpoint call, the change
+    what: str  # `Net.head`, `checkpoint(...)`
+    why: str = ""  # for `conditional`: the condition's source
+
+
+def _methods(cls: cst.ClassDef) -> Dict[str, cst.FunctionDef]:
+    return {s.name.value: s for s in cls.body.body if isinstance(s, cst.FunctionDef)}
+
+
+def _members(init: cst.FunctionDef, classes, qualname) -> Dict[str, cst.Assign]:
+    """`self.X = <a torch.nn module or parameter, or a class of this file>(...)` in ``__init__``."""
+    out: Dict[str, cst.Assign] = {}
+    for n in all_nodes(init.body, skip_nested=True):
+        if not (isinstance(n, cst.Assign) and len(n.targets) == 1 and isinstance(n.value, cst.Call)):
+            continue
+        target = n.targets[0].target
+        if not (isinstance(target, cst.Attribute) and dotted(target.value) == "self"):
+            continue
+        q = qualname(n.value.func) or ""
+        if (q.startswith("torch.nn.") and not q.startswith(_NOT_MODULES)) or dotted(n.value.func) in classes:
+            out[target.attr.value] = n
+    return out
+
+
+def _reached(cls: cst.ClassDef) -> List[cst.FunctionDef]:
+    """``forward`` and the methods it calls through ``self.m(...)``, transitively."""
+    methods = _methods(cls)
+    todo = [methods["forward"]] if "forward" in methods else []
+    seen: List[cst.FunctionDef] = []
+    while todo:
+        fn = todo.pop()
+        if fn in seen:
+            continue
+        seen.append(fn)
+        for n in all_nodes(fn.body, skip_nested=True):
+            if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and dotted(n.func.value) == "self":
+                called = methods.get(n.func.attr.value)
+                if called is not None:
+                    todo.append(called)
+    return seen
+
+
+def _dynamic(fns: List[cst.FunctionDef]) -> bool:
+    """Members reached by name at run time (``getattr(self, name)``, ``self._modules``,
+    ``self.children()``): which are used cannot be read."""
+    for fn in fns:
+        for n in all_nodes(fn.body, skip_nested=True):
+            if isinstance(n, cst.Call) and dotted(n.func) in ("getattr", "vars"):
+                return True
+            if isinstance(n, cst.Attribute) and dotted(n.value) == "self" and n.attr.value in (
+                "_modules", "_parameters", "__dict__", "children", "modules", "named_children",
+                "named_modules", "parameters", "named_parameters",
+            ):
+                return True
+    return False
+
+
+def _structural(test: cst.BaseExpression, member: str) -> bool:
+    """``self.X``, ``not self.X``, ``self.X is not None`` about the member itself: a submodule that
+    may be None has no parameters when it is."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        test = test.expression
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        c = test.comparisons[0]
+        if isinstance(c.operator, (cst.IsNot, cst.Is)) and dotted(c.comparator) == "None":
+            test = test.left
+    return dotted(test) == f"self.{member}"
+
+
+def _conditional_uses(fn: cst.FunctionDef, members: Set[str]):
+    """(member, reference, condition) for each ``self.X`` reached only under a condition."""
+    found = []
+
+    def visit(node: cst.CSTNode, conds: tuple) -> None:
+        if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)) and node is not fn:
+            return
+        if isinstance(node, cst.If):
+            visit(node.test, conds)
+            visit(node.body, conds + (node.test,))
+            if node.orelse is not None:
+                visit(node.orelse, conds + (node.test,))
+            return
+        if isinstance(node, cst.IfExp):
+            visit(node.test, conds)
+            visit(node.body, conds + (node.test,))
+            visit(node.orelse, conds + (node.test,))
+            return
+        if isinstance(node, cst.BooleanOperation):
+            visit(node.left, conds)
+            visit(node.right, conds + (node.left,))
+            return
+        if isinstance(node, cst.While):
+            visit(node.test, conds)
+            visit(node.body, conds + (node.test,))
+            return
+        if isinstance(node, cst.Attribute) and dotted(node.value) == "self" and node.attr.value in members:
+            member = node.attr.value
+            real = [c for c in conds if not _structural(c, member)]
+            if real:
+                found.append((member, node, real[-1]))
+            return
+        for child in node.children:
+            visit(child, conds)
+
+    visit(fn.body, ())
+    return found
+
+
+def forward_gaps(cls: cst.ClassDef, classes: Dict[str, cst.ClassDef], qualname, code, depth: int = 0,
+                 seen: Optional[Set[int]] = None) -> List[Gap]:
+    """What in the model class `cls` (and the classes of this file its members are built from)
+    breaks DDP's contract; `code` renders a node's source (for the condition in a message)."""
+    seen = set() if seen is None else seen
+    if id(cls) in seen or depth > 4:
+        return []
+    seen.add(id(cls))
+    methods = _methods(cls)
+    out: List[Gap] = []
+    name = cls.name.value
+    init, forward = methods.get("__init__"), methods.get("forward")
+    members = _members(init, classes, qualname) if init is not None else {}
+    reached = _reached(cls)
+    if forward is not None and members and not _dynamic(reached):
+        used = {
+            n.attr.value
+            for fn in reached
+            for n in all_nodes(fn.body, skip_nested=True)
+            if isinstance(n, cst.Attribute) and dotted(n.value) == "self"
+        }
+        for member, assign in members.items():
+            if member not in used:
+                out.append(Gap("unused", assign, f"{name}.{member}"))
+        for fn in reached:
+            for member, ref, cond in _conditional_uses(fn, set(members)):
+                out.append(Gap("conditional", ref, f"{name}.{member}", code(cond)))
+    for fn in methods.values():
+        for n in all_nodes(fn.body, skip_nested=True):
+            if isinstance(n, cst.Call) and qualname(n.func) in CHECKPOINTS and reentrant(n):
+                out.append(Gap("reentrant", n, f"{name}.{fn.name.value}"))
+    for assign in members.values():
+        for n in all_nodes(assign.value):
+            if isinstance(n, cst.Call) and dotted(n.func) in classes:
+                out += forward_gaps(classes[dotted(n.func)], classes, qualname, code, depth + 1, seen)
+    return out
+
+
+def reentrant(call: cst.Call) -> bool:
+    """A checkpoint call that runs with reentrant autograd: no ``use_reentrant=False``."""
+    for a in call.args:
+        if a.keyword is not None and a.keyword.value == "use_reentrant":
+            return not (isinstance(a.value, cst.Name) and a.value.value == "False")
+    return True
+
+
+def training_freezes(facts: Facts, qualname, scope, root: str) -> List[Gap]:
+    """``requires_grad`` of the model's parameters changed inside a loop that trains (in `scope`,
+    or in a function of the script that loop calls with the model): "freeze" when set to a literal
+    False, "unfreeze" otherwise."""
+    from distify.model_state import FREEZE, changes_in  # noqa: E402 - keeps this module light
+
+    out: List[Gap] = []
+    for stmt in facts.statements(scope):
+        if not isinstance(stmt, (cst.For, cst.While)) or facts.loops_around(stmt):
+            continue
+        if not any(training_call(n) or (isinstance(n, cst.Call) and facts.callee(n, scope) in facts.trainers)
+                   for n in all_nodes(stmt, skip_nested=True)):
+            continue
+        for c in changes_in(facts, qualname, stmt, [root]):
+            if c.kind == FREEZE:
+                out.append(Gap("freeze" if _sets_false(c.node) else "unfreeze", c.node, root))
+    return out
+
+
+def _sets_false(node: cst.CSTNode) -> bool:
+    """`x.requires_grad_(False)` / `p.requires_grad = False` (also in the loop a `for` holds)."""
+    for n in all_nodes(node):
+        value = None
+        if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "requires_grad_":
+            value = n.args[0].value if n.args else cst.Name("True")
+        elif isinstance(n, cst.Assign) and any(
+            isinstance(t.target, cst.Attribute) and t.target.attr.value == "requires_grad" for t in n.targets
+        ):
+            value = n.value
+        if value is not None:
+            return isinstance(value, cst.Name) and value.value == "False"
+    return False

@@ -1,0 +1,92 @@
+"""DST104 the model's own code against DDP's contract: checkpointing, unfreezing, unread models."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from distify.model_contract import forward_gaps, training_freezes
+from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, Context, Rule, add_kwarg
+
+
+class ModelContract(Rule):
+    """Make the model keep DDP's contract, or refuse: reentrant checkpoints, unfreezing, unread code.
+
+    What it does:
+        Reads the trained model's class in this file (``__init__``, ``forward`` and the classes of
+        this file it is built from; ``distify.model_contract``). An activation checkpoint run with
+        reentrant autograd – ``torch.utils.checkpoint.checkpoint(block, x)`` without
+        ``use_reentrant=False`` – gets ``use_reentrant=False`` (every backend). Under DDP and FSDP,
+        a training loop that makes parameters require a gradient again (``requires_grad_(True)``,
+        ``p.requires_grad = True``, or a value it cannot read) leaves the file unchanged, with the
+        line. Under DDP, a model whose class is not in this file (torchvision, ``from_pretrained``)
+        is reported with what was assumed: that every parameter gets a gradient in every step.
+        (Parameters a forward can skip, and parameters frozen during training, are DST101's:
+        ``find_unused_parameters=True``.)
+
+    Why:
+        DDP expects each parameter's gradient once per backward, in the order its hooks were
+        registered; reentrant checkpointing computes a segment's gradients in a nested backward,
+        which DDP (with ``find_unused_parameters`` or shared weights) rejects ("marked ready twice")
+        and under which Horovod's per-parameter hooks fire out of step. ``use_reentrant=False`` is
+        PyTorch's recommended mode and gives the same gradients. DDP and FSDP register the
+        parameters that require a gradient when they wrap: one unfrozen later is never averaged,
+        and the ranks drift apart with no error.
+
+    Example:
+        x = torch.utils.checkpoint.checkpoint(block, x)
+
+        becomes
+
+        x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+    """
+
+    code = "DST104"
+    name = "model-contract"
+    summary = "non-reentrant checkpoints; refuse parameters unfrozen during training"
+
+    def apply(self, ctx: Context) -> None:
+        a = ctx.anatomy
+        done = set()
+        for model in a.models:
+            cls = a.model_class(model)
+            if cls is None and ctx.backend == DDP_BACKEND and model.value is not None:
+                ctx.report(
+                    self.code,
+                    model.assign,
+                    f"{model.name}: its class is not defined in this file; assumed that every parameter that "
+                    "requires a gradient gets one in every backward (else pass find_unused_parameters=True to DDP)",
+                    kind="info",
+                )
+            for gap in forward_gaps(cls, a.classes, a.qualname, ctx.code) if cls is not None else []:
+                if gap.kind != "reentrant" or id(gap.node) in done:
+                    continue
+                done.add(id(gap.node))
+                ctx.edits.replace(gap.node, _non_reentrant)
+                ctx.report(
+                    self.code,
+                    gap.node,
+                    f"activation checkpoint in {gap.what} runs with use_reentrant=False: reentrant autograd "
+                    "computes its gradients in a nested backward the gradient averaging sees out of step",
+                )
+            if ctx.backend not in (DDP_BACKEND, FSDP_BACKEND):
+                continue
+            for gap in training_freezes(a.facts, a.qualname, model.scope, model.name):
+                if gap.kind == "unfreeze":
+                    ctx.block(
+                        self.code,
+                        gap.node,
+                        f"parameters of {model.name} may start requiring a gradient during training: file not "
+                        "migrated; the wrapper registers the parameters that require a gradient when it wraps "
+                        "and would never average these. Set requires_grad before the model is wrapped, or wrap "
+                        "it again (with a new optimizer) after the change",
+                    )
+
+
+def _non_reentrant(node: cst.Call) -> cst.Call:
+    args = [a for a in node.args if not (a.keyword is not None and a.keyword.value == "use_reentrant")]
+    if len(args) != len(node.args):
+        args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return add_kwarg(node.with_changes(args=args), "use_reentrant", cst.Name("False"))
+
+
+RULE = ModelContract()
