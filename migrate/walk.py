@@ -143,6 +143,20 @@ class _Plan:
     attr_types: FrozenSet[str]  # node type names with a visit_<Type>_<attribute> / leave_ hook
     visit: Dict[type, Optional[Callable]] = dataclasses.field(default_factory=dict)
     leave: Dict[type, Optional[Callable]] = dataclasses.field(default_factory=dict)
+    local: bool = False  # a class made per call: `visit`/`leave` hold hook names, not functions
+
+
+# a class made per call (a visitor defined in a function) has the hooks of its class statement:
+# its plan is kept by the code of its first method (one class statement, one code object)
+_LOCAL_PLANS: Dict[tuple, _Plan] = {}
+
+
+def _local_key(cls: type) -> Optional[tuple]:
+    for v in vars(cls).values():
+        code = getattr(v, "__code__", None)
+        if code is not None:
+            return (cls.__qualname__, code, cls.__bases__)
+    return None
 
 
 _PLANS: Dict[type, _Plan] = {}
@@ -174,6 +188,10 @@ def _plan(cls: type) -> _Plan:
     plan = _PLANS.get(cls)
     if plan is not None:
         return plan
+    local = "<locals>" in cls.__qualname__
+    key = _local_key(cls) if local else None
+    if key is not None and key in _LOCAL_PLANS:
+        return _LOCAL_PLANS[key]
     hooks = [n.split("_", 1)[1] for n in _own_hooks(cls)]
     hooked_types = {h.split("_", 1)[0] for h in hooks}
     plan = _Plan(
@@ -182,9 +200,12 @@ def _plan(cls: type) -> _Plan:
         and cls.on_leave_attribute is cst.CSTVisitor.on_leave_attribute,
         skip=frozenset() if any(t.__name__ in hooked_types for t in TRIVIA) else TRIVIA,
         attr_types=frozenset(h.split("_", 1)[0] for h in hooks if "_" in h),
+        local=local,
     )
-    if "<locals>" not in cls.__qualname__:  # a class made per call would pile up here
+    if not local:
         _PLANS[cls] = plan
+    elif key is not None and not any("<locals>" in b.__qualname__ for b in cls.__bases__):
+        _LOCAL_PLANS[key] = plan  # not by class: a class made per call would pile up
     return plan
 
 
@@ -202,9 +223,21 @@ def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
     attr_types = plan.attr_types
     walk_trivia = not skip
 
+    if plan.local:  # the plan keeps hook names; the functions are this class's own
+        names_visit, names_leave = visit_fns, leave_fns
+        visit_fns, leave_fns = {}, {}
+
     def lookup(table: dict, prefix: str, t: type):
-        fn = _hook(cls, f"{prefix}_{t.__name__}")
-        table[t] = fn
+        if not plan.local:
+            fn = table[t] = _hook(cls, f"{prefix}_{t.__name__}")
+            return fn
+        names = names_visit if prefix == "visit" else names_leave
+        if t in names:
+            name = names[t]
+        else:
+            name = f"{prefix}_{t.__name__}"
+            names[t] = name = name if _hook(cls, name) is not None else None
+        fn = table[t] = None if name is None else _hook(cls, name)
         return fn
 
     def child(value) -> None:
