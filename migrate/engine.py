@@ -142,6 +142,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
 
     findings: List[Finding] = []
     line_map = None
+    original = module
     rules = tuple(r for r in selected(options.backend, options.select, options.ignore) if not is_audit(r))
     if anatomy.flavour is not None and not incremental:
         # written for the other backend: strip its constructs, then migrate what is left
@@ -192,6 +193,17 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
         compile(output, "<distify output>", "exec", dont_inherit=True)
     except SyntaxError as e:  # pragma: no cover - would be a distify bug
         raise RuntimeError(f"distify produced invalid code: {e}") from e
+    # every name the output reads must be bound where it reads it (DST962): an edit written in the
+    # wrong scope is refused here, before anything is written, with the user's line
+    unbound = [f for r in rules if hasattr(r, "check_output") for f in r.check_output(original.code, new_module.code)]
+    if unbound:
+        to_source = _line_map(source, output)
+        refusal = [replace(f, line=to_source(f.line)) for f in unbound]
+        kept = [f for f in findings if f.kind == "warning"] + refusal
+        return MigrationResult(
+            source, source, tuple(sorted(kept, key=lambda f: (f.line, f.col, f.code))), note="not migrated: see warnings",
+            encoding=encoding, refused=True,
+        )
     # the audit: the rewritten module, analysed afresh, must hold the invariants of a correct
     # data-parallel script; its findings are reported against the user's lines
     audited = _audit(analyse(new_module), options, findings, migrated=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, method_calls_in
+from distify.transplant import readable_after, spell_in
 
 
 class DistributedOptimizer(Rule):
@@ -21,8 +22,10 @@ class DistributedOptimizer(Rule):
         ``hvd.grouped_allreduce_(..., op=hvd.Average)`` of its gradients goes right after the last
         ``backward()`` before its ``step()``. That applies to every optimizer stepped in a loop that
         calls ``backward()`` more than once per iteration (or in an inner loop), and to several
-        optimizers stepped in functions that do not show the loop. A ``step(closure)`` there is
-        refused: the closure recomputes the gradients inside the step.
+        optimizers stepped in functions that do not show the loop. A ``step(closure)`` is refused
+        with its line, there and everywhere else (LBFGS): the closure recomputes the gradients
+        inside the step, where neither the wrapper's hooks nor an all-reduce before the step can
+        average them.
 
     Why:
         Horovod averages gradients inside the wrapped optimizer: hooks start each gradient's
@@ -87,6 +90,38 @@ class DistributedOptimizer(Rule):
                 )
                 return
             explicit[opt] = (reason, steps)
+        for opt in optimizers:
+            closure = None if opt in explicit else next((s for s in _step_sites(ctx, opt) if _has_closure(ctx, s, opt)), None)
+            if closure is not None:
+                ctx.block(
+                    self.code,
+                    closure.call,
+                    f"{opt.target}.step(closure) runs the closure's backward() inside step(), after the point where "
+                    "hvd.DistributedOptimizer waits for the averaged gradients (LBFGS even calls it several times, "
+                    "with a loss each rank computes alone): the update would use this rank's gradients and Horovod "
+                    "stops at the next zero_grad(); file not migrated to Horovod",
+                )
+                return
+        counts = {}
+        for opt in optimizers:
+            if opt in explicit:
+                continue
+            anchor = _wrap_anchor(ctx, opt)
+            found = _accumulation_steps(ctx, opt)
+            if found is None:
+                counts[opt] = (anchor, None)
+                continue
+            n, where = found
+            spelled = spell_in(ctx.anatomy, n, where, ctx.anatomy.stmt_scope.get(anchor))
+            if spelled is not None:
+                anchor = _after_assignments(ctx, anchor, _code(spelled))
+            if spelled is None or not readable_after(ctx.anatomy, spelled, anchor):
+                # the count is not readable where the optimizer is wrapped (a local of the training
+                # function): averaging once before each step is exact for any count
+                reason = f"its accumulation count `{ctx.code(n)}` has no value where {opt.target} is built"
+                explicit[opt] = (reason, _step_sites(ctx, opt))
+                continue
+            counts[opt] = (anchor, _code(spelled))
         hooked = [o for o in optimizers if o not in explicit]
         for opt, (reason, steps) in explicit.items():
             self._average_before_step(ctx, opt, reason, steps)
@@ -101,7 +136,7 @@ class DistributedOptimizer(Rule):
                 m = opt.models[0]
                 prefix = m.split(".")[-1]
                 extra += f', named_parameters=[("{prefix}." + n, p) for n, p in {m}.named_parameters()]'
-            accumulation = _accumulation_steps(ctx, opt)
+            anchor, accumulation = counts[opt]
             if accumulation is None:
                 unsure = _unrecognised_step_condition(ctx, opt)
                 if unsure is not None:
@@ -112,12 +147,7 @@ class DistributedOptimizer(Rule):
                         "backward_passes_per_step times\"; to accumulate over N backward passes, pass "
                         "backward_passes_per_step=N to hvd.DistributedOptimizer",
                     )
-            anchor = opt.call.stmt
-            for m in ctx.anatomy.models:
-                if m.optimizer is opt and ctx.anatomy.is_before(anchor, m.place):
-                    anchor = m.place  # the model reaches its device after the optimizer (DST908)
             if accumulation is not None:
-                anchor = _after_assignments(ctx, anchor, accumulation)
                 extra += f", backward_passes_per_step={accumulation}"
                 notes.append(f"# gradient accumulation: all-reduce once every {accumulation} backward passes")
             if ctx.options.fp16_allreduce:
@@ -161,6 +191,20 @@ class DistributedOptimizer(Rule):
             f"{opt.target}: {reason}; its gradients are all-reduced before each step (not hvd.DistributedOptimizer, "
             "whose hooks count backward passes)",
         )
+
+
+def _wrap_anchor(ctx: Context, opt):
+    """The statement the wrap goes after: the optimizer's, or its model's move to the device when
+    that comes later (DST908)."""
+    anchor = opt.call.stmt
+    for m in ctx.anatomy.models:
+        if m.optimizer is opt and ctx.anatomy.is_before(anchor, m.place):
+            anchor = m.place  # the model reaches its device after the optimizer (DST908)
+    return anchor
+
+
+def _code(expr) -> str:
+    return cst.Module([]).code_for_node(expr)
 
 
 def _already_wrapped(ctx: Context, opt) -> bool:
@@ -334,13 +378,15 @@ def _unrecognised_step_condition(ctx: Context, opt):
 
 
 def _accumulation_steps(ctx: Context, opt):
-    """N for `if (i + 1) % N == 0: optimizer.step()` – the gradient-accumulation idiom, in each of
-    the spellings ``Facts.step_condition`` knows (`... or i + 1 == len(loader)`, `if last:`)."""
+    """(N, the `if` that reads it) for `if (i + 1) % N == 0: optimizer.step()` – the
+    gradient-accumulation idiom, in each of the spellings ``Facts.step_condition`` knows
+    (`... or i + 1 == len(loader)`, `if last:`). N is read in the step's scope, which need not be
+    the optimizer's."""
     for _site, ifs, _loop in _conditional_steps(ctx, opt):
         for p in ifs:
             found = ctx.anatomy.facts.step_condition(p.test, p)
             if found is not None:
-                return ctx.code(found[1])
+                return found[1], p
     return None
 
 
