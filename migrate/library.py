@@ -15,7 +15,8 @@ Kinds of rows:
 - ``framework``: a training framework that distributes the script itself; ``launch`` says how the
   script is started on N processes. distify leaves such a script as it is and says so.
 - ``model``: builds a model in another library (its class is not in the script).
-- ``print``: writes a log line, as ``print`` does (``tqdm.write``).
+- ``print``: writes a line to the terminal as ``print`` does (``tqdm.write``, ``sys.stdout.write``,
+  ``pprint.pprint``): every rank would write it, so it runs on rank 0 (DST302, DST956).
 """
 
 from __future__ import annotations
@@ -107,6 +108,9 @@ TABLE: Dict[str, Known] = {
     **_rows("model", ("timm.create_model", "torch.hub.load")),
     # a progress bar's own print: a log line like print()'s
     **_rows("print", ("tqdm.write", *(f"{t}.write" for t in _TQDM if ".contrib." not in t))),
+    # the other routes to the terminal (PyTorch-GAN's progress lines are sys.stdout.write)
+    **_rows("print", ("sys.stdout.write", "sys.stderr.write", "sys.stdout.writelines", "sys.stderr.writelines",
+                      "sys.__stdout__.write", "sys.__stderr__.write", "pprint.pprint", "pprint.pp")),
 }
 
 # every progress bar (DST303 turns them off on ranks other than 0)

@@ -8,7 +8,8 @@ from distify.library import names_of
 from distify.rules.base import Context, Rule, call_statement
 
 
-PRINT_LIKE = names_of("print")  # tqdm.write and its twins (distify.library)
+# tqdm.write and its twins, sys.stdout.write / sys.stderr.write, pprint (distify.library)
+PRINT_LIKE = names_of("print")
 
 
 class Rank0Print(Rule):
@@ -17,10 +18,17 @@ class Rank0Print(Rule):
     What it does:
         Puts ``print(...)`` statements under ``if runtime.is_main_process():`` – merging
         neighbouring prints into one ``if`` and extending a lone ``if`` around a print
-        (``if batch_idx % args.log_interval == 0 and runtime.is_main_process():``).
+        (``if batch_idx % args.log_interval == 0 and runtime.is_main_process():``). The same for
+        every other call that writes to the terminal (the ``console`` rows of ``distify.library``):
+        ``sys.stdout.write``/``sys.stderr.write`` progress lines, ``tqdm.write``, ``pprint.pprint``;
+        ``print(..., file=f)`` is a print too (a file opened for writing goes to ``os.devnull`` on
+        the other ranks, DST304).
 
     Why:
         Every rank runs the same code; without a guard each epoch log appears N times, interleaved.
+        The statement is guarded, not the stream: replacing ``sys.stdout`` on the other ranks at
+        run time would also swallow their tracebacks and the warnings that say why a rank failed,
+        and the guard shows in the script what runs where.
 
     Example:
         print(f"epoch {epoch} loss {loss:.4f}")
@@ -29,6 +37,8 @@ class Rank0Print(Rule):
 
         if runtime.is_main_process():
             print(f"epoch {epoch} loss {loss:.4f}")
+
+        and ``sys.stdout.write(f"\\r[batch {i}/{n}] loss {loss:.4f}")`` likewise.
     """
 
     code = "DST302"
@@ -45,7 +55,7 @@ class Rank0Print(Rule):
             if not call_statement(site.stmt, site.call) or ctx.in_rank_guard(site.stmt):
                 continue
             if ctx.guard_statement(site.stmt):
-                ctx.report(self.code, site.call, "print runs on the main process only")
+                ctx.report(self.code, site.call, f"{ctx.code(site.call.func)} runs on the main process only")
 
 
 def _is_print(call) -> bool:

@@ -7,8 +7,10 @@ from typing import Optional
 import libcst as cst
 
 from distify.anatomy import SUMMARY_WRITER, TQDM, Anatomy, arg
+from distify.library import names_of
 from distify.rules.base import AuditCheck, Context
 
+PRINT_LIKE = names_of("print")  # tqdm.write, sys.stdout.write, pprint...: a print by another route
 TRACKERS = SUMMARY_WRITER | {"wandb.init", "mlflow.start_run", "comet_ml.Experiment", "neptune.init_run"}
 
 
@@ -16,7 +18,8 @@ class LogEveryRank(AuditCheck):
     """Logs, progress bars and experiment trackers appear once.
 
     What it does:
-        Part of the output audit (and of ``distify lint``). Reports ``print`` and ``tqdm`` calls on
+        Part of the output audit (and of ``distify lint``). Reports ``print`` (and the other writes to
+        the terminal: ``sys.stdout.write``, ``tqdm.write``, ``pprint``) and ``tqdm`` calls on
         the training path (inside a loop that trains, or in a function such a loop calls) and
         experiment trackers (``SummaryWriter``, ``wandb.init``, ``mlflow.start_run``) anywhere,
         when they run on every rank: not under a rank condition, and not saying which rank
@@ -62,7 +65,7 @@ class LogEveryRank(AuditCheck):
 def _kind(a: Anatomy, c) -> Optional[str]:
     call = c.call
     q = c.qualname
-    if q is None and isinstance(call.func, cst.Name) and call.func.value == "print":
+    if q is None and isinstance(call.func, cst.Name) and call.func.value == "print" or q in PRINT_LIKE:
         return "print"
     for kinds, kind, switch in ((TQDM, "tqdm", "disable"), (TRACKERS, "tracker", "mode")):
         if q in kinds:
