@@ -1,0 +1,316 @@
+"""Where a training loop's batches come from when no loader of the file is seen: loaders another
+module builds, and training loops whose data no fact traces (part of the anatomy, see anatomy.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Dict, List, Optional, Set
+
+import libcst as cst
+
+from distify.facts import all_nodes, dotted
+from distify.library import known
+from distify.names import row_of, seeds_sharded, star_import
+from distify.dataflow import _data_of, _first_items, _loop_var, ref_text
+from distify.records import BatchLoop, CallSite, EpochLoop, Scope, assigned_name
+from distify.training import drawn_from, endless_loop
+
+if TYPE_CHECKING:
+    from distify.anatomy import Anatomy
+
+
+@dataclass(eq=False)
+class ForeignLoader:
+    """A training loop's data built by a function imported from another module (`from utils import
+    get_training_dataloader`): distify cannot see or shard that loader."""
+
+    loop: BatchLoop
+    name: str  # how the building scope names it
+    call: "CallSite"  # the call that builds it
+    builder: str  # its qualified name ("utils.get_training_dataloader")
+    # the statement that binds `name` to it when it is a plain `name = builder(...)` (or a tuple
+    # of names): the place to re-shard it; None when the value is bound otherwise
+    binding: Optional[cst.SimpleStatementLine] = None
+    # the script already re-shards it there (`name = runtime.shard_loader(name)`)
+    resharded: bool = False
+    # the loops that run its passes (`for epoch in ...` around the batch loop or around a call of
+    # the function that holds it), `loader_ref` spelling it where each loop runs
+    epochs: List["EpochLoop"] = field(default_factory=list)
+    # the training loop that draws the batches when `loop` is a generator's pass over the loader
+    # (`batches = infinite(loader)` ... `next(batches)`)
+    consumer: Optional[BatchLoop] = None
+
+
+def foreign_loaders(anatomy: "Anatomy") -> List[ForeignLoader]:
+    """Training batch loops not fed by any DataLoader of this file whose iterable is bound (in the
+    loop's function, in a caller through a parameter, or as a global) from a call of a function
+    imported from a non-torch module; also through a generator of this file that passes over the
+    loader it is handed (`batches = infinite(get_loader(...))`): its pass loop, whose passes are
+    counted there."""
+    a = anatomy
+    own = {id(bl) for l in a.loaders for bl in l.batch_loops}
+    gens = {id(bl.scope): bl for bl in a.batch_loops if bl.via == "pass" and id(bl) not in own}
+    out: List[ForeignLoader] = []
+    seen = set()
+    for bl in _training_loops(a):
+        if id(bl) in own or bl.via == "pass":
+            continue
+        for site, name, via in _origin_calls(a, bl.scope, bl.ref, 0, ()):
+            fn = a.facts.callee(site.call, site.scope)
+            if fn is not None and id(fn) in gens:
+                out += _through_generator(a, bl, site, gens[id(fn)], seen)
+                continue
+            q = _foreign_builder(a, site)
+            if q is None:
+                continue
+            if _is_reshard(site.call) or (bl.loop, id(site.call), name) in seen:
+                continue  # `loader = runtime.shard_loader(...)` bound before the builder's own line
+            seen.add((bl.loop, id(site.call), name))
+            stmt = site.stmt if isinstance(site.stmt, cst.SimpleStatementLine) else None
+            out.append(ForeignLoader(bl, name, site, q, stmt, _resharded(a, site, name), _passes_of(a, bl, via)))
+    return out
+
+
+def counts(expr: cst.BaseExpression, aliases_q) -> bool:
+    """A loop over `expr` counts (epochs, iterations, phases) rather than reading data: range(),
+    trange(), itertools.count(), arange(), a literal of constants, a number, through
+    enumerate()/tqdm()/iter()."""
+    if isinstance(expr, (cst.Integer, cst.SimpleString, cst.ConcatenatedString)):
+        return True
+    if isinstance(expr, (cst.List, cst.Tuple, cst.Set)):
+        return all(
+            isinstance(e, cst.Element) and isinstance(e.value, (cst.Integer, cst.Float, cst.SimpleString, cst.Name, cst.Attribute))
+            for e in expr.elements
+        )
+    if not isinstance(expr, cst.Call):
+        return False
+    row = row_of(aliases_q, expr.func)
+    if row is not None and row.kind == "counter":
+        return True
+    inner = _first_items(expr, aliases_q)
+    return inner is not None and counts(inner, aliases_q)
+
+
+@dataclass(eq=False)
+class UntracedSource:
+    """A training loop whose batches come from something distify cannot trace to a DataLoader
+    (of this file or built by another module) nor to a random draw: a call of an unknown function
+    iterated directly (`for x, y in utils.get_loader(...)`), a generator fed such a call, a
+    collection of this file's own. Nothing shards it, so every rank may read all of it."""
+
+    loop: cst.CSTNode  # the training loop
+    source: cst.BaseExpression  # what it iterates or draws from, as the loop's scope spells it
+    scope: Scope
+
+
+def untraced_sources(anatomy: "Anatomy") -> List[UntracedSource]:
+    """The innermost training loops (see ``Facts.training_loops``) whose batches no fact traces:
+    neither to a loader of this file, nor to one another module builds (``foreign_loaders``), nor
+    to a value that names the rank (a split by hand). A loop over a counter (``counts``) that draws
+    nothing with next() reads no data of its own (random draws are ``global_draws``' concern)."""
+    a = anatomy
+    cached = a.__dict__.get("_untraced_sources")
+    if cached is not None:
+        return cached
+    traced = {id(bl) for l in a.loaders for bl in l.batch_loops}
+    traced |= {id(f.consumer or f.loop) for f in foreign_loaders(a)}
+    own_refs = {l.target for l in a.loaders if l.target} | {
+        bl.ref for l in a.loaders for bl in l.batch_loops
+    }
+    # names a script re-shards itself (`loader = runtime.shard_loader(loader)`)
+    own_refs |= {n for c in a.calls if _is_reshard(c.call) or seeds_sharded(c) for n in [assigned_name(c.stmt, c.call)] if n}
+    loops = a.facts.training_loops()
+    training = [l for l in loops if isinstance(l, cst.For)]
+    around = {id(p) for l in loops for p in a.stmt_parent.get(l, ()) if p is not l}
+    out: List[UntracedSource] = []
+    for loop in loops:
+        if isinstance(loop, cst.While) and id(loop) not in around:
+            out += _untraced_draws(a, loop, own_refs)
+    by_loop: Dict[int, List[BatchLoop]] = {}
+    for bl in a.batch_loops:
+        if bl.via != "pass":
+            by_loop.setdefault(id(bl.loop), []).append(bl)
+    for loop in training:
+        if id(loop) in around:
+            continue  # an epoch loop around the batch loop
+        scope = a.stmt_scope.get(loop, a.module)
+        loops = by_loop.get(id(loop), [])
+        drawn = [bl for bl in loops if bl.via == "next"]
+        iterated = [bl for bl in loops if bl.via == "for"]
+        if not counts(loop.iter, a.qualname):
+            if iterated:
+                for bl in iterated:
+                    if id(bl) not in traced and not _bound_to_known_data(a, scope, bl.ref, own_refs):
+                        out.append(UntracedSource(loop, _ref_node(loop.iter, bl.ref), scope))
+            elif not _mentions_any(loop.iter, own_refs) and not a.mentions_rank(loop.iter):
+                out.append(UntracedSource(loop, _data_of(loop.iter, a.qualname), scope))
+        for bl in drawn:
+            if id(bl) not in traced and not _bound_to_known_data(a, scope, bl.ref, own_refs):
+                out.append(UntracedSource(loop, _ref_node(loop, bl.ref), scope))
+    a.__dict__["_untraced_sources"] = out
+    return out
+
+
+def _untraced_draws(a: "Anatomy", loop: cst.While, own_refs: Set[str]) -> List[UntracedSource]:
+    """A training `while` loop that draws its batches with `next(<ref>)` (`batch = next(data_iter)`,
+    re-made with `iter(loader)` on StopIteration): each drawn reference no fact traces to a loader
+    of this file, to one the script re-shards, or to a split by rank."""
+    scope = a.stmt_scope.get(loop, a.module)
+    out, seen = [], set()
+    for c in a.calls:
+        v = drawn_from(c.call) if c.scope is scope and loop in c.parents else None
+        ref = ref_text(v) if v is not None else None
+        if ref is None or ref in seen or _bound_to_known_data(a, scope, ref, own_refs):
+            continue
+        seen.add(ref)
+        out.append(UntracedSource(loop, v, scope))
+    return out
+
+
+def _mentions_any(expr: cst.CSTNode, refs: Set[str]) -> bool:
+    return any(dotted(n) in refs for n in all_nodes(expr) if isinstance(n, (cst.Name, cst.Attribute)))
+
+
+def _ref_node(node: cst.CSTNode, ref: str) -> cst.CSTNode:
+    """The first node under `node` that spells `ref` (for the warning's position), else `node`."""
+    for n in all_nodes(node):
+        if isinstance(n, (cst.Name, cst.Attribute, cst.Subscript)) and ref_text(n) == ref:
+            return n
+    return node
+
+
+def _bound_to_known_data(a: "Anatomy", scope: Scope, ref: str, own_refs: Set[str]) -> bool:
+    """`ref` is one of this file's loader names (`own_refs`: also one a closure reads), or is
+    bound (in `scope`, else at module level) to a value that names the rank (`shard =
+    data[rank::world]`, `loader = get_loader(rank=rank)`), or that comes from this file's own
+    loaders, which the rules shard where they are built: a loader's name, or a call of a function
+    of this file that builds one (`batches = get_loaders(32)[0]`)."""
+    if ref in own_refs:
+        return True
+    builders = {id(l.call.scope) for l in a.loaders if isinstance(l.call.scope, cst.FunctionDef)}
+    for sc in (scope, a.module):
+        if sc is None:
+            continue
+        for b in a.facts.bindings(sc).get(ref.split(".")[0].split("[")[0], ()):
+            if b.kind != "assign":
+                continue
+            if a.mentions_rank(b.stmt) or _mentions_any(b.stmt, own_refs):
+                return True
+            for n in all_nodes(b.stmt):
+                if isinstance(n, cst.Call):
+                    fn = a.facts.callee(n, sc)
+                    if fn is not None and id(fn) in builders:
+                        return True
+    return False
+
+
+def _foreign_builder(a: "Anatomy", site: "CallSite") -> Optional[str]:
+    """The qualified name of the function `site` calls when another module (not torch) defines
+    it, else None."""
+    q = site.qualname or star_import(a.star_modules, site.call.func, a.name_bindings) or ""
+    if not q or q.split(".")[0] in ("torch", "builtins", "distify") or (dotted(site.call.func) or "") in a.functions:
+        return None
+    return None if (known(q) is not None and known(q).kind == "loader") else q  # the table says how a library loader shards
+
+
+def _through_generator(a: "Anatomy", consumer: BatchLoop, site: "CallSite", gen: BatchLoop, seen: set) -> List[ForeignLoader]:
+    """The foreign loaders handed (by name) to a generator of this file whose pass loop `gen`
+    reads them, the generator's object drawn by the training loop `consumer`."""
+    fn = gen.scope
+    v = a.facts.bound_value(site.call, fn, gen.ref)
+    if v is None or dotted(v) is None:
+        return []
+    out = []
+    for origin, name, _via in _origin_calls(a, site.scope, dotted(v), 0, ()):
+        q = _foreign_builder(a, origin)
+        if q is None:
+            continue
+        if _is_reshard(origin.call) or (gen.loop, id(origin.call), name) in seen:
+            continue
+        seen.add((gen.loop, id(origin.call), name))
+        stmt = origin.stmt if isinstance(origin.stmt, cst.SimpleStatementLine) else None
+        outer = [p for p in a.stmt_parent.get(gen.loop, ()) if isinstance(p, (cst.For, cst.While)) and p is not gen.loop]
+        passes = [EpochLoop(gen.loop, fn, gen.cls, None, gen.ref, counted=gen.loop)] if outer and endless_loop(outer[-1]) else []
+        out.append(ForeignLoader(gen, name, origin, q, stmt, _resharded(a, origin, name), passes, consumer=consumer))
+    return out
+
+
+def _is_reshard(call: cst.Call) -> bool:
+    """`runtime.shard_loader(x, ...)` (distify's runtime or its inline twin)."""
+    return isinstance(call.func, cst.Attribute) and call.func.attr.value == "shard_loader"
+
+
+def _resharded(a: "Anatomy", site: "CallSite", name: str) -> bool:
+    """The scope that binds `name` from `site` also rebinds it through ``shard_loader(name)``."""
+    for c in a.calls:
+        if c.scope is site.scope and _is_reshard(c.call) and c.call.args:
+            if dotted(c.call.args[0].value) == name and assigned_name(c.stmt, c.call) == name:
+                return True
+    return False
+
+
+def _passes_of(a: "Anatomy", bl: BatchLoop, via=()) -> List["EpochLoop"]:
+    """The loop that runs the passes of a training batch loop: the outermost `for` around it in its
+    function, else the innermost `for` around a call of that function (climbing callers), with the
+    batch loop's iterable translated into that scope's terms (through the parameter it was passed
+    as). None for a loop that draws with next() (it has no passes of its own)."""
+    if bl.via != "for":
+        return []
+    outer = [p for p in a.stmt_parent.get(bl.loop, ()) if isinstance(p, cst.For) and p is not bl.loop]
+    if outer:
+        return [EpochLoop(outer[-1], bl.scope, bl.cls, _loop_var(outer[-1]), bl.ref)]
+    for site, ref in via:  # the calls that handed the loader in, innermost first
+        if site.loops:
+            ep = site.loops[-1]
+            return [EpochLoop(ep, site.scope, site.cls, _loop_var(ep), ref)]
+    if via:
+        return []
+    fn, ref = bl.scope, bl.ref
+    for _ in range(4):
+        if not isinstance(fn, cst.FunctionDef):
+            break
+        sites = a.facts.callers(fn)
+        if not sites:
+            break
+        site = sites[0]
+        if ref in a.facts.params(fn):
+            v = a.facts.bound_value(site.call, fn, ref)
+            ref = dotted(v) if v is not None else None
+        if site.loops:
+            ep = site.loops[-1]
+            return [EpochLoop(ep, site.scope, site.cls, _loop_var(ep), ref)]
+        fn = site.scope
+    return []
+
+
+def _training_loops(a: "Anatomy") -> List[BatchLoop]:
+    return [bl for bl in a.batch_loops if bl.trains]
+
+
+def _origin_calls(a: "Anatomy", scope: Scope, name: str, depth: int, via: tuple) -> list:
+    """Every (call site, name, via) whose call's result `name` holds in `scope`: an assignment
+    there, or through the parameter each caller binds (`via`: those calls with the name each one
+    passes, innermost first), or a module-level global."""
+    if depth > 4 or "." in name or "[" in name:
+        return []
+    if isinstance(scope, cst.FunctionDef) and name in a.facts.params(scope):
+        out = []
+        for site in a.facts.callers(scope):
+            v = a.facts.bound_value(site.call, scope, name)
+            if v is not None and dotted(v) is not None:
+                out += _origin_calls(a, site.scope, dotted(v), depth + 1, via + ((site, dotted(v)),))
+        return out
+    for c in a.calls:
+        if c.scope is scope and isinstance(c.stmt, cst.SimpleStatementLine) and len(c.stmt.body) == 1:
+            small = c.stmt.body[0]
+            if isinstance(small, cst.AnnAssign) and small.value is c.call and dotted(small.target) == name:
+                return [(c, name, via)]  # `train_loader: DataLoader = get_loader(...)`
+            if isinstance(small, cst.Assign) and small.value is c.call and len(small.targets) == 1:
+                t = small.targets[0].target
+                names = [dotted(t)] if dotted(t) else [dotted(e.value) for e in getattr(t, "elements", [])]
+                if name in names:
+                    return [(c, name, via)]
+    if isinstance(scope, cst.FunctionDef) and name not in a.facts.bindings(scope):
+        return _origin_calls(a, a.module, name, depth + 1, via)
+    return []

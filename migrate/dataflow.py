@@ -1,0 +1,204 @@
+"""Where a value comes from and where it goes: names a reference stands for, what a function returns
+and into which slot, and what a loop iterates (part of the anatomy, see anatomy.py).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import libcst as cst
+
+from distify.facts import arg, dotted, training_call
+from distify.walk import walk
+from distify.names import row_of
+
+def _contains(node: cst.CSTNode, pred) -> bool:
+    found = False
+
+    class V(cst.CSTVisitor):
+        def on_visit(self, n):
+            nonlocal found
+            if found:
+                return False
+            if pred(n):
+                found = True
+                return False
+            return True
+
+    walk(node, V())
+    return found
+
+
+def _is_training_body(node: cst.CSTNode) -> bool:
+    return _contains(node, training_call)
+
+
+def ref_text(expr: Optional[cst.CSTNode]) -> Optional[str]:
+    """A canonical spelling of a reference: dotted ('a.b'), or one constant subscript of a dotted
+    name ('loaders["train"]', 'loaders[0]'), which is how a helper's returned dict or tuple is
+    reached. None for anything else."""
+    d = dotted(expr)
+    if d is not None:
+        return d
+    if isinstance(expr, cst.Subscript) and len(expr.slice) == 1 and isinstance(expr.slice[0].slice, cst.Index):
+        base = dotted(expr.value)
+        key = expr.slice[0].slice.value
+        if base is None:
+            return None
+        if isinstance(key, cst.SimpleString):
+            k = key.evaluated_value
+            if isinstance(k, str) and k.isprintable() and '"' not in k and "\\" not in k:
+                return f'{base}["{k}"]'
+        elif isinstance(key, cst.Integer) and key.value.isdigit():
+            return f"{base}[{int(key.value)}]"
+    return None
+
+
+def _returns(fn: cst.FunctionDef) -> List[cst.Return]:
+    """The return statements of `fn` itself (not of functions or classes nested in it)."""
+    found: List[cst.Return] = []
+
+    class V(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is fn
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            return False
+
+        def visit_Return(self, node: cst.Return) -> None:
+            found.append(node)
+
+    walk(fn, V())
+    return found
+
+
+def return_slot(fn: cst.FunctionDef, matches, returns: Optional[List[cst.Return]] = None) -> Optional[tuple]:
+    """Where `fn` returns the value `matches` picks out: ("whole",), ("item", i, n) of an n-tuple,
+    or ("key", k) of a dict literal; None when it is not returned or returned in different places.
+    `returns`: fn's return statements, when the caller has them already."""
+    slots = set()
+    for ret in _returns(fn) if returns is None else returns:
+        v = ret.value
+        if v is None:
+            continue
+        if matches(v):
+            slots.add(("whole",))
+        elif isinstance(v, cst.Tuple) and not any(isinstance(e, cst.StarredElement) for e in v.elements):
+            for i, e in enumerate(v.elements):
+                if matches(e.value):
+                    slots.add(("item", i, len(v.elements)))
+        elif isinstance(v, cst.Dict):
+            for e in v.elements:
+                if isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString) and matches(e.value):
+                    k = e.key.evaluated_value
+                    if isinstance(k, str):
+                        slots.add(("key", k))
+    return slots.pop() if len(slots) == 1 else None
+
+
+def bound_from_return(stmt: cst.CSTNode, call: cst.Call, slot: tuple) -> Optional[str]:
+    """The caller's reference to the returned slot when `stmt` is `target = call` (target a name or,
+    for a tuple, a tuple of names of the same length)."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+        return None
+    small = stmt.body[0]
+    if not (isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1):
+        return None
+    target = small.targets[0].target
+    if slot[0] == "whole":
+        return dotted(target)
+    if slot[0] == "item":
+        if isinstance(target, (cst.Tuple, cst.List)):
+            els = target.elements
+            if len(els) == slot[2] and not any(isinstance(e, cst.StarredElement) for e in els):
+                return dotted(els[slot[1]].value)
+            return None
+        base = dotted(target)
+        return f"{base}[{slot[1]}]" if base else None
+    if slot[0] == "key":
+        base = dotted(target)
+        k = slot[1]
+        if base and k.isprintable() and '"' not in k and "\\" not in k:
+            return f'{base}["{k}"]'
+    return None
+
+
+def iterated_ref(expr: cst.BaseExpression, aliases_q) -> Optional[str]:
+    """The reference a for-loop iterates over (see `ref_text`), looking through
+    enumerate()/tqdm()/iter()/zip(); the first one when several are iterated together."""
+    refs = iterated_refs(expr, aliases_q)
+    return refs[0] if refs else None
+
+
+# --- data flow: what a loop consumes, through wrappers and generators (issue 13) -------------------
+# Calls whose iteration yields the items of their first argument (enumerate, a progress bar, ...) and
+# calls that iterate all their positional arguments together (zip, chain): a loop over such a call
+# consumes every loader it is given, and `pbar = tqdm(loader)` makes `pbar` another name for it.
+def iterated_refs(expr: cst.BaseExpression, aliases_q) -> List[str]:
+    """Every reference (see `ref_text`) whose items a loop over `expr` consumes: the iterable itself,
+    or the iterables handed to a pass-through wrapper of the library table (enumerate(), iter(), a
+    tqdm bar, itertools.cycle(): the first argument; zip(), itertools.chain(): every positional
+    argument), nested in any order."""
+    d = ref_text(expr)
+    if d is not None:
+        return [d]
+    if not isinstance(expr, cst.Call):
+        return []
+    row = row_of(aliases_q, expr.func)
+    if row is not None and row.kind == "wrapper" and row.items == "all":
+        out: List[str] = []
+        for a in expr.args:
+            if a.keyword is None and not a.star:
+                out += [r for r in iterated_refs(a.value, aliases_q) if r not in out]
+        return out
+    inner = _first_items(expr, aliases_q)
+    return iterated_refs(inner, aliases_q) if inner is not None else []
+
+
+def _first_items(expr: cst.Call, aliases_q) -> Optional[cst.BaseExpression]:
+    """The iterable whose items a call of a first-argument wrapper (enumerate(), iter(), a tqdm bar,
+    itertools.cycle()/islice()) yields (its first argument), else None."""
+    row = row_of(aliases_q, expr.func)
+    if row is not None and row.kind == "wrapper" and row.items == "first":
+        a = arg(expr, 0, "iterable")
+        if a is not None and not a.star:
+            return a.value
+    return None
+
+
+def _data_of(expr: cst.BaseExpression, aliases_q) -> cst.BaseExpression:
+    """What a loop over `expr` reads, seen through enumerate()/tqdm()/iter() (their first argument)."""
+    while isinstance(expr, cst.Call):
+        inner = _first_items(expr, aliases_q)
+        if inner is None:
+            break
+        expr = inner
+    return expr
+
+
+def _loop_var(loop: cst.For) -> Optional[str]:
+    return loop.target.value if isinstance(loop.target, cst.Name) else None
+
+
+def _parameter_roots(expr: cst.BaseExpression) -> List[str]:
+    """Dotted roots of `X.parameters()` / `X.sub.parameters()` calls in an optimizer's params."""
+    roots: List[str] = []
+
+    class V(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if isinstance(node.func, cst.Attribute) and node.func.attr.value in (
+                "parameters",
+                "named_parameters",
+            ):
+                d = dotted(node.func.value)
+                if d:
+                    parts = d.split(".")
+                    root = ".".join(parts[:2]) if parts[0] == "self" and len(parts) > 1 else parts[0]
+                    if root not in roots:
+                        roots.append(root)
+
+    expr.visit(V())
+    return roots

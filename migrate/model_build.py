@@ -1,0 +1,177 @@
+"""How the model is built and found: device moves, DataParallel and torch.compile around it, and the
+statement that makes it (part of the anatomy, see anatomy.py).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from distify.facts import arg, dotted
+from distify.model_state import final_place
+from distify.records import DATA_PARALLEL, Model, Optimizer, _Collector
+
+def moves_to_device(expr: cst.BaseExpression) -> bool:
+    """`X.to(...)` / `X.cuda(...)` as the outermost call."""
+    return (
+        isinstance(expr, cst.Call)
+        and isinstance(expr.func, cst.Attribute)
+        and expr.func.attr.value in ("to", "cuda")
+    )
+
+
+def data_parallel_module(qualname, expr: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
+    """The module `nn.DataParallel(module, ...)` wraps (None when `expr` is no such call).
+
+    `qualname` resolves a callee through the module's imports (`Anatomy.qualname`)."""
+    return _first_arg_of(qualname, expr, DATA_PARALLEL, "module")
+
+
+def _first_arg_of(qualname, expr, callees, keyword: str) -> Optional[cst.BaseExpression]:
+    """The first argument of `expr` when it is a call of one of `callees`, else None."""
+    if isinstance(expr, cst.Call) and qualname(expr.func) in callees:
+        a = arg(expr, 0, keyword)
+        if a is not None and not a.star:
+            return a.value
+    return None
+
+
+def through_data_parallel(qualname, expr: cst.BaseExpression) -> cst.BaseExpression:
+    """`expr` with any `nn.DataParallel(...)` around it looked through: DST902 removes the wrapper,
+    so the model is what it wraps."""
+    inner = data_parallel_module(qualname, expr)
+    while inner is not None:
+        expr = inner
+        inner = data_parallel_module(qualname, expr)
+    return expr
+
+
+COMPILE = {"torch.compile"}
+# methods that return the module they are called on
+_SAME_MODULE = frozenset({"to", "cuda", "cpu", "train", "float", "double", "half", "bfloat16", "requires_grad_"})
+
+
+def compiled_module(qualname, expr: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
+    """The module `torch.compile(module, ...)` compiles (None when `expr` is no such call)."""
+    return _first_arg_of(qualname, expr, COMPILE, "model")
+
+
+def through_compile(qualname, expr: cst.BaseExpression) -> cst.BaseExpression:
+    """`expr` with a `torch.compile(...)` around it looked through (the module it compiles)."""
+    inner = compiled_module(qualname, expr)
+    return inner if inner is not None else expr
+
+
+def compiles_model(qualname, expr: cst.BaseExpression, root: str) -> bool:
+    """`torch.compile(root, ...)`: the name keeps the same module, compiled (its parameters are the
+    module's own; the wrapper goes around the compiled module, as PyTorch advises for DDP)."""
+    return dotted(compiled_module(qualname, expr)) == root
+
+
+def moves_model(qualname, expr: cst.BaseExpression, root: str) -> bool:
+    """`root.to(...)` / `root.cuda(...)`, also through DataParallel: `nn.DataParallel(root).cuda()`,
+    `nn.DataParallel(root.to(device))`."""
+    expr = through_data_parallel(qualname, expr)
+    return moves_to_device(expr) and dotted(through_data_parallel(qualname, expr.func.value)) == root
+
+
+def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
+    """The statement constructing `root` and the last one moving it, before the optimizer."""
+    if root.startswith("self."):
+        candidates = [
+            (a, s, sc) for a, s, sc, k in col.assigns if k is opt.call.cls and k is not None
+        ]
+    else:
+        candidates = [(a, s, sc) for a, s, sc, k in col.assigns if sc is opt.call.scope]
+    assign_stmt = None
+    value = None
+    place = None
+    rebinding = None
+    assign_node = None
+    opt_stmt = opt.call.stmt
+    for a, s, sc in candidates:
+        if len(a.targets) != 1 or dotted(a.targets[0].target) != root:
+            continue
+        if sc is opt.call.scope and not _before(col, s, opt_stmt):
+            continue
+        v = a.value
+        if moves_model(col.qualname, v, root) or compiles_model(col.qualname, v, root):
+            # model = model.to(device), also `model = nn.DataParallel(model).to(device)`, and
+            # model = torch.compile(model): the wrap goes after it (compile first, then wrap)
+            place = s
+            if assign_stmt is None:
+                rebinding = (s, v, a)
+            continue
+        if dotted(data_parallel_module(col.qualname, v)) == root:
+            # model = nn.DataParallel(model): DST902 removes it. A model that comes from a parameter
+            # is wrapped in its place, when that is at the optimizer's level (not under an `if`)
+            if assign_stmt is None and rebinding is None and col.stmt_parent.get(s) == col.stmt_parent.get(opt_stmt):
+                rebinding = (s, v, a)
+            continue
+        assign_stmt, value, place, assign_node = s, v, s, a
+    if assign_stmt is None and rebinding is not None:
+        # the model comes from a parameter or a global and is rebound by `model = model.to(...)`
+        assign_stmt, value, assign_node = rebinding
+        place = assign_stmt
+    if assign_stmt is None:
+        return None
+    # statement-form moves: `model.to(device)` / `model.cuda()` between assignment and optimizer
+    for c in col.calls:
+        if c.scope is not opt.call.scope and not root.startswith("self."):
+            continue
+        if moves_model(col.qualname, c.call, root) and isinstance(c.stmt, cst.SimpleStatementLine):
+            small = c.stmt.body[0]
+            if isinstance(small, cst.Expr) and small.value is c.call:
+                if _before(col, place, c.stmt) and _before(col, c.stmt, opt_stmt):
+                    place = c.stmt
+    late = final_place(col.facts, col.qualname, root, assign_stmt, place, opt_stmt)
+    if late is not None:
+        place = late
+    if place is not assign_stmt:
+        # a move nested deeper than the construction (`if args.cuda: model.cuda()`): the wrap goes
+        # after the enclosing statement at the construction's level, so it happens on every path
+        level = col.stmt_parent.get(assign_stmt, ())
+        for s in (*col.stmt_parent.get(place, ()), place):
+            if col.stmt_parent.get(s, ()) == level:
+                place = s
+                break
+    return Model(
+        name=root,
+        scope=col.stmt_scope[assign_stmt],
+        cls=opt.call.cls if root.startswith("self.") else None,
+        assign=assign_stmt,
+        value=value,
+        place=place,
+        optimizer=opt,
+        assign_node=assign_node,
+    )
+
+
+def _compiled_alias(col: _Collector, opt: Optimizer, m: Model) -> Optional[Model]:
+    """`raw_model = model` then `model = torch.compile(model)`, the optimizer built on raw_model's
+    parameters: training calls `model`, so `model` is what gets wrapped (after the compile),
+    while raw_model stays the plain module (its state_dict keeps the original's keys)."""
+    other = dotted(m.value) if isinstance(m.value, cst.Name) else None
+    if other is None or other == m.name or m.name.startswith("self."):
+        return None
+    for a, s, sc, _cls in col.assigns:
+        if (
+            sc is m.scope
+            and len(a.targets) == 1
+            and dotted(a.targets[0].target) == other
+            and compiles_model(col.qualname, a.value, other)
+            and _before(col, m.assign, s)
+            and _before(col, s, opt.call.stmt)
+        ):
+            found = _find_model(col, opt, other)
+            if found is not None:
+                found.stands_for = m.name
+            return found
+    return None
+
+
+def _before(col: _Collector, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    """Statement order by the visitor's discovery order (source order)."""
+    order = col.__dict__.setdefault("_order", {s: i for i, s in enumerate(col.stmt_parent)})
+    return order.get(a, -1) < order.get(b, -1)

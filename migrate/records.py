@@ -1,0 +1,403 @@
+"""What the anatomy records of a script: the qualified names it looks for, its call sites, loaders,
+loops, optimizers and models, and the one visitor pass that collects them (part of the anatomy,
+see anatomy.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
+
+import libcst as cst
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+
+from distify.facts import dotted
+from distify.library import PROGRESS_BARS, names_of
+from distify.names import resolve
+from distify.standalone import is_standalone_block
+
+Scope = Union[cst.Module, cst.FunctionDef]
+Stmt = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
+
+DATALOADER = names_of("loader", shard="sampler")  # loaders sharded by a sampler= argument
+DEVICE = {"torch.device"}
+SAVE = {"torch.save"}
+# methods that write a model, tokenizer or config to disk (or upload it) the Hugging Face way:
+# one writer (rank 0), whoever the receiver is
+SAVE_METHODS = {"save_pretrained", "push_to_hub"}
+LOAD = {"torch.load"}
+TQDM = PROGRESS_BARS
+INIT_PG = {"torch.distributed.init_process_group"}
+DDP = {
+    "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel",
+    "distify.runtime.DDP",  # torch's wrapper, or a pass-through in a one-process run
+}
+# FSDP2's per-module sharding call (public in torch.distributed.fsdp since 2.6; the _composable
+# path is where it lived before) and FSDP1's deprecated wrapper class: either makes a script "fsdp"
+FULLY_SHARD = {
+    "torch.distributed.fsdp.fully_shard",
+    "torch.distributed.fsdp._fully_shard.fully_shard",
+    "torch.distributed._composable.fsdp.fully_shard",
+    "torch.distributed._composable.fsdp.fully_shard.fully_shard",
+}
+FSDP1 = {
+    "torch.distributed.fsdp.FullyShardedDataParallel",
+    "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
+}
+# torch.distributed.checkpoint.state_dict's collectives over a sharded model's state (every rank calls them)
+DCP_STATE = {
+    f"torch.distributed.checkpoint.state_dict.{n}"
+    for n in ("get_model_state_dict", "get_optimizer_state_dict", "get_state_dict",
+              "set_model_state_dict", "set_optimizer_state_dict", "set_state_dict")
+}
+DATA_PARALLEL = {
+    "torch.nn.DataParallel",
+    "torch.nn.parallel.DataParallel",
+    "torch.nn.parallel.data_parallel.DataParallel",
+}
+DIST_SAMPLER = {"torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler"}
+MAKEDIRS = {"os.makedirs", "os.mkdir", "shutil.rmtree", "shutil.copy", "shutil.copyfile", "shutil.move"}
+SUMMARY_WRITER = {
+    "torch.utils.tensorboard.SummaryWriter",
+    "torch.utils.tensorboard.writer.SummaryWriter",
+    "tensorboardX.SummaryWriter",
+}
+LOGGING_BASIC_CONFIG = {"logging.basicConfig"}
+# Calls every rank must make together (a rank that skips one leaves the others waiting forever).
+COLLECTIVES = {
+    *(
+        f"torch.distributed.{n}"
+        for n in (
+            "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "broadcast",
+            "broadcast_object_list", "barrier", "monitored_barrier", "reduce", "reduce_scatter",
+            "reduce_scatter_tensor", "gather", "gather_object", "scatter", "scatter_object_list",
+            "all_to_all", "all_to_all_single",
+        )
+    ),
+    *(
+        f"horovod.torch.{n}"
+        for n in (
+            "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_",
+            "allgather", "allgather_object", "broadcast", "broadcast_", "broadcast_object",
+            "broadcast_parameters", "broadcast_optimizer_state", "alltoall", "reducescatter", "join",
+            "barrier",
+        )
+    ),
+    "distify.runtime.barrier",
+    "distify.runtime.all_reduce",
+    "distify.runtime.reduce_mean",
+    "distify.runtime.all_reduce_sum",
+    *DCP_STATE,  # gathers or scatters a sharded model's state: every rank takes part
+}
+# torchrun's variables for where a process sits (horovodrun and srun set none of them)
+ENV_RANK_VARS = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE"})
+NOT_OPTIMIZERS = ("torch.optim.lr_scheduler", "torch.optim.swa_utils", "torch.optim.Optimizer")
+
+# nn.Module API that works unchanged on a DistributedDataParallel wrapper.
+MODULE_API = {
+    "train", "eval", "parameters", "named_parameters", "buffers", "named_buffers", "children",
+    "named_children", "modules", "named_modules", "zero_grad", "to", "cuda", "cpu", "float",
+    "double", "half", "bfloat16", "type", "apply", "requires_grad_", "training", "forward",
+    "no_sync", "module", "register_forward_hook", "register_forward_pre_hook", "__call__",
+    # DistributedDataParallel's own API
+    "register_comm_hook", "join", "join_hook", "reducer", "process_group", "device_ids",
+}
+# API of the wrapper that must reach the wrapped module to keep checkpoints free of `module.`.
+STATE_API = {"state_dict", "load_state_dict"}
+
+
+@dataclass(eq=False)
+class CallSite:
+    call: cst.Call
+    qualname: Optional[str]
+    scope: Scope
+    cls: Optional[cst.ClassDef]
+    stmt: Stmt  # innermost statement containing the call
+    loops: Tuple[cst.For, ...]  # enclosing for-loops, outermost first (within the scope)
+    parents: Tuple[cst.CSTNode, ...]  # enclosing statements, outermost first (within the scope)
+
+
+@dataclass(eq=False)
+class Loader:
+    call: CallSite
+    target: Optional[str]  # dotted: "train_loader", "self.train_loader"
+    dataset: Optional[cst.BaseExpression]
+    role: str = "unknown"  # train | eval | unknown | shared (one helper builds both: not sharded)
+    batch_loops: List["BatchLoop"] = field(default_factory=list)
+    bound: List[str] = field(default_factory=list)  # names callers bind a helper's returned loader to
+    refs: List[Tuple[Scope, str]] = field(default_factory=list)  # every (scope, reference) that reaches it
+    # a family of loaders built by one dict comprehension over constant keys
+    # (`loaders = {x: DataLoader(ds[x]) for x in ["train", "val"]}`): the dict's name, the
+    # comprehension's variable, its keys, and the keys whose loader feeds training
+    family: Optional[str] = None
+    key_var: Optional[str] = None
+    keys: List[str] = field(default_factory=list)
+    train_keys: List[str] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class BatchLoop:
+    loop: cst.For
+    scope: Scope
+    cls: Optional[cst.ClassDef]
+    ref: str  # the dotted name iterated (e.g. "train_loader", "self.train_loader", a parameter)
+    trains: bool  # body contains backward() / optimizer step
+    # `for b in loaders[phase]` inside `for phase in ["train", "val"]`: the keys `ref[...]` takes
+    # and, of those, the ones for which the body reaches backward()/step() (see keyed_loop)
+    keys: Optional[List[str]] = None
+    train_keys: Optional[List[str]] = None
+    # "for": `loop` iterates `ref` (maybe through zip/enumerate/tqdm); "next": `loop` draws from `ref`
+    # with next(); "pass": `loop` is a generator's pass over its parameter `ref`, whose batches are
+    # drawn by a training loop elsewhere
+    via: str = "for"
+
+
+@dataclass(eq=False)
+class EpochLoop:
+    loop: cst.For
+    scope: Scope
+    cls: Optional[cst.ClassDef]
+    var: Optional[str]
+    # how the epoch loop's scope refers to the loader: dotted expression source
+    loader_ref: Optional[str]
+    # a generator's endless loop around one pass over the loader (`while True: for b in loader: yield
+    # b`): there is no epoch variable, the passes must be counted (`loop` is the pass loop)
+    counted: Optional[cst.CSTNode] = None
+
+
+@dataclass(eq=False)
+class Optimizer:
+    call: CallSite
+    target: Optional[str]
+    models: List[str]  # dotted roots whose parameters it optimises
+
+
+@dataclass(eq=False)
+class Model:
+    name: str  # dotted: "model", "self.model"
+    scope: Scope
+    cls: Optional[cst.ClassDef]
+    assign: Stmt  # statement that constructs it
+    value: Optional[cst.BaseExpression]  # the constructing expression
+    place: Stmt  # last statement before the optimizer that moves it (== assign when in place)
+    optimizer: Optimizer
+    assign_node: Optional[cst.Assign] = None  # the Assign itself (a line may hold several)
+    stands_for: Optional[str] = None  # the optimizer's root it is wrapped for (`raw_model = model`)
+
+
+def assigned_name(stmt: cst.CSTNode, call: cst.Call) -> Optional[str]:
+    """'x' / 'self.x' when `stmt` is exactly `x = <call>` (one statement, one target), else None."""
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        small = stmt.body[0]
+        if isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1:
+            return dotted(small.targets[0].target)
+    return None
+
+
+# node type -> is it a statement (a dict lookup instead of an ABC isinstance check per node)
+_STMT_TYPES: Dict[type, bool] = {}
+
+
+def _is_stmt_type(t: type) -> bool:
+    s = _STMT_TYPES[t] = issubclass(t, (cst.SimpleStatementLine, cst.BaseCompoundStatement))
+    return s
+
+
+def positions(wrapper: MetadataWrapper) -> Mapping[cst.CSTNode, CodeRange]:
+    """``wrapper.resolve(PositionProvider)``, at half the cost. The provider's own work is one
+    code-generation pass; ``resolve`` also runs the batch of batchable providers, which is empty
+    here but still visits (and rebuilds) the whole tree. libcst's resolver calls ``_gen`` just
+    like this; where that internal differs (another libcst version), the public call is used."""
+    try:
+        out = PositionProvider()._gen(wrapper)
+    except Exception:  # noqa: BLE001 - any libcst-internal mismatch: take the public path
+        return wrapper.resolve(PositionProvider)
+    if not isinstance(out, Mapping):  # pragma: no cover - an unforeseen libcst version
+        return wrapper.resolve(PositionProvider)
+    return out
+
+
+class _Collector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.aliases: Dict[str, str] = {}
+        self.calls: List[CallSite] = []
+        self.fors: List[Tuple[cst.For, Scope, Optional[cst.ClassDef], Tuple[cst.For, ...]]] = []
+        self.assigns: List[Tuple[cst.Assign, Stmt, Scope, Optional[cst.ClassDef]]] = []
+        self.functions: Dict[str, cst.FunctionDef] = {}  # module-level functions
+        self.classes: Dict[str, cst.ClassDef] = {}
+        self.methods: Dict[cst.FunctionDef, cst.ClassDef] = {}
+        self.main_guard: Optional[cst.If] = None
+        self.func_scope: Dict[cst.FunctionDef, Scope] = {}
+        self.stmt_parent: Dict[cst.CSTNode, Tuple[cst.CSTNode, ...]] = {}
+        self.stmt_scope: Dict[cst.CSTNode, Scope] = {}
+        self.has_backward = False
+        self.horovod = False
+        self.attr_uses: List[Tuple[cst.Attribute, Scope, Optional[cst.ClassDef], Stmt]] = []
+        self.name_bindings: Set[str] = set()
+        self.star_modules: List[str] = []  # `from utils import *`, in source order
+        self.ifexps: List[cst.IfExp] = []
+        self._scope: List[Scope] = []
+        self._cls: List[Optional[cst.ClassDef]] = []
+        self._stmts: List[Stmt] = []
+        self._loops: List[List[cst.For]] = []
+
+    # scopes -------------------------------------------------------------------------------
+    def visit_Module(self, node: cst.Module) -> None:
+        self._scope.append(node)
+        self._cls.append(None)
+        self._loops.append([])
+        for stmt in node.body:
+            if (
+                isinstance(stmt, cst.If)
+                and isinstance(stmt.test, cst.Comparison)
+                and dotted(stmt.test.left) == "__name__"
+            ):
+                self.main_guard = stmt
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        outer = self._scope[-1]
+        if isinstance(outer, cst.Module) and self._cls[-1] is None and len(self._stmts) == 1:
+            self.functions[node.name.value] = node
+        if self._cls[-1] is not None and len(self._stmts) >= 2 and self._stmts[-2] is self._cls[-1]:
+            self.methods[node] = self._cls[-1]
+        self.name_bindings.add(node.name.value)
+        self._scope.append(node)
+        self._cls.append(self._cls[-1] if node in self.methods else None)
+        self._loops.append([])
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._scope.pop()
+        self._cls.pop()
+        self._loops.pop()
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        if len(self._stmts) == 1:
+            self.classes[node.name.value] = node
+        self.name_bindings.add(node.name.value)
+        self._cls.append(node)
+        if len(self._stmts) == 1 and is_standalone_block(node):
+            # the inline runtime of a --standalone run: `runtime.x` means what distify.runtime.x does,
+            # and the class is distify's own code, with nothing in it to migrate
+            self.aliases[node.name.value] = "distify.runtime"
+            return False
+        return True
+
+    def leave_ClassDef(self, node: cst.ClassDef) -> None:
+        self._cls.pop()
+
+    # statements ---------------------------------------------------------------------------
+    def _enter_stmt(self, node: Stmt) -> None:
+        scope = self._scope[-1]
+        within = tuple(s for s in self._stmts if self.stmt_scope.get(s) is scope)
+        self.stmt_parent[node] = within
+        self.stmt_scope[node] = scope
+        self._stmts.append(node)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        is_stmt = _STMT_TYPES.get(type(node))
+        if is_stmt is None:
+            is_stmt = _is_stmt_type(type(node))
+        if is_stmt:
+            self._enter_stmt(node)
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        if _STMT_TYPES.get(type(original_node)):
+            self._stmts.pop()
+
+    def visit_For(self, node: cst.For) -> None:
+        self.fors.append((node, self._scope[-1], self._cls[-1], tuple(self._loops[-1])))
+
+    def visit_For_body(self, node: cst.For) -> None:
+        self._loops[-1].append(node)
+
+    def leave_For_body(self, node: cst.For) -> None:
+        self._loops[-1].pop()
+
+    # facts --------------------------------------------------------------------------------
+    def visit_Import(self, node: cst.Import) -> None:
+        for alias in node.names:
+            name = dotted(alias.name)
+            if not name:
+                continue
+            if name.split(".")[0] == "horovod":
+                self.horovod = True
+            if alias.asname is not None:
+                local = dotted(alias.asname.name)
+                if local:
+                    self.aliases[local] = name
+                    self.name_bindings.add(local)
+            else:
+                root = name.split(".")[0]
+                self.aliases[root] = root
+                self.name_bindings.add(root)
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if node.relative or node.module is None:
+            return
+        module = dotted(node.module)
+        if not module:
+            return
+        if module.split(".")[0] == "horovod":
+            self.horovod = True
+        if isinstance(node.names, cst.ImportStar):
+            self.star_modules.append(module)
+            return
+        for alias in node.names:
+            name = dotted(alias.name)
+            local = dotted(alias.asname.name) if alias.asname is not None else name
+            if name and local:
+                self.aliases[local] = f"{module}.{name}"
+                self.name_bindings.add(local)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        self.assigns.append((node, self._stmts[-1], self._scope[-1], self._cls[-1]))
+        for t in node.targets:
+            for n in _names_in_target(t.target):
+                self.name_bindings.add(n)
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self.name_bindings.add(node.name.value)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        qual = self.qualname(node.func)
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
+            self.has_backward = True
+        self.calls.append(
+            CallSite(
+                call=node,
+                qualname=qual,
+                scope=self._scope[-1],
+                cls=self._cls[-1],
+                stmt=self._stmts[-1],
+                loops=tuple(self._loops[-1]),
+                parents=self.stmt_parent.get(self._stmts[-1], ()),
+            )
+        )
+
+    def visit_IfExp(self, node: cst.IfExp) -> None:
+        self.ifexps.append(node)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if self._stmts:
+            self.attr_uses.append((node, self._scope[-1], self._cls[-1], self._stmts[-1]))
+
+    def qualname(self, expr: cst.BaseExpression) -> Optional[str]:
+        return resolve(self.aliases, expr)
+
+
+def _names_in_target(t: cst.BaseExpression) -> Iterable[str]:
+    if isinstance(t, cst.Name):
+        yield t.value
+    elif isinstance(t, (cst.Tuple, cst.List)):
+        for el in t.elements:
+            yield from _names_in_target(el.value)
+    elif isinstance(t, cst.StarredElement):
+        yield from _names_in_target(t.value)
+
+
+def _all_functions(col: _Collector) -> List[cst.FunctionDef]:
+    return list(col.functions.values())

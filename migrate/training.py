@@ -1,0 +1,346 @@
+"""Which code trains: training functions and bodies, endless loops and generators, random draws
+without a loader, loaders kept by key, and the parameters an optimizer steps (part of the anatomy,
+see anatomy.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+import libcst as cst
+
+from distify.facts import arg, dotted
+from distify.walk import walk
+from distify.dataflow import _contains, _data_of, _is_training_body, _parameter_roots, ref_text
+from distify.records import CallSite, NOT_OPTIMIZERS, Scope, assigned_name
+
+if TYPE_CHECKING:
+    from distify.anatomy import Anatomy
+
+
+def _trains_directly(node: cst.CSTNode) -> bool:
+    return _is_training_body(node)
+
+
+def training_functions(functions: Mapping[str, cst.FunctionDef], methods: Mapping[cst.FunctionDef, cst.ClassDef]) -> Set[cst.FunctionDef]:
+    """Functions and methods whose body reaches backward()/optimizer.step(), directly or through a
+    call of another such module-level function (`name(...)`) or method of the same class
+    (`self.name(...)`): `_run_epoch` trains when the `_run_batch` it calls does."""
+    all_fns = list(functions.values()) + [m for m in methods if m not in functions.values()]
+    by_class: Dict[cst.ClassDef, Dict[str, cst.FunctionDef]] = {}
+    for m, k in methods.items():
+        by_class.setdefault(k, {})[m.name.value] = m
+    callees: Dict[cst.FunctionDef, Set[cst.FunctionDef]] = {}
+    trains: Set[cst.FunctionDef] = set()
+    for fn in all_fns:
+        if _trains_directly(fn.body):
+            trains.add(fn)
+        own = by_class.get(methods.get(fn), {}) if fn in methods else {}
+        found: Set[cst.FunctionDef] = set()
+
+        class V(cst.CSTVisitor):
+            def visit_Call(self, node: cst.Call) -> None:
+                d = dotted(node.func)
+                if d is None:
+                    return
+                if d in functions:
+                    found.add(functions[d])
+                elif d.startswith("self.") and d[5:] in own:
+                    found.add(own[d[5:]])
+
+        walk(fn.body, V())
+        callees[fn] = found
+    changed = True
+    while changed:
+        changed = False
+        for fn in all_fns:
+            if fn not in trains and callees[fn] & trains:
+                trains.add(fn)
+                changed = True
+    return trains
+
+
+def body_trains(node: cst.CSTNode, trainers: Set[cst.FunctionDef], functions, methods, cls) -> bool:
+    """`node` reaches backward()/step() itself or calls a function in `trainers` (see
+    `training_functions`): by name for module-level functions, through self for methods of `cls`."""
+    if _trains_directly(node):
+        return True
+    if not trainers:
+        return False
+    own = {m.name.value: m for m, k in methods.items() if k is cls} if cls is not None else {}
+
+    def pred(n):
+        if not isinstance(n, cst.Call):
+            return False
+        d = dotted(n.func)
+        if d is None:
+            return False
+        if d in functions and functions[d] in trainers:
+            return True
+        return d.startswith("self.") and own.get(d[5:]) in trainers
+
+    return _contains(node, pred)
+
+
+ENDLESS = {"repeat", "itertools.repeat", "count", "itertools.count", "cycle", "itertools.cycle"}
+
+
+def endless_loop(node: cst.CSTNode) -> bool:
+    """`while ...:` or `for ... in repeat(...)/itertools.count()/cycle(...)`: a loop around passes."""
+    if isinstance(node, cst.While):
+        return True
+    return isinstance(node, cst.For) and isinstance(node.iter, cst.Call) and (dotted(node.iter.func) or "") in ENDLESS
+
+
+def generator_passes(fn: cst.FunctionDef) -> List[Tuple[str, cst.CSTNode]]:
+    """(parameter, pass) for each pass over a parameter that `fn` yields from: a `for ... in
+    <parameter>:` loop whose body yields (`def forever(loader): while True: for b in loader: yield
+    b`), or a `yield from <parameter>` statement (also `for l in repeat(loader): yield from l`)."""
+    params = {p.name.value for p in fn.params.params}
+    out: List[Tuple[str, cst.CSTNode]] = []
+    repeated: Dict[str, str] = {}  # loop variable -> parameter it repeats
+
+    class V(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is fn
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
+        def visit_For(self, node: cst.For) -> None:
+            if isinstance(node.iter, cst.Name) and node.iter.value in params:
+                if _contains(node.body, lambda n: isinstance(n, (cst.Yield,))):
+                    out.append((node.iter.value, node))
+            elif endless_loop(node) and isinstance(node.target, cst.Name) and node.iter.args:
+                src = node.iter.args[0].value
+                if isinstance(src, cst.Name) and src.value in params:
+                    repeated[node.target.value] = src.value
+
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+            for small in node.body:
+                v = small.value if isinstance(small, cst.Expr) else None
+                if isinstance(v, cst.Yield) and isinstance(v.value, cst.From) and isinstance(v.value.item, cst.Name):
+                    name = v.value.item.value
+                    if name in params:
+                        out.append((name, node))
+                    elif name in repeated:
+                        out.append((repeated[name], node))
+
+    walk(fn, V())
+    return out
+
+
+def next_consumers(calls: Sequence["CallSite"]) -> List[Tuple["CallSite", str]]:
+    """(call site, reference) for each `next(<ref>)` / `next(iter(<ref>))` inside a for-loop: the loop
+    draws its batches one at a time from <ref> (an endless generator, an iterator over a loader)."""
+    out = []
+    for c in calls:
+        v = drawn_from(c.call) if c.loops else None
+        r = ref_text(v) if v is not None else None
+        if r is not None:
+            out.append((c, r))
+    return out
+
+
+def drawn_from(call: cst.Call) -> Optional[cst.BaseExpression]:
+    """`x` of a `next(x)` or `next(iter(x))` call, else None."""
+    if dotted(call.func) != "next" or not call.args:
+        return None
+    v = call.args[0].value
+    if isinstance(v, cst.Call) and dotted(v.func) == "iter" and v.args:
+        v = v.args[0].value
+    return v
+
+
+# Draws of random indices/batches from a process-wide generator: identical on every rank that was
+# seeded alike (and torch's default seed is a constant).
+RNG_DRAWS = {
+    "torch.randint", "torch.randperm", "torch.multinomial",
+    "numpy.random.randint", "numpy.random.choice", "numpy.random.permutation",
+    "random.sample", "random.randint", "random.randrange", "random.choice", "random.choices",
+}
+
+
+@dataclass(eq=False)
+class GlobalDraw:
+    """A training loop whose batches come from a global random stream rather than a DataLoader."""
+
+    loop: cst.For  # the training loop
+    scope: Scope
+    draw: "CallSite"  # the torch.randint(...)-like call
+    via: Optional[cst.FunctionDef]  # the function (called from the loop) that draws, None: the loop itself
+    first_use: cst.CSTNode  # the first statement of `scope` that draws (the loop, or a prefetch before it)
+
+
+def global_draws(anatomy: "Anatomy") -> List[GlobalDraw]:
+    """Training loops (a body reaching backward()/step()) that consume no DataLoader and draw their
+    data with torch.randint/randperm/numpy/random calls without a `generator=`/seeded RandomState:
+    directly, or through a function of this module they call (also one nested in the same scope, as
+    nanoGPT-style `get_batch(split)` is)."""
+    a = anatomy
+    loader_loops = {bl.loop for l in a.loaders for bl in l.batch_loops}
+    draws_by_fn: Dict[cst.FunctionDef, CallSite] = {}
+    loose: List[CallSite] = []
+    for c in a.calls:
+        if c.qualname not in RNG_DRAWS or arg(c.call, None, "generator") is not None:
+            continue
+        if isinstance(c.scope, cst.FunctionDef):
+            draws_by_fn.setdefault(c.scope, c)
+        loose.append(c)
+    if not loose:
+        return []
+    defs: Dict[str, List[cst.FunctionDef]] = {}
+    for stmt in a.stmt_scope:
+        if isinstance(stmt, cst.FunctionDef):
+            defs.setdefault(stmt.name.value, []).append(stmt)
+
+    def drawing_fn(call: cst.Call, scope: Scope) -> Optional[cst.FunctionDef]:
+        d = dotted(call.func)
+        for fn in defs.get(d or "", ()):
+            home = a.stmt_scope.get(fn)
+            if fn in draws_by_fn and (home is scope or isinstance(home, cst.Module)):
+                return fn
+        return None
+
+    out: List[GlobalDraw] = []
+    for loop, scope, cls, outer in a.fors:
+        if loop in loader_loops or outer or not _is_training_body(loop.body):
+            continue
+        direct = [c for c in loose if c.scope is scope and loop in c.loops]
+        if direct:
+            out.append(GlobalDraw(loop, scope, direct[0], None, loop))
+            continue
+        for c in a.calls:
+            if c.scope is scope and loop in c.loops:
+                fn = drawing_fn(c.call, scope)
+                if fn is not None:
+                    # a prefetch before the loop (`X, Y = get_batch("train")`) draws first
+                    first = loop
+                    for p in a.calls:
+                        if p.scope is scope and dotted(p.call.func) == fn.name.value and not p.loops:
+                            top = (*a.stmt_parent.get(p.stmt, ()), p.stmt)[0]
+                            if a.is_before(top, first):
+                                first = top
+                    out.append(GlobalDraw(loop, scope, draws_by_fn[fn], fn, first))
+                    break
+    return out
+
+
+def _const_strings(expr: cst.BaseExpression) -> Optional[List[str]]:
+    """["train", "val"] for a list/tuple literal of plain strings, else None."""
+    if not isinstance(expr, (cst.List, cst.Tuple)) or not expr.elements:
+        return None
+    out = []
+    for e in expr.elements:
+        v = e.value
+        if not isinstance(v, cst.SimpleString) or not isinstance(v.evaluated_value, str):
+            return None
+        out.append(v.evaluated_value)
+    return out
+
+
+def loader_family(site: "CallSite") -> Optional[Tuple[str, str, List[str]]]:
+    """(dict name, key variable, keys) when the DataLoader call is the value of
+    `name = {k: DataLoader(...) for k in ["train", "val"]}` (one for, no condition)."""
+    stmt = site.stmt
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)):
+        return None
+    assign = stmt.body[0]
+    comp = assign.value
+    if not (isinstance(comp, cst.DictComp) and comp.value is site.call and len(assign.targets) == 1):
+        return None
+    name = dotted(assign.targets[0].target)
+    f = comp.for_in
+    if name is None or f.inner_for_in is not None or f.ifs or not isinstance(f.target, cst.Name):
+        return None
+    if not (isinstance(comp.key, cst.Name) and comp.key.value == f.target.value):
+        return None
+    keys = _const_strings(f.iter)
+    return (name, f.target.value, keys) if keys else None
+
+
+def keyed_loop(loop: cst.For, outer: Sequence[cst.For], aliases_q) -> Optional[Tuple[str, List[str], str]]:
+    """(dict reference, keys, key variable) when `loop` iterates `D[v]` (maybe through enumerate/tqdm)
+    and `v` is the variable of an enclosing `for v in ["train", "val"]`."""
+    it = _data_of(loop.iter, aliases_q)
+    if not (isinstance(it, cst.Subscript) and len(it.slice) == 1 and isinstance(it.slice[0].slice, cst.Index)):
+        return None
+    key = it.slice[0].slice.value
+    base = dotted(it.value)
+    if base is None or not isinstance(key, cst.Name):
+        return None
+    for f in reversed(list(outer)):
+        if isinstance(f.target, cst.Name) and f.target.value == key.value:
+            keys = _const_strings(f.iter)
+            return (base, keys, key.value) if keys else None
+    return None
+
+
+def trains_for_key(body: cst.CSTNode, var: str, key: str) -> bool:
+    """Whether `body` reaches backward()/step() when `var == key`: branches of `if var == "other"`
+    (or `if var != key`) are skipped, any other condition may hold."""
+
+    def verdict(test: cst.BaseExpression) -> Optional[bool]:
+        if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+            left, comp = test.left, test.comparisons[0]
+            right = comp.comparator
+            if isinstance(left, cst.SimpleString):
+                left, right = right, left
+            if dotted(left) == var and isinstance(right, cst.SimpleString) and isinstance(right.evaluated_value, str):
+                equal = right.evaluated_value == key
+                if isinstance(comp.operator, cst.Equal):
+                    return equal
+                if isinstance(comp.operator, cst.NotEqual):
+                    return not equal
+        return None
+
+    found = []
+
+    class V(cst.CSTVisitor):
+        def visit_If(self, node: cst.If) -> bool:
+            v = verdict(node.test)
+            if v is None:
+                return True
+            walk(node.body if v else (node.orelse or cst.IndentedBlock(body=[])), self)
+            return False
+
+        def visit_Call(self, node: cst.Call) -> None:
+            if _is_training_body(node) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("backward", "step"):
+                found.append(node)
+
+    walk(body, V())
+    return bool(found)
+
+
+def stepped_names(calls: Sequence["CallSite"]) -> Set[str]:
+    """Names whose `.step()` is called in a loop (the script has a backward() somewhere)."""
+    out = set()
+    for c in calls:
+        f = c.call.func
+        if isinstance(f, cst.Attribute) and f.attr.value == "step" and c.loops and not c.call.args:
+            d = dotted(f.value)
+            if d is not None:
+                out.add(d)
+    return out
+
+
+def steps_parameters(site: "CallSite", stepped: Set[str]) -> bool:
+    """An optimizer whoever built it (transformers' AdamW, a library's Lamb): the call receives
+    `X.parameters()` (or a list/groups built from it) as its first argument, its result is bound to
+    a name, and that name's `.step()` runs in a loop of a script that calls backward()."""
+    if not stepped or (site.qualname or "").startswith(NOT_OPTIMIZERS):
+        return False
+    target = assigned_name(site.stmt, site.call)
+    if target is None or target not in stepped:
+        return False
+    p = arg(site.call, 0, "params")
+    if p is None or (site.qualname or "").startswith("horovod."):
+        return False
+    inner = p.value
+    if isinstance(inner, cst.Call) and not (
+        (isinstance(inner.func, cst.Attribute) and inner.func.attr.value in ("parameters", "named_parameters"))
+        or dotted(inner.func) in ("list", "tuple", "filter", "itertools.chain", "chain")
+    ):
+        return False  # a wrapper around an optimizer built inline (hvd.DistributedOptimizer(SGD(...)), Lookahead(...))
+    return bool(_parameter_roots(p.value))
