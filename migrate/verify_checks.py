@@ -417,9 +417,9 @@ def _unreached_saves(runs: Sequence[Run], facts: ScriptFacts, script_rel: str) -
 
 
 def _unreached_check(name: str, title: str, unreached: List[Site], sources: Sources) -> Check:
-    shown = "; ".join(f"{sources.script_rel}:{s.first}: {s.source}" for s in unreached[:3])
+    many = len(unreached) > 1
     return Check(name, title, NOT_EXERCISED,
-                 f"the script's save{'s' if len(unreached) > 1 else ''} never ran in the multi-process run: {shown}",
+                 f"{len(unreached) if many else 'a'} save{'s' if many else ''} of the script never ran in the multi-process run",
                  [{"path": sources.script_rel, "line": s.first, "source": s.source} for s in unreached],
                  prove="run with script arguments that reach the save (it is under a condition these arguments do not "
                        "meet, e.g. a --save option)")
@@ -593,21 +593,28 @@ def _aligned(multi: Dict[int, List[dict]], original: Dict[int, List[dict]], lid:
     return info.get("sampler") == "DistributedSampler" and info.get("replicas") == 1 and n > 0 and ours[:n] == theirs[:n]
 
 
-def _randomness(run: Run, train: set, sources: Sources, upto: int) -> List[str]:
-    """What draws random numbers in the training steps of `run` (rank 0), up to step `upto`."""
+def _randomness(run: Run, train: set, sources: Optional[Sources], upto: int) -> List[str]:
+    """What draws random numbers in the training steps of `run` (rank 0), up to step `upto`; with the
+    lines when `sources` holds the text the run ran."""
     evs = run.events().get(0, [])
+
+    def lines(sites) -> str:
+        shown = _where(sources, *sites)[:2] if sources is not None else []
+        return " (" + ", ".join(f"{w['path']}:{w['line']}: {w['source']}" for w in shown) + ")" if shown else ""
+
     found = []
-    drops = [e for e in evs if e["k"] == "dropout"]
+    drops = [e.get("site") for e in evs if e["k"] == "dropout"]
     if drops:
-        sites = _where(sources, *(e.get("site") for e in drops))
-        found.append("dropout (" + ", ".join(f"{w['path']}:{w['line']}: {w['source']}" for w in sites[:2]) + ")")
-    data = [e for e in evs if e["k"] == "datarng" and e["loader"] in train]
-    if data:
-        found.append("the training data pipeline (augmentation or a random dataset) draws while batches are fetched")
-    draws = [e for e in evs if e["k"] == "rand" and e.get("site")]
-    if draws:
-        sites = _where(sources, *(e["site"] for e in draws))
-        found.append(f"torch.{draws[0]['fn']} at " + ", ".join(f"{w['path']}:{w['line']}" for w in sites[:2]))
+        found.append("dropout" + lines(drops))
+    if any(e["k"] == "datarng" and e["loader"] in train for e in evs):
+        found.append("the training data pipeline draws while batches are fetched (augmentation, a random dataset)")
+    windows: Dict[tuple, set] = {}
+    for e in evs:
+        if e["k"] == "rand" and e.get("site"):
+            windows.setdefault(tuple(e["site"]), set()).add(e["w"])
+    loop = [list(site) for site, w in windows.items() if len(w) >= 2]  # drawn at every step, not once
+    if loop:
+        found.append("torch.randint/randperm in the training loop" + lines(loop))
     if not found and any(e["k"] == "step" and e.get("rng") and e["n"] <= upto for e in evs):
         found.append("the training step draws from torch's global generator (torch.rand/randn/bernoulli or a "
                      "random layer)")
@@ -631,8 +638,7 @@ def check_weights(multi: Run, original: Run, nproc: int, batch_note: str, diff: 
     value = f"max |difference| {diff['max_abs_diff']:.3g} after {shots[0]} steps (original run at {batch_note})"
     loaders = _training_loaders(multi.events())
     train = set(loaders)
-    random = _randomness(multi, train, sources, shots[0]) + [
-        f"in the original: {r}" for r in _randomness(original, train, sources, shots[0])]
+    random = _randomness(multi, train, sources, shots[0]) or _randomness(original, train, None, shots[0])
     if random:
         return Check("weights", title, NOT_EXERCISED, f"{value}, not judged: randomness besides the shuffle makes the runs "
                                                       f"differ: {'; '.join(dict.fromkeys(random))}",

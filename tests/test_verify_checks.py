@@ -308,7 +308,8 @@ def test_weights_are_not_judged_over_dropout_and_say_where(tmp_path):
     original = _run_with(tmp_path, {0: [dict(k="snapshot", n=3), step]}, "original")
     check = verify_checks.check_weights(multi, original, 2, "--batch-size 32", {"max_abs_diff": 0.3}, SOURCES)
     assert check.status == NOT_EXERCISED and "dropout (train.py:22: line 22)" in check.detail and "0.3" in check.detail
-    quiet = _run_with(tmp_path, {0: [dict(k="snapshot", n=3), step]}, "quiet")
+    # a draw made once, before training (a dataset generated at start), does not stop the comparison
+    quiet = _run_with(tmp_path, {0: [dict(k="rand", fn="randint", site=["train.py", 5], w=0, sha="s"), dict(k="snapshot", n=3), step]}, "quiet")
     assert verify_checks.check_weights(quiet, original, 2, "x", {"max_abs_diff": 0.3}, SOURCES).status == FAIL
     assert verify_checks.check_weights(quiet, original, 2, "x", {"max_abs_diff": 1e-6}, SOURCES).status == PASS
 
@@ -377,3 +378,21 @@ def test_probe_drains_passes_records_and_aligns(tmp_path):
     assert any(e["k"] == "aligned" for e in events)
     drew = json.loads(out.stdout.split("ranks drew", 1)[1].strip().replace("'", '"'))
     assert batches[1] == drew[:2]  # pass 1 of the original = the DistributedSampler's epoch-1 order
+
+
+def test_json_report_matches_the_schema_the_readme_documents():
+    """Every key of the report, of a check and of a run is in the README's schema block and the other
+    way round; so are the verdicts and the check states."""
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("### The JSON report", 1)[1]
+    schema = section.split("```", 2)[1]
+    documented = set(re.findall(r'"(\w+)":', schema))
+    check = verify.Check("writers", "one rank writes each file", NOT_EXERCISED, "never ran",
+                         [{"path": "train.py", "line": 4, "source": "x"}], prove="p")
+    report = _report(check)
+    keys = set(report) | set(report["checks"][0]) | set(report["runs"][0]) | set(report["checks"][0]["where"][0])
+    assert keys == documented
+    assert {f'"{v}"' for v in ("ok", "failed", "not_proven", "held", "not_exercised", "not_applicable")} <= set(re.findall(r'"\w+"', schema))
+    assert f"exit_code\": 0|1|{verify.EXIT_NOT_PROVEN}" in schema and f'"schema": {verify.SCHEMA_VERSION}' in schema
