@@ -396,3 +396,17 @@ def test_json_report_matches_the_schema_the_readme_documents():
     assert keys == documented
     assert {f'"{v}"' for v in ("ok", "failed", "not_proven", "held", "not_exercised", "not_applicable")} <= set(re.findall(r'"\w+"', schema))
     assert f"exit_code\": 0|1|{verify.EXIT_NOT_PROVEN}" in schema and f'"schema": {verify.SCHEMA_VERSION}' in schema
+
+
+def test_script_facts_name_every_save_with_its_lines():
+    """The save sites come from the anatomy: through an alias, under a condition, spanning lines;
+    a script that does not parse has none (its runs say why)."""
+    from distify.verify_facts import script_facts
+
+    text = ("import torch as T\nimport argparse\nargs = argparse.ArgumentParser().parse_args()\n"
+            "def save(m, path):\n    T.save(\n        m.state_dict(), path)\n"
+            "if args.save:\n    save(1, 'x')\nprint('torch.save(model)')\n")
+    facts = script_facts(text)
+    assert [(s.first, s.last, s.source) for s in facts.saves] == [(5, 6, "T.save(")]
+    assert facts.saves[0].covers(6) and not facts.saves[0].covers(7)
+    assert script_facts("def (:\n").readable is False
