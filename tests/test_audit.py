@@ -250,6 +250,7 @@ EXPECTED = {
     ("DST903", "while_epochs"): ("DST952", "no epoch loop found; DST903 asks for set_epoch by hand"),
     ("DST906", "star_args"): ("DST951", "DataLoader arguments unpacked; DST906 refuses to shard"),
     ("DST906", "two_splats"): ("DST951", "DataLoader arguments unpacked; DST906 refuses to shard"),
+    ("DST205", "no_input_nodes"): ("DST951", "a NeighborLoader without input_nodes; DST205 does not guess the node count"),
 }
 
 
