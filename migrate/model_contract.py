@@ -33,6 +33,19 @@ CHECKPOINTS = frozenset({
 })
 # torch.nn names that build no module or parameter
 _NOT_MODULES = ("torch.nn.functional.", "torch.nn.init.", "torch.nn.utils.")
+# torch.nn modules without parameters: defined and never called, they leave no parameter without a gradient
+PARAMETER_FREE = frozenset(
+    f"torch.nn.{n}"
+    for n in (
+        "ReLU", "ReLU6", "GELU", "SiLU", "Mish", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "Softplus", "ELU",
+        "SELU", "CELU", "LeakyReLU", "Hardswish", "Hardsigmoid", "Hardtanh", "Tanhshrink", "Softsign", "GLU",
+        "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "Identity", "Flatten", "Unflatten",
+        "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
+        "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
+        "Upsample", "PixelShuffle", "PixelUnshuffle", "ZeroPad2d", "ConstantPad1d", "ConstantPad2d",
+        "ReflectionPad2d", "ReplicationPad2d", "CosineSimilarity", "PairwiseDistance",
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -57,6 +70,8 @@ def _members(init: cst.FunctionDef, classes, qualname) -> Dict[str, cst.Assign]:
         if not (isinstance(target, cst.Attribute) and dotted(target.value) == "self"):
             continue
         q = qualname(n.value.func) or ""
+        if q in PARAMETER_FREE or q.endswith("Loss"):
+            continue
         if (q.startswith("torch.nn.") and not q.startswith(_NOT_MODULES)) or dotted(n.value.func) in classes:
             out[target.attr.value] = n
     return out
@@ -199,16 +214,79 @@ def training_freezes(facts: Facts, qualname, scope, root: str) -> List[Gap]:
     from distify.model_state import FREEZE, changes_in  # noqa: E402 - keeps this module light
 
     out: List[Gap] = []
-    for stmt in facts.statements(scope):
-        if not isinstance(stmt, (cst.For, cst.While)) or facts.loops_around(stmt):
-            continue
-        if not any(training_call(n) or (isinstance(n, cst.Call) and facts.callee(n, scope) in facts.trainers)
-                   for n in all_nodes(stmt, skip_nested=True)):
-            continue
+    for stmt in _training_loops(facts, scope):
         for c in changes_in(facts, qualname, stmt, [root]):
             if c.kind == FREEZE:
                 out.append(Gap("freeze" if _sets_false(c.node) else "unfreeze", c.node, root))
     return out
+
+
+def _training_loops(facts: Facts, scope) -> List[cst.CSTNode]:
+    """The outermost loops of `scope` that train (call backward()/step(), or a function that does)."""
+    return [
+        stmt
+        for stmt in facts.statements(scope)
+        if isinstance(stmt, (cst.For, cst.While))
+        and not facts.loops_around(stmt)
+        and any(training_call(n) or (isinstance(n, cst.Call) and facts.callee(n, scope) in facts.trainers)
+                for n in all_nodes(stmt, skip_nested=True))
+    ]
+
+
+DTYPE_METHODS = frozenset({"half", "float", "double", "bfloat16"})
+DTYPES = frozenset({f"torch.{t}" for t in ("float16", "half", "bfloat16", "float32", "float", "float64", "double")})
+
+
+def dtype_flips(facts: Facts, qualname, scope, root: str) -> List[Gap]:
+    """Parameter dtypes changed inside a loop that trains: ``model.half()`` / ``model.float()`` /
+    ``model.to(torch.float16)`` on the model or a part of it, or a function of the script handed
+    the model that rebinds its parameters' ``.data`` (``p.data = p.data.float()``, the CLIP
+    fine-tune's fp16/fp32 flip around each step)."""
+    out: List[Gap] = []
+    for loop in _training_loops(facts, scope):
+        for n in all_nodes(loop, skip_nested=True):
+            if isinstance(n, cst.Call) and _flips(qualname, n, root):
+                out.append(Gap("dtype", n, root))
+            elif isinstance(n, cst.Call):
+                fn = facts.callee(n, scope)
+                if fn is None:
+                    continue
+                for a in n.args:
+                    if dotted(a.value) == root:
+                        param = facts.param_for(fn, n, a)
+                        if param is not None and _rebinds_data(qualname, fn, param):
+                            out.append(Gap("dtype", n, root))
+    return out
+
+
+def _flips(qualname, call: cst.Call, root: str) -> bool:
+    func = call.func
+    if not isinstance(func, cst.Attribute) or not (dotted(func.value) or "").split(".")[0] == root.split(".")[0]:
+        return False
+    d = dotted(func.value) or ""
+    if not (d == root or d.startswith(root + ".")):
+        return False
+    if func.attr.value in DTYPE_METHODS:
+        return True
+    return func.attr.value == "to" and any(qualname(a.value) in DTYPES for a in call.args)
+
+
+def _rebinds_data(qualname, fn: cst.FunctionDef, param: str) -> bool:
+    """`fn` changes the dtype of `param`'s parameters: ``p.data = ...`` or ``p.half()``-style calls
+    in a loop over ``param.parameters()``, or a dtype method called on `param` itself."""
+    for n in all_nodes(fn.body, skip_nested=True):
+        if isinstance(n, cst.Call) and _flips(qualname, n, param):
+            return True
+        if isinstance(n, cst.For) and param in {dotted(x.value) for x in all_nodes(n.iter) if isinstance(x, cst.Attribute)}:
+            var = dotted(n.target)
+            for inner in all_nodes(n.body, skip_nested=True):
+                if isinstance(inner, cst.Assign) and any(
+                    isinstance(t.target, cst.Attribute) and t.target.attr.value == "data" and var
+                    and (dotted(t.target.value) or "").split(".")[0] == var
+                    for t in inner.targets
+                ):
+                    return True
+    return False
 
 
 def _sets_false(node: cst.CSTNode) -> bool:

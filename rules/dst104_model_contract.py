@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.model_contract import forward_gaps, training_freezes
+from distify.model_contract import dtype_flips, forward_gaps, training_freezes
 from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, Context, Rule, add_kwarg
 
 
@@ -18,7 +18,9 @@ class ModelContract(Rule):
         ``use_reentrant=False`` – gets ``use_reentrant=False`` (every backend). Under DDP and FSDP,
         a training loop that makes parameters require a gradient again (``requires_grad_(True)``,
         ``p.requires_grad = True``, or a value it cannot read) leaves the file unchanged, with the
-        line. Under DDP, a model whose class is not in this file (torchvision, ``from_pretrained``)
+        line; so does one that changes the parameters' dtype (``model.half()`` / ``model.float()``,
+        ``model.to(torch.float16)``, or a function of the script handed the model that rebinds
+        ``p.data`` over its parameters: the fp16/fp32 flip of CLIP fine-tunes). Under DDP, a model whose class is not in this file (torchvision, ``from_pretrained``)
         is reported with what was assumed: that every parameter gets a gradient in every step.
         (Parameters a forward can skip, and parameters frozen during training, are DST101's:
         ``find_unused_parameters=True``.)
@@ -70,6 +72,16 @@ class ModelContract(Rule):
                 )
             if ctx.backend not in (DDP_BACKEND, FSDP_BACKEND):
                 continue
+            for gap in dtype_flips(a.facts, a.qualname, model.scope, model.name):
+                ctx.block(
+                    self.code,
+                    gap.node,
+                    f"the dtype of {model.name}'s parameters changes inside the training loop: file not migrated; "
+                    "the wrapper's gradient buckets are built for the dtypes it wrapped, and gradients of another "
+                    "dtype are not averaged as the original trains. Keep the parameters in one dtype and use "
+                    "torch.autocast for half-precision compute",
+                )
+                break
             for gap in training_freezes(a.facts, a.qualname, model.scope, model.name):
                 if gap.kind == "unfreeze":
                     ctx.block(

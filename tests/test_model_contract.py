@@ -1,0 +1,97 @@
+"""DDP's contract read from the model's own code (distify.model_contract), each check with its control:
+the same script with the shape taken away migrates without the remedy (or is no longer refused)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from distify.engine import migrate_source
+from distify.rules.base import Options
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def _migrate(source: str, backend: str = "ddp"):
+    result = migrate_source(source.encode(), Options(backend=backend))
+    return result.output.decode(), [f for f in result.findings if f.code in ("DST101", "DST104")]
+
+
+def _fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def _wraps(out: str) -> list:
+    return [line for line in out.splitlines() if "runtime.DDP(" in line]
+
+
+@pytest.mark.parametrize(
+    "case,old,new",
+    [
+        # the pooler called in forward: every parameter gets a gradient
+        ("DST101/unused_head.in.py", "hidden = self.embed(input_ids).mean(dim=1)",
+         "hidden = self.pooler(self.embed(input_ids).mean(dim=1))"),
+        # the label embedding tested for itself (a submodule that may be None), not for the input
+        ("DST101/dropped_label.in.py", "if y is not None:", "if self.label_emb is not None:"),
+        # nothing frozen in the loop
+        ("DST101/freeze_in_loop.in.py", "        model.whiten.bias.requires_grad = False\n", "        pass\n"),
+    ],
+)
+def test_find_unused_parameters_only_where_forward_can_skip_a_parameter(case, old, new):
+    source = _fixture(case)
+    out, findings = _migrate(source)
+    assert [w for w in _wraps(out) if "find_unused_parameters=True" in w]
+    assert any("find_unused_parameters=True" in f.message for f in findings)
+    control = source.replace(old, new)
+    assert control != source
+    out, _ = _migrate(control)
+    assert _wraps(out) and not [w for w in _wraps(out) if "find_unused_parameters" in w]
+
+
+@pytest.mark.parametrize("backend", ["ddp", "horovod", "fsdp"])
+def test_reentrant_checkpoint_gets_use_reentrant_false(backend):
+    source = _fixture("DST104/reentrant_checkpoint.in.py")
+    out, _ = _migrate(source, backend)
+    assert "checkpoint(blk, x, use_reentrant=False)" in out
+    explicit = source.replace("checkpoint(blk, x)", "checkpoint(blk, x, use_reentrant=True)")
+    assert "checkpoint(blk, x, use_reentrant=False)" in _migrate(explicit, backend)[0]
+    control = source.replace("checkpoint(blk, x)", "checkpoint(blk, x, use_reentrant=False)")
+    out, findings = _migrate(control, backend)
+    assert out.count("checkpoint(blk, x, use_reentrant=False)") == 1 and "use_reentrant=False, use" not in out and not [f for f in findings if f.code == "DST104"]
+
+
+@pytest.mark.parametrize(
+    "case,old,new",
+    [
+        ("DST104/unfreeze_in_loop.in.py", "        model.backbone.requires_grad_(True)\n", "        pass\n"),
+        ("DST104/dtype_flip.in.py", "        convert_models_to_fp32(model)\n        optimizer.step()\n        model.half()\n",
+         "        optimizer.step()\n"),
+        ("DST905/layer_optimizers.in.py", "        self.opt.step()\n", ""),
+    ],
+)
+@pytest.mark.parametrize("backend", ["ddp", "fsdp"])
+def test_refused_shapes_and_their_controls(case, old, new, backend):
+    source = _fixture(case)
+    out, _ = _migrate(source, backend)
+    assert out == source, "the file must come out unchanged (refused)"
+    control = source.replace(old, new)
+    assert control != source
+    assert _migrate(control, backend)[0] != control, "without the shape the file is migrated"
+
+
+def test_a_library_model_says_what_was_assumed():
+    source = _fixture("DST101/unused_head.in.py").replace("model = Encoder().to(device)",
+                                                           "model = nn.Transformer(d_model=16, nhead=2).to(device)")
+    _, findings = _migrate(source)
+    assert any(f.code == "DST104" and "assumed" in f.message for f in findings)
+
+
+def test_a_module_without_parameters_left_unused_needs_nothing():
+    source = _fixture("DST101/unused_head.in.py").replace(
+        "        self.pooler = nn.Linear(dim, dim)\n", "        self.pooler = nn.Linear(dim, dim)\n        self.act = nn.Tanh()\n"
+    ).replace("return self.classifier(hidden)", "return self.classifier(self.pooler(hidden))")
+    assert "self.act = nn.Tanh()" in source and "self.pooler(hidden)" in source
+    assert not [w for w in _wraps(_migrate(source)[0]) if "find_unused_parameters" in w]
+    # control: a module with parameters left unused the same way
+    control = source.replace("self.act = nn.Tanh()", "self.act = nn.Linear(16, 16)")
+    assert [w for w in _wraps(_migrate(control)[0]) if "find_unused_parameters=True" in w]
