@@ -12,6 +12,7 @@ from distify.facts import arg, dotted, training_call
 from distify.walk import walk
 from distify.names import row_of
 
+
 def _contains(node: cst.CSTNode, pred) -> bool:
     found = False
 

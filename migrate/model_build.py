@@ -12,6 +12,7 @@ from distify.facts import arg, dotted
 from distify.model_state import final_place
 from distify.records import DATA_PARALLEL, Model, Optimizer, _Collector
 
+
 def moves_to_device(expr: cst.BaseExpression) -> bool:
     """`X.to(...)` / `X.cuda(...)` as the outermost call."""
     return (

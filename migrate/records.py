@@ -16,6 +16,7 @@ from distify.library import PROGRESS_BARS, names_of
 from distify.names import resolve
 from distify.standalone import is_standalone_block
 
+
 Scope = Union[cst.Module, cst.FunctionDef]
 Stmt = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
 

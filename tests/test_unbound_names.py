@@ -25,7 +25,7 @@ NAMES = ROOT / "fixtures" / "DST962" / "names_the_input_leaves_unbound.in.py"
 def test_unbound_reads_follow_pythons_scopes():
     src = (
         "import os\n"
-        "from helpers import *\n"
+        "from e2e_support import *\n"  # a module of the project: its star import may bind anything
         "class Trainer:\n"
         "    steps = 4\n"
         "    def fit(self, lr):\n"

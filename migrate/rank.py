@@ -1,0 +1,135 @@
+"""Which values depend on the process's rank: reads of the launcher's rank variables, rank calls of
+torch.distributed, Horovod and distify's runtime, and the branches they select (part of the fact
+layer, see facts.py).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import FrozenSet, List, Optional
+
+import libcst as cst
+
+from distify.walk import walk
+from distify.syntax import all_nodes, contains_node, dotted
+
+
+# ------------------------------------------------------------------------------ rank conditions
+
+# identifiers that make a condition depend on which process evaluates it
+_RANK = re.compile(
+    r"(^|_)rank(_?0|_?zero)?$|^is_main(_process)?$|^main_process$|^is_master(_process)?$"
+    r"|^is_(global|local)_zero$|^is_rank_?(0|zero)$"
+)
+
+
+def rank_dependent(test: cst.BaseExpression, rank_names: FrozenSet[str] = frozenset()) -> bool:
+    """True when a condition reads the rank (or asks "am I the main process?"): the one notion of a
+    rank condition every rule and check uses (through ``Facts.rank_condition``, which also knows
+    the names the script binds to a rank: ``self.gpu_id = int(os.environ["LOCAL_RANK"])``).
+
+    Comparisons of a rank with -1 alone (``local_rank != -1``) are skipped: they tell a
+    distributed launch from a plain one and are equal on every rank."""
+    hits: List[str] = []
+
+    class V(cst.CSTVisitor):
+        def visit_Comparison(self, node: cst.Comparison) -> Optional[bool]:
+            if (_rank_ref(node.left) or dotted(node.left) in rank_names) and all(
+                isinstance(t.operator, (cst.Equal, cst.NotEqual, cst.Is, cst.IsNot)) and _is_minus_one(t.comparator)
+                for t in node.comparisons
+            ):
+                return False  # `rank != -1`: do not look inside
+            return True
+
+        def visit_Name(self, node: cst.Name) -> None:
+            if _RANK.search(node.value.lower()) or node.value in rank_names:
+                hits.append(node.value)
+
+        def visit_Attribute(self, node: cst.Attribute) -> Optional[bool]:
+            if rank_names and dotted(node) in rank_names:
+                hits.append(dotted(node))
+                return False
+            return True
+
+    walk(test, V())
+    return bool(hits)
+
+
+# environment variables that hold a rank (torchrun, horovodrun, Open MPI, SLURM)
+RANK_ENV = frozenset({
+    "RANK", "LOCAL_RANK", "HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID", "PMI_RANK",
+})
+
+
+def reads_rank(expr: cst.CSTNode, rank_names: FrozenSet[str] = frozenset()) -> bool:
+    """The expression's value differs between ranks: it reads a rank (a rank call or name, a name
+    bound to one, or a rank environment variable such as ``os.environ["LOCAL_RANK"]``). A
+    comparison with -1 (``int(os.environ.get("RANK", -1)) != -1``: launched distributed or not) is
+    the same on every rank."""
+    if rank_dependent(expr, rank_names):
+        return True
+    hits: List[str] = []
+
+    class V(cst.CSTVisitor):
+        def visit_Comparison(self, node: cst.Comparison) -> bool:
+            return not all(
+                isinstance(t.operator, (cst.Equal, cst.NotEqual, cst.Is, cst.IsNot)) and _is_minus_one(t.comparator)
+                for t in node.comparisons
+            )
+
+        def visit_SimpleString(self, node: cst.SimpleString) -> None:
+            try:
+                value = node.evaluated_value
+            except Exception:  # noqa: BLE001 - an odd literal is no rank variable
+                return
+            if isinstance(value, str) and value in RANK_ENV:
+                hits.append(value)
+
+    walk(expr, V())
+    return bool(hits)
+
+
+# calls whose value is a number or flag made from their arguments: `int(os.environ["RANK"])`
+VALUE_CALLS = frozenset({"int", "str", "float", "bool", "min", "max", "abs", "round", "os.environ.get", "os.getenv"})
+
+
+def _rank_value_part(expr: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+    """`expr` when its value can be a rank or a flag derived from one (names, arithmetic,
+    comparisons, rank calls, `int(...)` of those), None when it is an object built by a call
+    that merely takes a rank argument (`DistributedSampler(ds, rank=r)`, `DDP(m, [local_rank])`)."""
+    for n in all_nodes(expr):
+        if isinstance(n, cst.Call):
+            d = dotted(n.func) or ""
+            last = d.rsplit(".", 1)[-1]
+            if d in VALUE_CALLS or _RANK.search(last.lower()) or d.endswith(("environ.get", "getenv")):
+                continue
+            if n.args:
+                return None
+    return expr
+
+
+def _rank_ref(expr: cst.BaseExpression) -> bool:
+    """The left side of a comparison is a rank reference (name, attribute or call)."""
+    if isinstance(expr, cst.Call):
+        expr = expr.func
+    last = expr.attr if isinstance(expr, cst.Attribute) else expr
+    return isinstance(last, cst.Name) and bool(_RANK.search(last.value.lower()))
+
+
+def _is_minus_one(expr: cst.BaseExpression) -> bool:
+    return (
+        isinstance(expr, cst.UnaryOperation)
+        and isinstance(expr.operator, cst.Minus)
+        and isinstance(expr.expression, cst.Integer)
+        and expr.expression.value == "1"
+    )
+
+
+def branch_of(node: cst.If, target: cst.CSTNode) -> Optional[str]:
+    """Which branch of `node` holds `target`: "body", "orelse" (else or elif) or None (the test)."""
+    if contains_node(node.body, target):
+        return "body"
+    if node.orelse is not None and contains_node(node.orelse, target):
+        return "orelse"
+    return None

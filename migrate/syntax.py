@@ -1,0 +1,148 @@
+"""Small facts about syntax that every other fact uses: the dotted text of a name, a call's argument,
+whether one node holds another, every node under a node, and the names a statement binds or reads
+in its header (part of the fact layer, see facts.py).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, List, Optional, Tuple, Union
+
+import libcst as cst
+
+from distify.walk import walk
+
+
+Scope = Union[cst.Module, cst.FunctionDef]
+
+
+def dotted(expr: Optional[cst.CSTNode]) -> Optional[str]:
+    """'a.b.c' for Name/Attribute chains, else None."""
+    if isinstance(expr, cst.Name):
+        return expr.value
+    if isinstance(expr, cst.Attribute):
+        base = dotted(expr.value)
+        return f"{base}.{expr.attr.value}" if base else None
+    return None
+
+
+def arg(call: cst.Call, pos: Optional[int], kw: Optional[str]) -> Optional[cst.Arg]:
+    if kw is not None:
+        for a in call.args:
+            if a.keyword is not None and a.keyword.value == kw:
+                return a
+    if pos is not None:
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        if len(positional) > pos:
+            return positional[pos]
+    return None
+
+
+def contains_node(tree: cst.CSTNode, target: cst.CSTNode) -> bool:
+    found = []
+
+    class V(cst.CSTVisitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            if found:
+                return False
+            if n is target:
+                found.append(n)
+                return False
+            return True
+
+    walk(tree, V())
+    return bool(found)
+
+
+# ------------------------------------------------------------------------------ name walking
+
+
+def all_nodes(node: cst.CSTNode, skip_nested: bool = False) -> Iterator[cst.CSTNode]:
+    """`node` and everything below it but syntactic trivia, in source order (not below nested
+    defs/lambdas/classes with skip_nested). Uses the fast read-only walk."""
+    out: List[cst.CSTNode] = []
+    nested = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
+
+    class V(cst.CSTVisitor):
+        def on_visit(self, n: cst.CSTNode) -> bool:
+            out.append(n)
+            return not (skip_nested and n is not node and isinstance(n, nested))
+
+    walk(node, V())
+    return iter(out)
+
+
+def names(node: cst.CSTNode, how: str = "load") -> Iterator[Tuple[cst.Name, str]]:
+    """Every variable name in `node` with how it is used: load, store, or aug (`x += ...`)."""
+    if isinstance(node, cst.Name):
+        yield node, how
+    elif isinstance(node, cst.Attribute):
+        yield from names(node.value)
+    elif isinstance(node, cst.Subscript):
+        yield from names(node.value)
+        for el in node.slice:
+            yield from names(el)
+    elif isinstance(node, (cst.Tuple, cst.List)) and how == "store":
+        for el in node.elements:
+            yield from names(el.value, how)
+    elif isinstance(node, cst.StarredElement) and how == "store":
+        yield from names(node.value, how)
+    elif isinstance(node, cst.Assign):
+        yield from names(node.value)
+        for t in node.targets:
+            yield from names(t.target, "store")
+    elif isinstance(node, cst.AugAssign):
+        yield from names(node.value)
+        yield from names(node.target, "aug" if isinstance(node.target, cst.Name) else "load")
+    elif isinstance(node, cst.AnnAssign):
+        if node.value is not None:
+            yield from names(node.value)
+        yield from names(node.target, "store")
+    elif isinstance(node, (cst.For, cst.CompFor)):
+        yield from names(node.iter)
+        yield from names(node.target, "store")
+        for c in node.children:
+            if c is not node.iter and c is not node.target:
+                yield from names(c)
+    elif isinstance(node, cst.WithItem):
+        yield from names(node.item)
+        if node.asname is not None:
+            yield from names(node.asname.name, "store")
+    elif isinstance(node, cst.NamedExpr):
+        yield from names(node.value)
+        yield from names(node.target, "store")
+    elif isinstance(node, cst.Del):
+        yield from names(node.target, "store")
+    elif isinstance(node, cst.Arg):
+        yield from names(node.value)
+    elif isinstance(node, cst.Param):
+        if node.default is not None:
+            yield from names(node.default)
+    elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+        for d in node.decorators:
+            yield from names(d)
+        yield from names(node.body)
+    elif isinstance(node, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)):
+        return
+    else:
+        for c in node.children:
+            yield from names(c)
+
+
+def header_names(stmt: cst.CSTNode) -> List[Tuple[cst.Name, str]]:
+    """Names a statement itself reads and binds, in order (not those of nested statements)."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        return list(names(stmt))
+    if isinstance(stmt, cst.For):
+        return list(names(stmt.iter)) + list(names(stmt.target, "store"))
+    if isinstance(stmt, (cst.If, cst.While)):
+        return list(names(stmt.test))
+    if isinstance(stmt, cst.With):
+        out: List[Tuple[cst.Name, str]] = []
+        for item in stmt.items:
+            out += list(names(item))
+        return out
+    return []
+
+
+def _number(e: cst.BaseExpression) -> bool:
+    return isinstance(e, (cst.Integer, cst.Float))
