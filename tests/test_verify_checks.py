@@ -330,6 +330,18 @@ from torch.utils.data.distributed import DistributedSampler
 
 data = TensorDataset(torch.arange(40.0).reshape(20, 2))
 loader = DataLoader(data, batch_size=2, shuffle=True)
+
+
+class Noisy(torch.utils.data.Dataset):  # augmentation: a draw per sample, here in a worker process
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.rand(2) + i
+
+
+for _ in DataLoader(Noisy(), batch_size=2, num_workers=1):
+    pass
 model = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for epoch in range(4):
@@ -348,8 +360,9 @@ print("ranks drew", list(reference))
 @pytest.mark.e2e
 def test_probe_drains_passes_records_and_aligns(tmp_path):
     """One plain run under the probe: after 3 steps the pass in progress ends and each later pass
-    yields one batch, so the code after the loop runs; the dropout and the collective are recorded;
-    and with DISTIFY_VERIFY_PERMS the RandomSampler draws the DistributedSampler's permutation."""
+    yields one batch, so the code after the loop runs; the dropout, the collective and a worker's
+    augmentation are recorded; and with DISTIFY_VERIFY_PERMS the RandomSampler draws the
+    DistributedSampler's permutation."""
     import socket
 
     with socket.socket() as s:
@@ -369,12 +382,13 @@ def test_probe_drains_passes_records_and_aligns(tmp_path):
     assert kinds.count("step") == 3 + 3 and "drain" in kinds and "the end" in out.stdout  # passes 1-3: one batch each
     batches = {}
     for e in events:
-        if e["k"] == "batch":
+        if e["k"] == "batch" and e["loader"] == 0:
             batches.setdefault(e["p"], []).extend(e["i"])
     assert [len(batches[p]) for p in range(4)] == [6, 2, 2, 2]
     assert any(e["k"] == "end" and e.get("cut") for e in events)
-    assert any(e["k"] == "dropout" and e["site"] == ["train.py", 14] for e in events)
-    assert any(e["k"] == "coll" and e["fn"] == "all_reduce" and e["site"] == ["train.py", 17] for e in events)
+    assert any(e["k"] == "dropout" and e["site"] == ["train.py", 26] for e in events)
+    assert any(e["k"] == "coll" and e["fn"] == "all_reduce" and e["site"] == ["train.py", 29] for e in events)
+    assert [e["loader"] for e in events if e["k"] == "datarng"] == [1]  # the augmenting loader, not the plain one
     assert any(e["k"] == "aligned" for e in events)
     drew = json.loads(out.stdout.split("ranks drew", 1)[1].strip().replace("'", '"'))
     assert batches[1] == drew[:2]  # pass 1 of the original = the DistributedSampler's epoch-1 order

@@ -17,8 +17,8 @@ nothing. In that process it appends one JSON object per line to ``$DISTIFY_VERIF
   with ``$DISTIFY_VERIFY_AFTER=exit`` (the original of --against-original) it exits at the steps;
 - ``loader``/``pass``/``batch``/``end``/``train``: each DataLoader (its sampler, whether it shuffles,
   its length), each pass (the sampler's seed and epoch), the indices it yields, the end of each pass
-  (``cut`` when verify ended it), and which loaders fed an optimizer step; ``datarng``: a training
-  loader whose fetch drew from the global generator (augmentation);
+  (``cut`` when verify ended it), and which loaders fed an optimizer step; ``datarng``: a loader whose
+  batches drew from torch's generator while being made, here or in a worker (augmentation);
 - ``write``: every file opened for writing, renamed into place or passed to ``torch.save`` (with
   whether the saved state's keys carry DDP's ``module.`` prefix);
 - ``out``: each line the process writes to stdout, with the line of user code that wrote it;
@@ -259,6 +259,7 @@ if _ACTIVE:
     _opt_steps = {}
     _train_pairs = set()
     _loader_passes = {}
+    _dataset_loader = {}  # id(dataset) -> the loader id that reads it (the last one built)
     _once = set()
 
     def _emit_once(key, **record):
@@ -400,6 +401,7 @@ if _ACTIVE:
             lid = len(_loader_passes)
             _loader_passes[lid] = 0
             object.__setattr__(self, "_distify_verify_id", lid)
+            _dataset_loader[id(self.dataset)] = lid
             sampler = getattr(self, "sampler", None)
             name = type(sampler).__name__
             shuffles = None
@@ -494,11 +496,28 @@ if _ACTIVE:
                 _state["last_loader"] = where[0]
                 _state["rng_pending"] = _rng_moved(torch) or _state["rng_pending"]
             data = real_next(self)
-            if where is not None and _rng_moved(torch):
-                _emit_once(("datarng", where[0]), k="datarng", loader=where[0])
+            if where is not None:
+                _rng_moved(torch)  # what the fetch drew is the data's randomness (see fetch below), not the step's
             return data
 
         dl._BaseDataLoaderIter.__next__ = loader_next
+
+        from torch.utils.data._utils import fetch as fetchers
+
+        for fetcher in (fetchers._MapDatasetFetcher, fetchers._IterableDatasetFetcher):
+            real_fetch = fetcher.fetch
+
+            def fetch(self, index, _real=real_fetch):
+                """A batch made from the dataset, in this process or in a worker (forked: the probe and
+                the record file came with it): did making it draw from torch's generator (augmentation)?"""
+                before = torch.random.get_rng_state()
+                data = _real(self, index)
+                if not torch.equal(before, torch.random.get_rng_state()):
+                    lid = _dataset_loader.get(id(self.dataset))
+                    _emit_once(("datarng", lid), k="datarng", loader=lid)
+                return data
+
+            fetcher.fetch = fetch
 
         for fn_name in ("randint", "randperm"):
             real_fn = getattr(torch, fn_name)
