@@ -384,7 +384,7 @@ def analyse(module: cst.Module) -> Anatomy:
         batch_loops.append(BatchLoop(loop=loop, scope=c.scope, cls=c.cls, ref=ref, trains=trains, via="next"))
     passes: Dict[cst.CSTNode, cst.FunctionDef] = {}
     for fn in _all_functions(col):
-        for param, loop in generator_passes(fn):
+        for param, loop in generator_passes(fn, q):
             passes[loop] = fn
             if not isinstance(loop, cst.For):  # `yield from loader`: a pass without a for-loop
                 batch_loops.append(BatchLoop(loop=loop, scope=fn, cls=None, ref=param, trains=False, via="pass"))
@@ -450,7 +450,7 @@ def analyse(module: cst.Module) -> Anatomy:
         if not refs and isinstance(value, cst.Call):
             fn = col.functions.get(dotted(value.func) or "")
             if fn is not None:
-                for pname, loop in generator_passes(fn):
+                for pname, loop in generator_passes(fn, q):
                     if loop in passes:
                         site = next((c for c in col.calls if c.call is value), None)
                         v = bind_param(site, fn, pname) if site is not None else None
@@ -592,7 +592,7 @@ def analyse(module: cst.Module) -> Anatomy:
                     ep = outer[-1]
                     found.append(EpochLoop(ep, bl.scope, bl.cls, _loop_var(ep), f'{bl.ref}["{loader.train_keys[0]}"]'))
                 continue
-            if bl.via == "pass" and (not outer or endless_loop(outer[-1])):
+            if bl.via == "pass" and (not outer or endless_loop(outer[-1], q)):
                 # `while True: for b in loader: yield b`: count the passes in the generator
                 found.append(EpochLoop(bl.loop, bl.scope, bl.cls, None, bl.ref, counted=bl.loop))
                 continue

@@ -231,7 +231,7 @@ def _through_generator(a: "Anatomy", consumer: BatchLoop, site: "CallSite", gen:
         seen.add((gen.loop, id(origin.call), name))
         stmt = origin.stmt if isinstance(origin.stmt, cst.SimpleStatementLine) else None
         outer = [p for p in a.stmt_parent.get(gen.loop, ()) if isinstance(p, (cst.For, cst.While)) and p is not gen.loop]
-        passes = [EpochLoop(gen.loop, fn, gen.cls, None, gen.ref, counted=gen.loop)] if outer and endless_loop(outer[-1]) else []
+        passes = [EpochLoop(gen.loop, fn, gen.cls, None, gen.ref, counted=gen.loop)] if outer and endless_loop(outer[-1], a.qualname) else []
         out.append(ForeignLoader(gen, name, origin, q, stmt, _resharded(a, origin, name), passes, consumer=consumer))
     return out
 

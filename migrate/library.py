@@ -33,6 +33,7 @@ class Known:
     items: str = ""  # wrapper: first | all
     title: str = ""  # framework: how a user names it
     launch: str = ""  # framework: the command that starts the script on N processes
+    endless: bool = False  # wrapper/counter: iterating it never ends (a loop over it is a loop around passes)
 
 
 def _rows(kind: str, names: Iterable[str], **kw) -> Dict[str, Known]:
@@ -63,7 +64,7 @@ TABLE: Dict[str, Known] = {
     **_rows("wrapper", _TQDM, items="first"),
     **_rows(
         "wrapper",
-        ("builtins.enumerate", "builtins.iter", "builtins.reversed", "itertools.cycle", "itertools.islice",
+        ("builtins.enumerate", "builtins.iter", "builtins.reversed", "itertools.islice",
          "more_itertools.peekable", "more_itertools.seekable", "more_itertools.chunked", "more_itertools.ichunked",
          "more_itertools.islice_extended"),
         items="first",
@@ -76,8 +77,10 @@ TABLE: Dict[str, Known] = {
     ),
     **_rows(
         "counter",
-        ("builtins.range", *_TRANGE, "itertools.count", "itertools.repeat", "torch.arange", "numpy.arange"),
+        ("builtins.range", *_TRANGE, "torch.arange", "numpy.arange"),
     ),
+    **_rows("wrapper", ("itertools.cycle",), items="first", endless=True),
+    **_rows("counter", ("itertools.count", "itertools.repeat"), endless=True),
     **_rows("framework", ("accelerate.Accelerator", "accelerate.accelerator.Accelerator"),
             title="Hugging Face Accelerate", launch="accelerate launch {script}"),
     **_rows(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Set, 
 import libcst as cst
 
 from distify.facts import arg, dotted
+from distify.names import row_of
 from distify.walk import walk
 from distify.dataflow import _contains, _data_of, _is_training_body, _parameter_roots, ref_text
 from distify.records import CallSite, NOT_OPTIMIZERS, Scope, assigned_name
@@ -83,17 +84,16 @@ def body_trains(node: cst.CSTNode, trainers: Set[cst.FunctionDef], functions, me
     return _contains(node, pred)
 
 
-ENDLESS = {"repeat", "itertools.repeat", "count", "itertools.count", "cycle", "itertools.cycle"}
-
-
-def endless_loop(node: cst.CSTNode) -> bool:
-    """`while ...:` or `for ... in repeat(...)/itertools.count()/cycle(...)`: a loop around passes."""
+def endless_loop(node: cst.CSTNode, aliases_q) -> bool:
+    """`while ...:` or `for ... in <an endless iterable of the library table>` (itertools.repeat(),
+    count(), cycle()): a loop around passes."""
     if isinstance(node, cst.While):
         return True
-    return isinstance(node, cst.For) and isinstance(node.iter, cst.Call) and (dotted(node.iter.func) or "") in ENDLESS
+    row = row_of(aliases_q, node.iter.func) if isinstance(node, cst.For) and isinstance(node.iter, cst.Call) else None
+    return row is not None and row.endless
 
 
-def generator_passes(fn: cst.FunctionDef) -> List[Tuple[str, cst.CSTNode]]:
+def generator_passes(fn: cst.FunctionDef, aliases_q) -> List[Tuple[str, cst.CSTNode]]:
     """(parameter, pass) for each pass over a parameter that `fn` yields from: a `for ... in
     <parameter>:` loop whose body yields (`def forever(loader): while True: for b in loader: yield
     b`), or a `yield from <parameter>` statement (also `for l in repeat(loader): yield from l`)."""
@@ -112,7 +112,7 @@ def generator_passes(fn: cst.FunctionDef) -> List[Tuple[str, cst.CSTNode]]:
             if isinstance(node.iter, cst.Name) and node.iter.value in params:
                 if _contains(node.body, lambda n: isinstance(n, (cst.Yield,))):
                     out.append((node.iter.value, node))
-            elif endless_loop(node) and isinstance(node.target, cst.Name) and node.iter.args:
+            elif endless_loop(node, aliases_q) and isinstance(node.target, cst.Name) and node.iter.args:
                 src = node.iter.args[0].value
                 if isinstance(src, cst.Name) and src.value in params:
                     repeated[node.target.value] = src.value

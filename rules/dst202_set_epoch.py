@@ -91,7 +91,7 @@ class SetEpoch(Rule):
         yield b`): number the passes and give each one its epoch, where the generator starts a pass."""
         a = ctx.anatomy
         fn = ep.scope
-        whiles = [p for p in a.stmt_parent.get(ep.loop, ()) if endless_loop(p)]
+        whiles = [p for p in a.stmt_parent.get(ep.loop, ()) if endless_loop(p, a.qualname)]
         if not isinstance(fn, cst.FunctionDef) or not whiles or _calls_set_epoch(whiles[-1]):
             return
         # every caller must hand the generator a loader that now has a DistributedSampler, else

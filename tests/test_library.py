@@ -188,3 +188,21 @@ def test_control_an_unpadded_split_is_caught():
     seeds = torch.tensor([1, 2, 4, 7, 9])
     with pytest.raises(AssertionError, match="different numbers"):
         _split_checks([seeds[r::2] for r in range(2)], seeds.tolist())
+
+
+@pytest.mark.parametrize("code,endless", [
+    ("from itertools import repeat as again\n", True),  # itertools' repeat, renamed
+    ("import itertools as it\nagain = it.cycle\n", False),  # a local name bound by assignment: not followed
+    ("def again(x):\n    return [x]\n", False),  # the script's own function
+])
+def test_endless_loop_is_the_library_iterable_not_the_spelling(code, endless):
+    """`for batches in again(loader):` is a loop around passes only when `again` is itertools'
+    repeat/count/cycle; a function of the script's own that merely shares a name is not."""
+    from distify.anatomy import analyse, endless_loop
+
+    module = cst.parse_module(code + "for batches in again(loader):\n    pass\n")
+    a = analyse(module)
+    loop = next(s for s in module.body if isinstance(s, cst.For))
+    assert endless_loop(loop, a.qualname) is endless
+    own = cst.parse_module("def repeat(x):\n    return [x]\n\nfor batches in repeat(loader):\n    pass\n")
+    assert endless_loop(own.body[1], analyse(own).qualname) is False  # the spelling 'repeat' alone decides nothing
