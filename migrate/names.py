@@ -50,11 +50,6 @@ def qualified(aliases: Dict[str, str], expr: cst.BaseExpression, bound: Collecti
     return q
 
 
-def what(aliases: Dict[str, str], expr: cst.BaseExpression, bound: Collection[str] = ()) -> Optional[Known]:
-    """The library row of the object `expr` names (None: nothing distify knows)."""
-    return known(qualified(aliases, expr, bound))
-
-
 def row_of(aliases_q: Callable[[cst.BaseExpression], Optional[str]], expr: cst.BaseExpression) -> Optional[Known]:
     """The library row of `expr` through a module's resolver (``Anatomy.qualname``), a bare builtin
     name as ``builtins.<name>``."""
