@@ -14,6 +14,7 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 from distify.facts import dotted
 from distify.library import PROGRESS_BARS, names_of
 from distify.names import resolve
+from distify.positions import ranges
 from distify.standalone import is_standalone_block
 
 
@@ -206,17 +207,12 @@ def _is_stmt_type(t: type) -> bool:
 
 
 def positions(wrapper: MetadataWrapper) -> Mapping[cst.CSTNode, CodeRange]:
-    """``wrapper.resolve(PositionProvider)``, at half the cost. The provider's own work is one
-    code-generation pass; ``resolve`` also runs the batch of batchable providers, which is empty
-    here but still visits (and rebuilds) the whole tree. libcst's resolver calls ``_gen`` just
-    like this; where that internal differs (another libcst version), the public call is used."""
+    """``wrapper.resolve(PositionProvider)`` from one cheap code-generation pass (distify.positions);
+    where libcst's codegen internals differ (another libcst version), the public call is used."""
     try:
-        out = PositionProvider()._gen(wrapper)
+        return ranges(wrapper.module)
     except Exception:  # noqa: BLE001 - any libcst-internal mismatch: take the public path
         return wrapper.resolve(PositionProvider)
-    if not isinstance(out, Mapping):  # pragma: no cover - an unforeseen libcst version
-        return wrapper.resolve(PositionProvider)
-    return out
 
 
 class _Collector(cst.CSTVisitor):
