@@ -16,6 +16,7 @@ equality), and the engine applies everything in a single pass:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -79,14 +80,24 @@ class EditSet:
         )
 
 
-def parse_stmts(code: str, newline: str = "\n") -> List[Stmt]:
-    """Parse statement source (written with '\\n') into statements for insertion."""
+def parse_stmts(code: str, newline: str = "\n", shared: bool = False) -> List[Stmt]:
+    """Parse statement source (written with '\\n') into statements for insertion. ``shared``: the
+    nodes may be the ones an earlier call with the same code returned (libcst nodes are immutable;
+    the caller must not put one code's nodes twice into a tree, where facts keyed by node would
+    confuse the two places)."""
+    return list(_parsed(code) if shared else _parse_stmts(code))
+
+
+def _parse_stmts(code: str) -> Tuple[Stmt, ...]:
     module = cst.parse_module(code if code.endswith("\n") else code + "\n")
     body = list(module.body)
     if module.header and body:
         # libcst puts comments that open the code into the module header: keep them on the statement
         body[0] = body[0].with_changes(leading_lines=[*module.header, *body[0].leading_lines])
-    return body
+    return tuple(body)
+
+
+_parsed = functools.lru_cache(maxsize=1024)(_parse_stmts)  # rules insert the same lines file after file
 
 
 def _apply_wraps(original, updated, edits: EditSet):
@@ -349,7 +360,7 @@ def names_read(node: cst.CSTNode) -> FrozenSet[str]:
 def bound_by_import(line: str) -> FrozenSet[str]:
     """The local names an import line binds (``import a.b`` binds ``a``)."""
     out = set()
-    for stmt in parse_stmts(line):
+    for stmt in parse_stmts(line, shared=True):  # read, never inserted
         for small in getattr(stmt, "body", ()):
             if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
                 for alias in small.names:

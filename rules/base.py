@@ -33,6 +33,7 @@ class Context:
         self.blocked = False
         self._taken = set(anatomy.name_bindings)
         self._names: Dict[str, str] = {}
+        self._templates: set = set()  # codes handed out by stmts()
 
     @property
     def backend(self) -> str:
@@ -43,7 +44,11 @@ class Context:
         return self.anatomy.module.code_for_node(node)
 
     def stmts(self, code: str) -> List[cst.CSTNode]:
-        return parse_stmts(code)
+        """Statements to insert; a template parsed for an earlier file is reused, but never twice
+        in one file (facts keyed by node would confuse the two places)."""
+        first = code not in self._templates
+        self._templates.add(code)
+        return parse_stmts(code, shared=first)
 
     # reporting ------------------------------------------------------------------------------
     def report(self, code: str, node: cst.CSTNode, message: str, kind: str = "fix") -> None:
