@@ -412,6 +412,30 @@ _SHARD_SAMPLER = Helper(
     modules=("torch",),
 )
 
+_SHARD_NODES = Helper(
+    '''
+    @staticmethod
+    def shard_nodes(nodes):
+        """This rank's part of a neighbour-sampling loader's seed nodes (a mask, an index tensor or a
+        (node_type, nodes) pair), split as DistributedSampler splits a dataset: ceil(n / N) each,
+        the first ones repeated to pad, so every rank makes the same number of steps per pass."""
+        if isinstance(nodes, tuple) and len(nodes) == 2 and isinstance(nodes[0], str):
+            return (nodes[0], runtime.shard_nodes(nodes[1]))
+        if nodes is None:
+            raise TypeError("shard_nodes: input_nodes=None means every node; pass torch.arange(data.num_nodes)")
+        index = torch.as_tensor(nodes)
+        if index.dtype == torch.bool:
+            index = index.nonzero().view(-1)
+        replicas = runtime.world_size()
+        total = -(-index.numel() // replicas) * replicas
+        if index.numel() and total > index.numel():
+            index = torch.cat([index, index[: total - index.numel()]])
+        return index[runtime.rank():total:replicas]
+''',
+    needs=("rank", "world_size"),
+    modules=("torch",),
+)
+
 _SHARD_LOADER = Helper(
     '''
     @staticmethod
@@ -556,6 +580,7 @@ HELPERS: Dict[str, Dict[str, Helper]] = {
     "all_reduce_sum": _both(_ALL_REDUCE_SUM),
     "ShardSampler": _both(_SHARD_SAMPLER),
     "shard_loader": _both(_SHARD_LOADER),
+    "shard_nodes": _both(_SHARD_NODES),
     "_DDPType": {"ddp": _DDP_TYPE},
     "DDP": {"ddp": _DDP},
     "unwrap": _UNWRAP,

@@ -196,6 +196,27 @@ def test_inline_environment_matches_distify_runtime(case, backend):
         assert int(port) == expected.master_port
 
 
+@pytest.mark.parametrize("backend", ["ddp", "horovod"])
+def test_inline_shard_nodes_splits_as_the_runtime_does(backend):
+    """The same seed nodes, world and rank give the same share from the inline class as from
+    distify.runtime (masks, index tensors, typed pairs; sizes that do and do not divide)."""
+    import torch
+
+    from distify.runtime import shard_nodes
+
+    inputs = [torch.arange(10), torch.arange(9) * 2, torch.tensor([True, False, True, True, False, True, True]),
+              ("paper", torch.arange(5)), torch.arange(0)]
+    for rank in range(3):
+        inline = inline_runtime(backend, {"RANK": str(rank), "WORLD_SIZE": "3", "HOROVOD_RANK": str(rank),
+                                          "HOROVOD_SIZE": "3"})
+        for nodes in inputs:
+            got, want = inline.shard_nodes(nodes), shard_nodes(nodes, 3, rank)
+            if isinstance(want, tuple):
+                assert got[0] == want[0]
+                got, want = got[1], want[1]
+            assert torch.equal(got, want), (rank, nodes)
+
+
 def test_inline_helpers_without_a_process_group():
     import torch
 
