@@ -560,14 +560,7 @@ def analyse(module: cst.Module) -> Anatomy:
             loader.role = "train"
         elif loader.batch_loops:
             loader.role = "eval"
-        else:
-            hint = " ".join(
-                filter(None, [loader.target, *loader.bound, dotted(loader.dataset) if loader.dataset else None])
-            ).lower()
-            if any(k in hint for k in ("val", "test", "eval", "dev")):
-                loader.role = "eval"
-            elif "train" in hint:
-                loader.role = "train"
+        # no loop seen over it: its role is unknown, whatever its name says (issue #21)
 
     # epoch loops ----------------------------------------------------------------------------
     def enclosing_fors(node_stmt: cst.CSTNode) -> List[cst.For]:

@@ -100,14 +100,33 @@ def return_slot(fn: cst.FunctionDef, matches, returns: Optional[List[cst.Return]
     return slots.pop() if len(slots) == 1 else None
 
 
+def indexed_return(assign: cst.Assign, call: cst.Call, slot: tuple) -> Optional[str]:
+    """`x = f(...)[i]` (or `f(...)["k"]`) binds `x` to slot `slot` of what `f` returns, when the index
+    is that slot's: the loader a helper returns in a tuple is the one its caller trains on, whatever
+    either is called. `slot` is ("item", i, n) or ("key", k) as ``anatomy.return_slot`` gives it."""
+    value, target = assign.value, assign.targets[0].target
+    if not (isinstance(value, cst.Subscript) and value.value is call and len(value.slice) == 1):
+        return None
+    index = value.slice[0].slice
+    if not (isinstance(index, cst.Index) and isinstance(target, cst.Name)):
+        return None
+    if slot[0] == "item" and isinstance(index.value, cst.Integer) and int(index.value.value) == slot[1]:
+        return target.value
+    if slot[0] == "key" and isinstance(index.value, cst.SimpleString) and index.value.evaluated_value == slot[1]:
+        return target.value
+    return None
+
+
 def bound_from_return(stmt: cst.CSTNode, call: cst.Call, slot: tuple) -> Optional[str]:
     """The caller's reference to the returned slot when `stmt` is `target = call` (target a name or,
     for a tuple, a tuple of names of the same length)."""
     if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
         return None
     small = stmt.body[0]
-    if not (isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1):
+    if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
         return None
+    if small.value is not call:
+        return indexed_return(small, call, slot)  # `x = f(...)[0]`: one slot of the returned value
     target = small.targets[0].target
     if slot[0] == "whole":
         return dotted(target)

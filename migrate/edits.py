@@ -414,6 +414,25 @@ def _import_order(line: str) -> tuple:
     return (line.startswith("from distify") or line.startswith("import distify"), line.startswith("from "), line)
 
 
+def _imports_distify(stmt: cst.CSTNode) -> bool:
+    """A line of imports that imports from distify itself (what it says, not how it is written:
+    a comment above or beside it changes nothing)."""
+    if not _is_import(stmt):
+        return False
+
+    def root(node) -> str:
+        while isinstance(node, cst.Attribute):
+            node = node.value
+        return node.value if isinstance(node, cst.Name) else ""
+
+    for s in stmt.body:
+        if isinstance(s, cst.ImportFrom) and s.module is not None and not s.relative and root(s.module) == "distify":
+            return True
+        if isinstance(s, cst.Import) and any(root(a.name) == "distify" for a in s.names):
+            return True
+    return False
+
+
 def _merge_from_imports(lines: Sequence[str]) -> List[str]:
     """One ``from M import a, b`` line for the names distify imports from one module (the
     checkpoint API, ``get_model_state_dict`` with its ``StateDictOptions``), in first-seen order."""
@@ -445,7 +464,7 @@ def _insert_imports(
     needed = frozenset(also_needed).union(*(bound_by_import(line) for line in lines))
     anchor = import_anchor(body, needed)
     # keep distify's own imports last: new torch imports go above an existing `from distify ...`
-    while anchor > 0 and _is_import(body[anchor]) and _import_order(_code(body[anchor]))[0] and not all(
+    while anchor > 0 and _imports_distify(body[anchor]) and not all(
         _import_order(line)[0] for line in lines
     ):
         anchor -= 1

@@ -7,6 +7,7 @@ from typing import Optional
 import libcst as cst
 
 from distify.anatomy import DEVICE, arg
+from distify.meaning import device_name, device_param
 from distify.rules.base import Context, Rule, binds_locally
 
 
@@ -40,7 +41,10 @@ class LocalRankDevice(Rule):
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
         entry_scope = entry_scope_of(a)
-        device_bound_in_entry = binds_locally(a, entry_scope, "device")
+        # the entry's device variable, by what it is bound to; a variable spelled `device` bound to
+        # something else (`args.device`) is still the name a new `device = ...` would collide with
+        dev_name = device_name(a, entry_scope) or ("device" if binds_locally(a, entry_scope, "device") else None)
+        device_bound_in_entry = dev_name is not None
 
         # torch.device(...) constructions and the "cuda if available" string idiom
         for site in a.calls:
@@ -76,12 +80,13 @@ class LocalRankDevice(Rule):
         need_device_var = any(s.scope is entry_scope for s in cuda_calls) and not device_bound_in_entry
         if need_device_var and ctx.state.get("setup_anchor") is not None:
             ctx.edits.insert_before(ctx.state["setup_anchor"], ctx.stmts(f"device = {ctx.runtime}.device()"))
-            device_bound_in_entry = True
+            dev_name, device_bound_in_entry = "device", True
         for s in cuda_calls:
-            if device_bound_in_entry and _sees_entry_device(a, s.scope, entry_scope):
-                dev = "device"
-            elif isinstance(s.scope, cst.FunctionDef) and "device" in [p.name.value for p in s.scope.params.params]:
-                dev = "device"
+            param = device_param(a, s.scope) if isinstance(s.scope, cst.FunctionDef) else None
+            if device_bound_in_entry and _sees_entry_device(a, s.scope, entry_scope, dev_name):
+                dev = dev_name
+            elif param is not None:
+                dev = param
             else:
                 dev = f"{ctx.runtime}.device()"
             kwargs = [x for x in s.call.args if x.keyword is not None]
@@ -105,11 +110,11 @@ def entry_scope_of(a) -> cst.CSTNode:
     return a.module
 
 
-def _sees_entry_device(a, scope, entry_scope) -> bool:
+def _sees_entry_device(a, scope, entry_scope, name: str) -> bool:
     if scope is entry_scope:
         return True
     if isinstance(entry_scope, cst.Module) and isinstance(scope, cst.FunctionDef):
-        return not binds_locally(a, scope, "device")
+        return not binds_locally(a, scope, name)
     return False
 
 

@@ -103,7 +103,7 @@ def _reseeded(a, d) -> bool:
 
     class V(cst.CSTVisitor):
         def visit_Call(self, node: cst.Call) -> None:
-            if (dotted(node.func) or "").endswith("manual_seed") and "rank" in cst.Module([]).code_for_node(node):
+            if (dotted(node.func) or "").endswith("manual_seed") and any(a.reads_rank(x.value) for x in node.args):
                 found.append(node)
 
     for stmt, scope in a.stmt_scope.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.anatomy import LOGGING_BASIC_CONFIG, SUMMARY_WRITER, dotted
+from distify.facts import all_nodes
 from distify.rules.base import Context, Rule, add_kwarg, call_statement, kwarg_value
 
 
@@ -56,7 +57,7 @@ class Rank0Logging(Rule):
         cond = ctx.main_process
         for site in a.calls_to(LOGGING_BASIC_CONFIG):
             level = kwarg_value(site.call, "level")
-            if level is None or "main_process" in ctx.code(level) or "rank" in ctx.code(level):
+            if level is None or ctx.anatomy.reads_rank(level):
                 continue
             logging_name = dotted(site.call.func).rsplit(".", 1)[0]
             new_src = f"{ctx.code(level)} if {ctx.main_process_at(site.stmt)} else {logging_name}.WARNING"
@@ -117,7 +118,7 @@ class Rank0Logging(Rule):
         if ctx.in_rank_guard(site.stmt) or any(x.star for x in call.args):
             return  # already rank-aware, or a mode hidden in **kwargs
         mode = kwarg_value(call, "mode")
-        if mode is not None and ("disabled" in ctx.code(mode) or "rank" in ctx.code(mode) or "main_process" in ctx.code(mode)):
+        if mode is not None and ("disabled" in _literals(mode) or ctx.anatomy.reads_rank(mode)):
             return
         cond = ctx.main_process
         if mode is None:
@@ -142,6 +143,11 @@ class Rank0Logging(Rule):
 
             ctx.edits.replace(call, rewrite)
         ctx.report(self.code, call, "wandb.init logs from the main process only (mode \"disabled\" on the other ranks)")
+
+
+def _literals(expr: cst.BaseExpression) -> set:
+    """The string values spelled in an expression (`"disabled"` in `mode=... else "disabled"`)."""
+    return {n.evaluated_value for n in all_nodes(expr) if isinstance(n, cst.SimpleString)}
 
 
 RULE = Rank0Logging()

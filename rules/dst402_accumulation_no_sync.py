@@ -7,9 +7,13 @@ from typing import List, Optional, Tuple
 import libcst as cst
 
 from distify.anatomy import dotted
+from distify.facts import all_nodes
 from distify.names import row_of
 from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, Context, Rule, method_calls_in, names_in, reaching_scopes
 from distify.walk import walk
+
+# the methods by which a loop controls gradient sync itself: DDP's no_sync(), FSDP2's switch
+SYNC_CONTROLS = frozenset({"no_sync", "set_requires_gradient_sync"})
 
 
 class AccumulationNoSync(Rule):
@@ -85,8 +89,8 @@ class AccumulationNoSync(Rule):
 
     def _loop(self, ctx: Context, bl, wrapped) -> None:
         body = list(bl.loop.body.body)
-        if "no_sync" in ctx.code(bl.loop.body) or "set_requires_gradient_sync" in ctx.code(bl.loop.body):
-            return
+        if any(isinstance(n, cst.Attribute) and n.attr.value in SYNC_CONTROLS for n in all_nodes(bl.loop.body)):
+            return  # the loop already controls gradient sync (code, not a comment that says so)
         found = _accumulation_if(ctx, body)
         if found is None:
             return

@@ -90,7 +90,7 @@ class SeedPerRank(Rule):
 
 
 def _rank_seeded(ctx: Context, site: CallSite) -> bool:
-    return "rank" in ctx.code(arg(site.call, 0, "seed").value)
+    return ctx.anatomy.reads_rank(arg(site.call, 0, "seed").value)
 
 
 def _place(ctx: Context, seeds: List[CallSite]) -> Optional[tuple]:
