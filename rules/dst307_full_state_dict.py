@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Tuple
 
 import libcst as cst
 
-from distify.anatomy import LOAD, SAVE, dotted
+from distify.anatomy import COMPILE, LOAD, SAVE, assigned_name, dotted
 from distify.rules.base import FSDP_BACKEND, Context, Rule, kwarg_value, reaching_scopes
 from distify.facts import optimizer_keeps_tensors
 from distify.walk import walk
@@ -34,7 +34,9 @@ class FullStateDict(Rule):
         state comes from ``get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
         cpu_offload=True))`` (``get_optimizer_state_dict(model, optimizer, options=...)``), bound
         to a name before the statement that writes it: every rank computes it, only the write is
-        under DST301's rank-0 guard. ``model.load_state_dict(...)`` / ``optimizer.load_state_dict(...)``
+        under DST301's rank-0 guard. For a name the script binds to ``torch.compile(...)`` the
+        gathered keys get back the ``_orig_mod.`` prefix ``get_model_state_dict`` drops, when the
+        model is compiled at run time, so the checkpoint keeps the original's keys. ``model.load_state_dict(...)`` / ``optimizer.load_state_dict(...)``
         of a checkpoint (``torch.load``) after sharding become ``set_model_state_dict`` /
         ``set_optimizer_state_dict`` with ``StateDictOptions(full_state_dict=True)`` (every rank
         reads the file, each takes its own shard; no broadcast of rank 0's copy); an optimizer that
@@ -151,7 +153,15 @@ class FullStateDict(Rule):
         guards = a.rank_guards(stmt)
         anchor = guards[0][0] if guards else stmt
         name = ctx.fresh(f"{recv.split('.')[-1]}_state")
-        ctx.edits.insert_before(anchor, ctx.stmts(f"{name} = {expr}"))
+        lines = f"{name} = {expr}"
+        if kind == "model" and _compiled(a, recv):
+            # get_model_state_dict names a compiled module's parameters without `_orig_mod.`; the
+            # original saved them with it
+            lines += (
+                f'\n{name} = {{"_orig_mod." + k: v for k, v in {name}.items()}} '
+                f'if hasattr({recv}, "_orig_mod") else {name}'
+            )
+        ctx.edits.insert_before(anchor, ctx.stmts(lines))
         ctx.edits.replace(site.call, lambda n, name=name: cst.Name(name))
         ctx.report(
             self.code,
@@ -307,6 +317,11 @@ def _writes_here(ctx: Context, site, savers) -> List[cst.Call]:
         elif a.callee(c.call, c.scope) in savers:
             out.append(c.call)
     return out
+
+
+def _compiled(a, recv: str) -> bool:
+    """`recv = torch.compile(...)` somewhere in the script: the name may hold a compiled module."""
+    return any(assigned_name(c.stmt, c.call) == recv for c in a.calls_to(COMPILE))
 
 
 def _leaves(ctx: Context, site, savers) -> Optional[str]:

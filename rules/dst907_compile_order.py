@@ -24,7 +24,7 @@ class CompileOrder(Rule):
         (``fully_shard(model)`` then ``model = torch.compile(model)``; a ``torch.compile(Net())``
         construction is split in two; an optimizer built before the compile moves after it). The
         full state FSDP gathers (``get_model_state_dict``) names the parameters without
-        ``_orig_mod.``. With Horovod nothing changes: its optimizer averages the gradients of the
+        ``_orig_mod.``; DST307 puts the prefix back when the saved model is compiled. With Horovod nothing changes: its optimizer averages the gradients of the
         parameters, which compiled and plain module share (2 ranks end bit-identical:
         tests/test_e2e_compile_order.py).
         Any other ``torch.compile`` (a compiled copy under a name distify does not wrap, trained

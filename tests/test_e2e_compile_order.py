@@ -8,6 +8,8 @@ take under inductor, without inductor's C++ build that would cost minutes per pr
 - ddp (torchrun): the compiled module is what DDP wraps; every rank ends with the same parameters,
   the checkpoint equals the original's at batch 2B and keeps its ``_orig_mod.`` keys; control: the
   same script with the wrap removed ends with ranks that differ;
+- fsdp (torchrun): sharded before the compile; the gathered checkpoint equals the original's at 2B
+  under its ``_orig_mod.`` keys; control: without the line restoring the prefix the keys differ;
 - horovod (horovodrun --gloo): hvd.DistributedOptimizer averages the compiled module's gradients
   (they are the plain module's parameters'): ranks bit-identical, equal to the original at 2B;
   control: without the DistributedOptimizer line the ranks differ.
@@ -106,3 +108,26 @@ def test_horovod_averages_the_compiled_modules_gradients(original, tmp_path):
         return text.replace(line, "")
 
     _check("horovod", run_horovodrun, original, tmp_path, unaveraged)
+
+
+def test_fsdp_shards_then_compiles_and_keeps_the_keys(original, tmp_path):
+    """fsdp (torchrun): fully_shard before the compile, the optimizer after it; the gathered full
+    state equals the original's at batch 2B, under the original's `_orig_mod.` keys. Control: without
+    the line that restores the prefix (get_model_state_dict drops it) the keys differ."""
+    script = tmp_path / "script" / "nano_fsdp.py"
+    migrate(SOURCE, script, backend="fsdp")
+    text = script.read_text()
+    assert text.index("fully_shard(model)") < text.index("model = torch.compile(") < text.index("optimizer = torch.optim")
+    (tmp_path / "run").mkdir()
+    run_torchrun(script, _args(B), nproc=NPROC, cwd=tmp_path / "run", timeout=500)
+    assert_same_weights(original, load_state(tmp_path / "run" / "final.pt"), atol=1e-5,
+                        label=f"fsdp: 2 ranks x {B} vs batch {NPROC * B}")
+
+    prefix = [line for line in text.splitlines(keepends=True) if '"_orig_mod." + k' in line]
+    assert len(prefix) == 1, text
+    control = script.with_name("control_fsdp.py")
+    control.write_text(text.replace(prefix[0], ""))
+    (tmp_path / "control").mkdir()
+    run_torchrun(control, _args(B), nproc=NPROC, cwd=tmp_path / "control", timeout=500)
+    with pytest.raises(AssertionError, match="keys differ"):
+        assert_same_weights(original, load_state(tmp_path / "control" / "final.pt"), atol=1e-5)
