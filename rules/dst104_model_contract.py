@@ -15,13 +15,16 @@ class ModelContract(Rule):
         Reads the trained model's class in this file (``__init__``, ``forward`` and the classes of
         this file it is built from; ``distify.model_contract``). An activation checkpoint run with
         reentrant autograd – ``torch.utils.checkpoint.checkpoint(block, x)`` without
-        ``use_reentrant=False`` – gets ``use_reentrant=False`` (every backend). Under DDP and FSDP,
-        a training loop that makes parameters require a gradient again (``requires_grad_(True)``,
+        ``use_reentrant=False`` – gets ``use_reentrant=False`` (every backend). A training loop
+        that makes parameters require a gradient again (``requires_grad_(True)``,
         ``p.requires_grad = True``, or a value it cannot read) leaves the file unchanged, with the
-        line; so does one that changes the parameters' dtype (``model.half()`` / ``model.float()``,
-        ``model.to(torch.float16)``, or a function of the script handed the model that rebinds
-        ``p.data`` over its parameters: the fp16/fp32 flip of CLIP fine-tunes). Under DDP, a model whose class is not in this file (torchvision, ``from_pretrained``)
-        is reported with what was assumed: that every parameter gets a gradient in every step.
+        line (every backend: hvd.DistributedOptimizer also registers only the parameters that
+        require a gradient when it is built); under DDP and FSDP so does one that changes the
+        parameters' dtype (``model.half()`` / ``model.float()``, ``model.to(torch.float16)``, or a
+        function of the script handed the model that rebinds ``p.data`` over its parameters: the
+        fp16/fp32 flip of CLIP fine-tunes). Under DDP, a model whose class is not in this file
+        (torchvision, ``from_pretrained``) is reported with what was assumed: that every parameter
+        gets a gradient in every step.
         (Parameters a forward can skip, and parameters frozen during training, are DST101's:
         ``find_unused_parameters=True``.)
 
@@ -70,6 +73,16 @@ class ModelContract(Rule):
                     f"activation checkpoint in {gap.what} runs with use_reentrant=False: reentrant autograd "
                     "computes its gradients in a nested backward the gradient averaging sees out of step",
                 )
+            for gap in training_freezes(a.facts, a.qualname, model.scope, model.name):
+                if gap.kind == "unfreeze":
+                    ctx.block(
+                        self.code,
+                        gap.node,
+                        f"parameters of {model.name} may start requiring a gradient during training: file not "
+                        "migrated; the wrapper (hvd.DistributedOptimizer too) registers the parameters that "
+                        "require a gradient when it is built and would never average these. Set requires_grad "
+                        "before the model is wrapped, or wrap it again (with a new optimizer) after the change",
+                    )
             if ctx.backend not in (DDP_BACKEND, FSDP_BACKEND):
                 continue
             for gap in dtype_flips(a.facts, a.qualname, model.scope, model.name):
@@ -82,16 +95,6 @@ class ModelContract(Rule):
                     "torch.autocast for half-precision compute",
                 )
                 break
-            for gap in training_freezes(a.facts, a.qualname, model.scope, model.name):
-                if gap.kind == "unfreeze":
-                    ctx.block(
-                        self.code,
-                        gap.node,
-                        f"parameters of {model.name} may start requiring a gradient during training: file not "
-                        "migrated; the wrapper registers the parameters that require a gradient when it wraps "
-                        "and would never average these. Set requires_grad before the model is wrapped, or wrap "
-                        "it again (with a new optimizer) after the change",
-                    )
 
 
 def _non_reentrant(node: cst.Call) -> cst.Call:

@@ -63,7 +63,6 @@ def test_reentrant_checkpoint_gets_use_reentrant_false(backend):
 @pytest.mark.parametrize(
     "case,old,new",
     [
-        ("DST104/unfreeze_in_loop.in.py", "        model.backbone.requires_grad_(True)\n", "        pass\n"),
         ("DST104/dtype_flip.in.py", "        convert_models_to_fp32(model)\n        optimizer.step()\n        model.half()\n",
          "        optimizer.step()\n"),
         ("DST905/layer_optimizers.in.py", "        self.opt.step()\n", ""),
@@ -95,3 +94,12 @@ def test_a_module_without_parameters_left_unused_needs_nothing():
     # control: a module with parameters left unused the same way
     control = source.replace("self.act = nn.Tanh()", "self.act = nn.Linear(16, 16)")
     assert [w for w in _wraps(_migrate(control)[0]) if "find_unused_parameters=True" in w]
+
+
+@pytest.mark.parametrize("backend", ["ddp", "horovod", "fsdp"])
+def test_unfreezing_in_the_loop_is_refused_under_every_backend(backend):
+    source = _fixture("DST104/unfreeze_in_loop.in.py")
+    out, findings = _migrate(source, backend)
+    assert out == source and any(f.code == "DST104" and "not migrated" in f.message for f in findings)
+    control = source.replace("        model.backbone.requires_grad_(True)\n", "        pass\n")
+    assert control != source and _migrate(control, backend)[0] != control
