@@ -195,7 +195,10 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
         raise RuntimeError(f"distify produced invalid code: {e}") from e
     # every name the output reads must be bound where it reads it (DST962): an edit written in the
     # wrong scope is refused here, before anything is written, with the user's line
-    unbound = [f for r in rules if hasattr(r, "check_output") for f in r.check_output(original.code, new_module.code)]
+    # both texts without rendering either whole tree once more: libcst gives
+    # back the bytes it parsed, and `output` is the new tree's bytes
+    before, after = source.decode(original.encoding), output.decode(new_module.encoding)
+    unbound = [f for r in rules if hasattr(r, "check_output") for f in r.check_output(before, after)]
     if unbound:
         to_source = _line_map(source, output)
         refusal = [replace(f, line=to_source(f.line)) for f in unbound]
