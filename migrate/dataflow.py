@@ -9,6 +9,7 @@ from typing import List, Optional
 import libcst as cst
 
 from distify.facts import arg, dotted, training_call
+from distify.syntax import by_node
 from distify.walk import walk
 from distify.names import row_of
 
@@ -30,6 +31,7 @@ def _contains(node: cst.CSTNode, pred) -> bool:
     return found
 
 
+@by_node  # a body the rewrite left as it was is judged once for input and output
 def _is_training_body(node: cst.CSTNode) -> bool:
     return _contains(node, training_call)
 

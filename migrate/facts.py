@@ -16,7 +16,7 @@ import libcst as cst
 
 from distify.blocks import RepeatedBlocks, repeated_blocks  # noqa: F401 - re-exported
 from distify.rank import _rank_value_part, branch_of, rank_dependent, reads_rank
-from distify.syntax import Scope, _number, all_nodes, arg, contains_node, dotted, header_names, names
+from distify.syntax import Scope, _number, all_nodes, by_node, arg, contains_node, dotted, header_names, names
 
 
 @dataclass(eq=False)
@@ -489,6 +489,15 @@ def optimizer_keeps_tensors(qualname: Optional[str], call: cst.Call) -> Optional
 
 def stmt_bindings(stmt: cst.CSTNode) -> Iterator[Tuple[str, bool, str]]:
     """(name, bound to a number literal, kind) for each name the statement itself binds."""
+    return iter(_stmt_bindings(stmt))
+
+
+@by_node
+def _stmt_bindings(stmt: cst.CSTNode) -> Tuple[Tuple[str, bool, str], ...]:
+    return tuple(_bindings_of(stmt))
+
+
+def _bindings_of(stmt: cst.CSTNode) -> Iterator[Tuple[str, bool, str]]:
     if isinstance(stmt, cst.SimpleStatementLine):
         for small in stmt.body:
             if isinstance(small, cst.Assign):

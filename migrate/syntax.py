@@ -5,6 +5,7 @@ in its header (part of the fact layer, see facts.py).
 
 from __future__ import annotations
 
+import functools
 from typing import Iterator, List, Optional, Tuple, Union
 
 import libcst as cst
@@ -13,6 +14,12 @@ from distify.walk import walk
 
 
 Scope = Union[cst.Module, cst.FunctionDef]
+
+# A fact of a subtree alone, kept per node object: libcst nodes are immutable, and the rewrite leaves
+# every subtree it does not edit as the same object in its output (ApplyEdits enters only the paths to
+# an edit), so the audit's analysis of the output meets most of the input's functions and statements
+# again. The cache holds its nodes (an id is never reused while cached) and is bounded.
+by_node = functools.lru_cache(maxsize=8192)
 
 
 def dotted(expr: Optional[cst.CSTNode]) -> Optional[str]:
@@ -58,7 +65,13 @@ def contains_node(tree: cst.CSTNode, target: cst.CSTNode) -> bool:
 
 def all_nodes(node: cst.CSTNode, skip_nested: bool = False) -> Iterator[cst.CSTNode]:
     """`node` and everything below it but syntactic trivia, in source order (not below nested
-    defs/lambdas/classes with skip_nested). Uses the fast read-only walk."""
+    defs/lambdas/classes with skip_nested). Uses the fast read-only walk, once per node object (see
+    ``by_node``)."""
+    return iter(_all_nodes(node, skip_nested))
+
+
+@by_node
+def _all_nodes(node: cst.CSTNode, skip_nested: bool) -> Tuple[cst.CSTNode, ...]:
     out: List[cst.CSTNode] = []
     nested = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
 
@@ -68,7 +81,7 @@ def all_nodes(node: cst.CSTNode, skip_nested: bool = False) -> Iterator[cst.CSTN
             return not (skip_nested and n is not node and isinstance(n, nested))
 
     walk(node, V())
-    return iter(out)
+    return tuple(out)
 
 
 def names(node: cst.CSTNode, how: str = "load") -> Iterator[Tuple[cst.Name, str]]:
