@@ -4,7 +4,9 @@
   ``node.visit(visitor)`` (trivia excepted, unless the visitor hooks a trivia type);
 * ``anatomy.positions`` equals ``MetadataWrapper.resolve(PositionProvider)``;
 * ``ApplyEdits`` entering only the nodes that hold or contain an edit renders the same output as
-  entering every node.
+  entering every node;
+* what is kept between calls (a visitor class made per call, parsed templates) never leaks from one
+  call or one file into another.
 """
 
 from __future__ import annotations
@@ -152,3 +154,42 @@ def test_applying_edits_to_the_edited_paths_only_changes_nothing(backend, monkey
         assert fast.output == full.output, path
         assert fast.findings == full.findings, path
     assert sum(r.changed for r in pruned) > 30
+
+
+def _tagged_names(module, tag):
+    seen = []
+
+    class PerCall(cst.CSTVisitor):  # a new class on each call, with this call's closure
+        def visit_Name(self, node):
+            seen.append((tag, node.value))
+
+    walk(module, PerCall())
+    return seen
+
+
+def test_a_visitor_class_made_per_call_runs_its_own_hooks():
+    """walk keeps the plan of a class defined in a function across calls; the hooks it runs must
+    still be the calling class's own (its closure), not the first call's."""
+    module = cst.parse_module("a = b\nc(d)\n")
+    first, second = _tagged_names(module, "first"), _tagged_names(module, "second")
+    assert first == [("first", n) for n in "abcd"]
+    assert second == [("second", n) for n in "abcd"]
+
+
+def test_templates_are_parsed_once_but_never_shared_within_a_file():
+    """Context.stmts reuses the nodes parsed for an earlier file, but hands out fresh ones when one
+    file asks for the same code twice (facts keyed by node would confuse the two places)."""
+    from distify.anatomy import analyse
+    from distify.rules.base import Context
+
+    code = "print('a template only this test writes')\nx = 1"
+
+    def context():
+        return Context(analyse(cst.parse_module("import torch\n")), Options())
+
+    one = context()
+    a, b = one.stmts(code), one.stmts(code)
+    assert [cst.Module(body=a).code, cst.Module(body=b).code] == [code + "\n"] * 2
+    assert all(x is not y for x, y in zip(a, b))
+    c = context().stmts(code)  # the next file: the cached nodes again
+    assert all(x is y for x, y in zip(a, c))
