@@ -67,6 +67,19 @@ def test_a_warm_launch_gives_the_script_what_the_real_launcher_gives(launcher, t
     assert warm_result.stdout.count("hello from") == real_result.stdout.count("hello from") == ranks
 
 
+def test_warm_ranks_draw_their_own_random_numbers_as_fresh_processes_do(tmp_path):
+    """A fresh interpreter seeds torch's and numpy's generators from the OS: unseeded, two ranks
+    initialise different weights. Forked ranks must too, or a test of a broadcast that makes them
+    agree could not fail."""
+    script = tmp_path / "draw.py"
+    script.write_text("import os, random, numpy, torch\n"
+                      "print('draw', torch.rand(1).item(), numpy.random.rand(), random.random())\n")
+    result = run_torchrun(script, cwd=tmp_path)
+    draws = [line.split()[1:] for line in result.stdout.splitlines() if line.startswith("draw ")]
+    assert len(draws) == 2, result.describe()
+    assert all(a != b for a, b in zip(*draws)), draws
+
+
 def test_a_failing_rank_fails_the_warm_launch_and_stops_the_others(tmp_path):
     script = tmp_path / "fail.py"
     script.write_text(

@@ -10,8 +10,9 @@ the modules the parent imported are already loaded:
   folder, and a ``sitecustomize`` found there is imported first, as the interpreter's ``site`` module
   does (the tests' spies are such files);
 - stdout and stderr are the given files, unbuffered (``PYTHONUNBUFFERED=1``), stdin is /dev/null;
-- the RNGs a fresh process seeds from the OS (numpy's global state; Python's ``random`` reseeds
-  itself on fork) are reseeded, so ranks do not share a stream a real launch would not share;
+- the RNGs a fresh process seeds from the OS (torch's default generator, numpy's global state;
+  Python's ``random`` reseeds itself on fork) are reseeded, so ranks do not share a stream a real
+  launch would not share (an unseeded model initialisation differs between ranks, as it does there);
 - at the end, non-daemon threads are joined and atexit handlers run, as at interpreter exit; then
   the process ends with the script's exit status without running C++ static destructors.
 
@@ -39,6 +40,9 @@ def _text_stream(fd: int):
 
 
 def _reseed_from_os() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()  # a fresh interpreter seeds torch's default generator from the OS at start
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         try:
