@@ -560,7 +560,17 @@ def analyse(module: cst.Module) -> Anatomy:
             loader.role = "train"
         elif loader.batch_loops:
             loader.role = "eval"
-        # no loop seen over it: its role is unknown, whatever its name says (issue #21)
+        else:
+            # SPELLING (issue #21, listed in tests/test_metamorphic.py): no loop seen over the loader,
+            # so its name decides. Removing this needs the while-loop next() draws to count as batch
+            # loops first (a step-based `while` loop over a loader is only found by this guess today)
+            hint = " ".join(
+                filter(None, [loader.target, *loader.bound, dotted(loader.dataset) if loader.dataset else None])
+            ).lower()
+            if any(k in hint for k in ("val", "test", "eval", "dev")):
+                loader.role = "eval"
+            elif "train" in hint:
+                loader.role = "train"
 
     # epoch loops ----------------------------------------------------------------------------
     def enclosing_fors(node_stmt: cst.CSTNode) -> List[cst.For]:

@@ -12,6 +12,8 @@ from typing import Optional
 
 import libcst as cst
 
+from distify.facts import all_nodes, dotted
+
 
 DEVICE_CALLS = frozenset({"torch.device"})
 
@@ -63,3 +65,18 @@ def device_param(a, fn: cst.FunctionDef) -> Optional[str]:
             return p
     return None
 
+def built_from(a, receiver: Optional[str], value: cst.BaseExpression) -> bool:
+    """`receiver` is bound to an object a call built from the same reference `value` names:
+    `ema = ModelEMA(model)` then `ema.update(model)` (an EMA of the model, whatever it is called)."""
+    ref = dotted(value)
+    if not receiver or not ref:
+        return False
+    for assign, _stmt, _scope, _cls in a.facts.assigns:
+        if (
+            len(assign.targets) == 1
+            and dotted(assign.targets[0].target) == receiver
+            and isinstance(assign.value, cst.Call)
+            and any(x.keyword is None and dotted(x.value) == ref for x in assign.value.args)
+        ):
+            return True
+    return False

@@ -7,6 +7,7 @@ from typing import List, Tuple
 import libcst as cst
 
 from distify.anatomy import MODULE_API, STATE_API, dotted
+from distify.meaning import built_from
 from distify.rules.base import DDP_BACKEND, Context, Rule, reaching_scopes
 from distify.walk import walk
 
@@ -88,7 +89,7 @@ class UnwrapModule(Rule):
                     mode = _still_wrapped(a, model, anchor, site.scope, dotted(x.value), site.stmt, mode)
                     if mode is None:
                         continue
-                    if not _copies(site, i):
+                    if not _copies(a, site, i):
                         fn = _callee(a, site)
                         if fn is None:
                             continue
@@ -122,7 +123,7 @@ COPIES = {
 }
 
 
-def _copies(site, i: int) -> bool:
+def _copies(a, site, i: int) -> bool:
     """Argument `i` of this call is copied or averaged into a copy: an EMA / SWA model, a
     deepcopy. The copy must be of the module, not of the DDP wrapper (its state would carry
     `module.` keys and its updates would go through the wrapper)."""
@@ -131,8 +132,11 @@ def _copies(site, i: int) -> bool:
     func = site.call.func
     if site.qualname is not None or not isinstance(func, cst.Attribute) or i != 0:
         return False
-    receiver = (dotted(func.value) or "").lower()
-    return func.attr.value == "update_parameters" or (func.attr.value == "update" and "ema" in receiver)
+    # `ema.update(model)` on an object built from the model (`ema = ModelEMA(model)`), whatever it
+    # is called; `swa.update_parameters(model)` is torch's AveragedModel API
+    return func.attr.value == "update_parameters" or (
+        func.attr.value == "update" and built_from(a, dotted(func.value), site.call.args[0].value)
+    )
 
 
 def _still_wrapped(a, model, anchor, scope, name, stmt, mode):

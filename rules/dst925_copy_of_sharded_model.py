@@ -67,9 +67,9 @@ class CopyOfShardedModel(Rule):
 
 def _copy_of(ctx: Context, site, i: int) -> Optional[str]:
     """How `site` copies its argument `i` (a description), or None."""
-    if _copies(site, i):
-        return f"{ctx.code(site.call.func)}()"
     a = ctx.anatomy
+    if _copies(a, site, i):
+        return f"{ctx.code(site.call.func)}()"
     fn = a.callee(site.call, site.scope)
     name = dotted(site.call.func)
     if fn is None and name in a.classes:
