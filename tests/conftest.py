@@ -97,6 +97,7 @@ def _select_quick_run(config, items) -> None:
 _imports_torch: dict = {}
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items) -> None:
     """Mark ``torch`` every test of a module that imports torch anywhere (at the top or inside a
     test): the tests whose outcome can depend on the torch version. CI's second environment

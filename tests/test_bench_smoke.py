@@ -40,6 +40,7 @@ def runs(tmp_path_factory):
     return results
 
 
+@pytest.mark.e2e  # the benchmarks launch training processes (2-process runs among them): the full matrix
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_bench_script_runs_and_prints_ratio(runs, script):
     rc, stdout, stderr, json_path = runs[script]
