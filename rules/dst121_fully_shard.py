@@ -38,6 +38,11 @@ HOUSEKEEPING = (
 BF16_COMMENT = "bf16 mixed precision: parameters gathered and computed in bfloat16, gradients reduced in float32"
 
 
+# Optimizers whose step views every parameter as one flat tensor (torch's LBFGS): on DTensor shards
+# that view fails at the first step.
+FLATTENING_OPTIMIZERS = frozenset({"torch.optim.LBFGS", "torch.optim.lbfgs.LBFGS"})
+
+
 class FullyShard(Rule):
     """Shard every trained model with ``fully_shard`` (FSDP2): its repeated blocks, then the root.
 
@@ -59,7 +64,8 @@ class FullyShard(Rule):
         ``model.generate(...)``, ``self.model.encode(x)``; nn.Module's own methods and, for a class of
         this file, names it does not define excepted) is registered right after the root's shard:
         ``register_fsdp_forward_method(model, "decode")``, and such a call counts as a collective
-        for the rank-0 guards.
+        for the rank-0 guards. A script with an optimizer that views all parameters as one flat
+        tensor (``torch.optim.LBFGS``) is refused: DTensor shards cannot be viewed so.
 
     Why:
         DDP keeps a full copy of the model, its gradients and the optimizer state on every rank;
@@ -92,6 +98,16 @@ class FullyShard(Rule):
 
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
+        flat = next((o for o in a.optimizers if o.call.qualname in FLATTENING_OPTIMIZERS), None)
+        if flat is not None:
+            ctx.block(
+                self.code,
+                flat.call.call,
+                f"{flat.target or 'the optimizer'} is {flat.call.qualname}, which views all parameters as one flat "
+                "tensor: fully_shard's parameters are DTensor shards that cannot be viewed so (the first step "
+                "raises 'Sharding propagation failed'); file not migrated to FSDP (use --backend ddp)",
+            )
+            return
         wrapped = ctx.state.setdefault("wrapped", [])
         ctx.state["sharded"] = wrapped  # DST307 follows the sharded models from here
         handled = ctx.state.setdefault("sharded_compiles", set())

@@ -131,6 +131,18 @@ def pytest_runtest_setup(item) -> None:
     pytest.skip(message)
 
 
+@pytest.fixture(autouse=True)
+def _horovod_stays_out_of_the_test_process():
+    """distify.runtime takes Horovod's paths when ``horovod.torch`` is in ``sys.modules``: a test
+    that imports it here (``pytest.importorskip("horovod.torch")``) changes every later test of
+    its worker. Mark such a test ``horovod`` instead (its check runs in a child process)."""
+    had = "horovod.torch" in sys.modules
+    yield
+    if not had and "horovod.torch" in sys.modules:
+        pytest.fail("this test imported horovod.torch into the test process; mark it `horovod` instead",
+                    pytrace=False)
+
+
 @pytest.fixture
 def launcher_free_env() -> dict:
     """Environment for subprocesses that must look like a plain ``python train.py`` run."""

@@ -100,7 +100,6 @@ def test_ddp_wraps_the_compiled_module(original, tmp_path):
 
 @pytest.mark.horovod
 def test_horovod_averages_the_compiled_modules_gradients(original, tmp_path):
-    pytest.importorskip("horovod.torch")
     line = "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())\n"
 
     def unaveraged(text):

@@ -11,7 +11,7 @@ Under ``torchrun --nproc-per-node 2`` (gloo, CPU):
   ``load_state_dict`` into the ORIGINAL class; a control that saves ``model.state_dict()`` (the
   shards) does not;
 - resume: a 2-rank run of one epoch, resumed for one more under 2 ranks and under plain python
-  (``set_model_state_dict``), ends where the original ends after two epochs (plain SGD: a resumed
+  (loaded whole before ``fully_shard`` shards it), ends where the original ends after two epochs (plain SGD: a resumed
   epoch is the next epoch).
 """
 from __future__ import annotations
@@ -51,7 +51,10 @@ def migrated(tmp_path_factory):
         out[src.name.split(".")[0]] = target
     assert SYNC in out["accumulation"].read_text()
     resume = out["resume"].read_text()
-    assert GATHER in resume and "set_model_state_dict(model, torch.load(" in resume, resume
+    # The resume load comes before fully_shard (the wrap follows the last change to the model): a
+    # plain load of the full weights on every rank, which fully_shard then cuts into shards.
+    load = "model.load_state_dict(torch.load(args.resume"
+    assert GATHER in resume and load in resume and resume.index(load) < resume.index("fully_shard(model)"), resume
     return out
 
 

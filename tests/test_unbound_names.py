@@ -152,7 +152,6 @@ def test_the_horovod_output_runs_where_the_copied_count_raised_nameerror(tmp_pat
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from e2e_support import run_python
 
-    pytest.importorskip("horovod.torch")
     good = tmp_path / "good.py"
     good.write_bytes(migrate_source(ARGS.read_bytes(), Options(backend="horovod")).output)
     ran = run_python(good, ["--epochs", "1"], check=False, timeout=120)
