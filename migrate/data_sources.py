@@ -1,5 +1,6 @@
 """Where a training loop's batches come from when no loader of the file is seen: loaders another
-module builds, and training loops whose data no fact traces (part of the anatomy, see anatomy.py).
+module builds, training loops whose data no fact traces, and loaders over a stream (an
+IterableDataset) (part of the anatomy, see anatomy.py).
 """
 
 from __future__ import annotations
@@ -314,3 +315,45 @@ def _origin_calls(a: "Anatomy", scope: Scope, name: str, depth: int, via: tuple)
     if isinstance(scope, cst.FunctionDef) and name not in a.facts.bindings(scope):
         return _origin_calls(a, a.module, name, depth + 1, via)
     return []
+
+
+# ------------------------------------------------------------------------------ streams
+
+ITERABLE = {"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"}
+
+
+def iterable_classes(a: "Anatomy") -> Set[str]:
+    """Classes of the module deriving (directly or through each other) from IterableDataset."""
+    found: Set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, cls in a.classes.items():
+            if name in found:
+                continue
+            for base in cls.bases:
+                if a.qualname(base.value) in ITERABLE or dotted(base.value) in found:
+                    found.add(name)
+                    changed = True
+    return found
+
+
+def is_iterable_dataset(a: "Anatomy", loader) -> bool:
+    """The loader reads a dataset of a class deriving from IterableDataset (built in the call or
+    bound to the name it is given): a stream, which takes no sampler."""
+    ds = loader.dataset
+    if ds is None:
+        return False
+    names = iterable_classes(a)
+    if isinstance(ds, cst.Call):
+        return dotted(ds.func) in names
+    name = dotted(ds)
+    if name is None:
+        return False
+    for stmt in a.stmt_parent:
+        if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign):
+            small = stmt.body[0]
+            if any(dotted(t.target) == name for t in small.targets) and isinstance(small.value, cst.Call):
+                if dotted(small.value.func) in names:
+                    return True
+    return False

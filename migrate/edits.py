@@ -234,6 +234,18 @@ def _strip_leading(node: cst.CSTNode) -> cst.CSTNode:
     return node
 
 
+class Put(cst.CSTTransformer):
+    """Replaces the placeholder name `_` of a parsed template by a node (an edit builder rules
+    share: ``template.visit(Put(node))``)."""
+
+    def __init__(self, node: cst.BaseExpression) -> None:
+        super().__init__()
+        self.node = node
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name):
+        return self.node if original_node.value == "_" else updated_node
+
+
 class ApplyEdits(cst.CSTTransformer):
     """Applies an EditSet in one pass. Only the nodes that hold an edit or contain one are entered
     (found by a cheap read-only walk from the root first): the rest of the tree is kept as it is,

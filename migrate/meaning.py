@@ -80,3 +80,34 @@ def built_from(a, receiver: Optional[str], value: cst.BaseExpression) -> bool:
         ):
             return True
     return False
+
+
+# library calls that copy a model or read its parameters into a copy: argument position -> called
+COPIES = {
+    "copy.deepcopy": 0,
+    "copy.copy": 0,
+    "torch.optim.swa_utils.AveragedModel": 0,
+    "torch.optim.swa_utils.update_bn": 1,
+    "timm.utils.ModelEma": 0,
+    "timm.utils.ModelEmaV2": 0,
+    "timm.utils.ModelEmaV3": 0,
+    "timm.utils.model_ema.ModelEma": 0,
+    "timm.utils.model_ema.ModelEmaV2": 0,
+    "timm.utils.model_ema.ModelEmaV3": 0,
+}
+
+
+def copies_argument(a, site, i: int) -> bool:
+    """Argument `i` of this call is copied or averaged into a copy: an EMA / SWA model, a
+    deepcopy. The copy must be of the module, not of the DDP wrapper (its state would carry
+    `module.` keys and its updates would go through the wrapper)."""
+    if site.qualname in COPIES:
+        return COPIES[site.qualname] == i
+    func = site.call.func
+    if site.qualname is not None or not isinstance(func, cst.Attribute) or i != 0:
+        return False
+    # `ema.update(model)` on an object built from the model (`ema = ModelEMA(model)`), whatever it
+    # is called; `swa.update_parameters(model)` is torch's AveragedModel API
+    return func.attr.value == "update_parameters" or (
+        func.attr.value == "update" and built_from(a, dotted(func.value), site.call.args[0].value)
+    )

@@ -133,3 +133,33 @@ def branch_of(node: cst.If, target: cst.CSTNode) -> Optional[str]:
     if node.orelse is not None and contains_node(node.orelse, target):
         return "orelse"
     return None
+
+
+def follows_barrier(container: cst.CSTNode, stmt: cst.CSTNode) -> bool:
+    """True when the statement just before `stmt` in its block (found under `container`) is a
+    barrier call (``dist.barrier()``, ``runtime.barrier()``): distify's own output, a second run."""
+    found = []
+
+    class V(cst.CSTVisitor):
+        def _check(self, body) -> None:
+            for i, s in enumerate(body):
+                if s is stmt and i > 0:
+                    prev = body[i - 1]
+                    if isinstance(prev, cst.SimpleStatementLine) and len(prev.body) == 1:
+                        e = prev.body[0]
+                        if (
+                            isinstance(e, cst.Expr)
+                            and isinstance(e.value, cst.Call)
+                            and isinstance(e.value.func, cst.Attribute)
+                            and e.value.func.attr.value == "barrier"
+                        ):
+                            found.append(prev)
+
+        def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+            self._check(node.body)
+
+        def visit_Module(self, node: cst.Module) -> None:
+            self._check(node.body)
+
+    walk(container, V())
+    return bool(found)

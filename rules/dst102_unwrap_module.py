@@ -7,7 +7,7 @@ from typing import List, Tuple
 import libcst as cst
 
 from distify.anatomy import MODULE_API, STATE_API, dotted
-from distify.meaning import built_from
+from distify.meaning import copies_argument
 from distify.rules.base import DDP_BACKEND, Context, Rule, reaching_scopes
 from distify.walk import walk
 
@@ -89,7 +89,7 @@ class UnwrapModule(Rule):
                     mode = _still_wrapped(a, model, anchor, site.scope, dotted(x.value), site.stmt, mode)
                     if mode is None:
                         continue
-                    if not _copies(a, site, i):
+                    if not copies_argument(a, site, i):
                         fn = _callee(a, site)
                         if fn is None:
                             continue
@@ -106,37 +106,6 @@ class UnwrapModule(Rule):
                         new_value = lambda n, rt=rt: cst.parse_expression(f"{rt}.unwrap()").with_changes(args=[cst.Arg(n)])
                     ctx.edits.replace(x.value, new_value)
                     ctx.report(self.code, x.value, f"{dotted(site.call.func)}() gets the unwrapped model: it only reads or copies it")
-
-
-# library calls that copy a model or read its parameters into a copy: argument position -> called
-COPIES = {
-    "copy.deepcopy": 0,
-    "copy.copy": 0,
-    "torch.optim.swa_utils.AveragedModel": 0,
-    "torch.optim.swa_utils.update_bn": 1,
-    "timm.utils.ModelEma": 0,
-    "timm.utils.ModelEmaV2": 0,
-    "timm.utils.ModelEmaV3": 0,
-    "timm.utils.model_ema.ModelEma": 0,
-    "timm.utils.model_ema.ModelEmaV2": 0,
-    "timm.utils.model_ema.ModelEmaV3": 0,
-}
-
-
-def _copies(a, site, i: int) -> bool:
-    """Argument `i` of this call is copied or averaged into a copy: an EMA / SWA model, a
-    deepcopy. The copy must be of the module, not of the DDP wrapper (its state would carry
-    `module.` keys and its updates would go through the wrapper)."""
-    if site.qualname in COPIES:
-        return COPIES[site.qualname] == i
-    func = site.call.func
-    if site.qualname is not None or not isinstance(func, cst.Attribute) or i != 0:
-        return False
-    # `ema.update(model)` on an object built from the model (`ema = ModelEMA(model)`), whatever it
-    # is called; `swa.update_parameters(model)` is torch's AveragedModel API
-    return func.attr.value == "update_parameters" or (
-        func.attr.value == "update" and built_from(a, dotted(func.value), site.call.args[0].value)
-    )
 
 
 def _still_wrapped(a, model, anchor, scope, name, stmt, mode):

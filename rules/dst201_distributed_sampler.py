@@ -8,7 +8,7 @@ from distify.anatomy import Loader, arg, dotted, foreign_loaders
 from distify.siblings import find_builder
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, loader_stem
 from distify.rules.dst203_shard_eval import eval_plans, shard_eval_enabled
-from distify.rules.dst910_iterable_dataset import is_iterable_dataset
+from distify.data_sources import is_iterable_dataset
 
 
 class DistributedSamplerRule(Rule):
@@ -89,7 +89,7 @@ class DistributedSamplerRule(Rule):
                 continue
             if arg(call, 5, "sampler") is not None or arg(call, 6, "batch_sampler") is not None:
                 continue  # DST901
-            if loader.dataset is None or is_iterable_dataset(ctx, loader):
+            if loader.dataset is None or is_iterable_dataset(ctx.anatomy, loader):
                 continue  # DST906 / DST910
             positional = [x for x in call.args if x.keyword is None and not x.star]
             splats = [x for x in call.args if x.star == "**"]

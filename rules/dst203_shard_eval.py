@@ -13,7 +13,7 @@ from distify.library import names_of
 from distify.rules.base import (
     FSDP_BACKEND, HOROVOD_BACKEND, Context, Rule, add_kwarg, binds_locally, hoistable_argument, loader_stem,
 )
-from distify.rules.dst910_iterable_dataset import is_iterable_dataset
+from distify.data_sources import is_iterable_dataset
 
 CODE = "DST203"
 # why evaluation loaders stay whole under --backend fsdp
@@ -214,7 +214,7 @@ class _Planner:
         call = loader.call.call
         if loader.dataset is None:
             return "its dataset is not passed as an argument"
-        if is_iterable_dataset(self.ctx, loader):
+        if is_iterable_dataset(self.a, loader):
             return "its dataset is an IterableDataset (no indices to split)"
         if any(x.star for x in call.args):
             return "its arguments are unpacked with * or **"

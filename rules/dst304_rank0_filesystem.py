@@ -7,7 +7,7 @@ import libcst as cst
 
 from distify.anatomy import LOAD, arg, dotted
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, call_statement
-from distify.rules.dst306_load_map_location import _after_barrier
+from distify.rank import follows_barrier
 from distify.walk import walk
 
 FILE_WRITES = {
@@ -140,7 +140,7 @@ class Rank0Filesystem(Rule):
             if k >= len(chain):
                 return
             anchor = chain[k]
-            if _after_barrier(ctx, chain[k - 1] if k else made.scope, anchor):
+            if follows_barrier(chain[k - 1] if k else made.scope, anchor):
                 return
             call = f"{ctx.hvd}.barrier()" if ctx.backend == HOROVOD_BACKEND else f"{ctx.dist}.barrier()"
             ctx.edits.insert_before(anchor, ctx.stmts(f"{call}  # every rank waits for the directory rank 0 creates"))

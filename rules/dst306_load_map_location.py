@@ -5,8 +5,9 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.anatomy import LOAD, SAVE, arg, assigned_name
+from distify.edits import Put
+from distify.rank import follows_barrier
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, kwarg_value
-from distify.walk import walk
 
 
 class LoadMapLocation(Rule):
@@ -62,7 +63,7 @@ class LoadMapLocation(Rule):
             def from_rank0(n: cst.Call, rt=rt, main=main) -> cst.BaseExpression:
                 if kwarg_value(n, "map_location") is None and len([x for x in n.args if x.keyword is None]) <= 1:
                     n = add_kwarg(n, "map_location", cst.SimpleString('"cpu"'))
-                return cst.parse_expression(f"{rt}.broadcast_object(_ if {main} else None)").visit(_Put(n))
+                return cst.parse_expression(f"{rt}.broadcast_object(_ if {main} else None)").visit(Put(n))
 
             ctx.edits.replace(site.call, from_rank0)
             ctx.report(
@@ -116,7 +117,7 @@ class LoadMapLocation(Rule):
                     continue
                 # where the two code paths meet: the load's outermost statement not holding the save
                 anchor = chain[k]
-                if anchor in placed or _after_barrier(ctx, chain[k - 1] if k else load.scope, anchor):
+                if anchor in placed or follows_barrier(chain[k - 1] if k else load.scope, anchor):
                     continue
                 placed.add(anchor)
                 call = f"{ctx.hvd}.barrier()" if ctx.backend == HOROVOD_BACKEND else f"{ctx.dist}.barrier()"
@@ -129,17 +130,6 @@ class LoadMapLocation(Rule):
                     + (f" (line {line})" if line else "")
                     + " and every rank reads it",
                 )
-
-
-class _Put(cst.CSTTransformer):
-    """Replaces the placeholder name `_` by a node."""
-
-    def __init__(self, node: cst.BaseExpression) -> None:
-        super().__init__()
-        self.node = node
-
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name):
-        return self.node if original_node.value == "_" else updated_node
 
 
 TEMPORARY_DIRS = {"tempfile.TemporaryDirectory", "tempfile.mkdtemp"}
@@ -224,35 +214,6 @@ def _path(ctx: Context, call: cst.Call, pos: int):
 
 def _rank0_only(ctx: Context, stmt: cst.CSTNode) -> bool:
     return stmt in ctx.edits.guards or ctx.in_rank_guard(stmt)
-
-
-def _after_barrier(ctx: Context, container: cst.CSTNode, stmt: cst.CSTNode) -> bool:
-    """True when the statement just before `stmt` in its block is a barrier (a second run)."""
-    found = []
-
-    class V(cst.CSTVisitor):
-        def _check(self, body) -> None:
-            for i, s in enumerate(body):
-                if s is stmt and i > 0:
-                    prev = body[i - 1]
-                    if isinstance(prev, cst.SimpleStatementLine) and len(prev.body) == 1:
-                        e = prev.body[0]
-                        if (
-                            isinstance(e, cst.Expr)
-                            and isinstance(e.value, cst.Call)
-                            and isinstance(e.value.func, cst.Attribute)
-                            and e.value.func.attr.value == "barrier"
-                        ):
-                            found.append(prev)
-
-        def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
-            self._check(node.body)
-
-        def visit_Module(self, node: cst.Module) -> None:
-            self._check(node.body)
-
-    walk(container, V())
-    return bool(found)
 
 
 RULE = LoadMapLocation()

@@ -8,6 +8,7 @@ from typing import Dict, List, Optional, Tuple
 import libcst as cst
 
 from distify.anatomy import COMPILE, LOAD, SAVE, assigned_name, dotted
+from distify.edits import Put
 from distify.rules.base import FSDP_BACKEND, Context, Rule, kwarg_value, reaching_scopes
 from distify.facts import optimizer_keeps_tensors
 from distify.walk import walk
@@ -250,9 +251,8 @@ class FullStateDict(Rule):
         template = cst.parse_expression(head)
 
         def rewrite(n: cst.Call, template=template) -> cst.Call:
-            from distify.rules.dst306_load_map_location import _Put
 
-            return template.visit(_Put(n.args[0].value))
+            return template.visit(Put(n.args[0].value))
 
         ctx.edits.replace(call, rewrite)
         cpu_loads.extend(loads)

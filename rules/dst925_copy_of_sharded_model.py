@@ -9,7 +9,7 @@ import libcst as cst
 from distify.anatomy import dotted
 from distify.facts import all_nodes
 from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
-from distify.rules.dst102_unwrap_module import _copies
+from distify.meaning import copies_argument
 
 
 class CopyOfShardedModel(Rule):
@@ -68,7 +68,7 @@ class CopyOfShardedModel(Rule):
 def _copy_of(ctx: Context, site, i: int) -> Optional[str]:
     """How `site` copies its argument `i` (a description), or None."""
     a = ctx.anatomy
-    if _copies(a, site, i):
+    if copies_argument(a, site, i):
         return f"{ctx.code(site.call.func)}()"
     fn = a.callee(site.call, site.scope)
     name = dotted(site.call.func)

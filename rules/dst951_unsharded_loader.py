@@ -7,7 +7,7 @@ import libcst as cst
 from distify.anatomy import Anatomy, dotted, foreign_loaders, untraced_sources
 from distify.audit import feeding_loaders, sampler_of
 from distify.rules.base import AuditCheck, Context
-from distify.rules.dst910_iterable_dataset import is_iterable_dataset
+from distify.data_sources import is_iterable_dataset
 
 
 class UnshardedLoader(AuditCheck):
@@ -46,7 +46,7 @@ class UnshardedLoader(AuditCheck):
     def check(self, ctx: Context, a: Anatomy) -> None:
         for loader in feeding_loaders(a):
             has_sampler, _ = sampler_of(a, loader)
-            if has_sampler or is_iterable_dataset(ctx, loader):
+            if has_sampler or is_iterable_dataset(ctx.anatomy, loader):
                 continue
             if loader.dataset is not None and a.mentions_rank(loader.dataset):
                 continue  # split by hand: Subset(ds, range(rank, len(ds), world)), split_dataset_by_node
