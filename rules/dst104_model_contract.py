@@ -25,8 +25,11 @@ class ModelContract(Rule):
         fp16/fp32 flip of CLIP fine-tunes). Under DDP, a model whose class is not in this file
         (torchvision, ``from_pretrained``) is reported with what was assumed: that every parameter
         gets a gradient in every step.
-        (Parameters a forward can skip, and parameters frozen during training, are DST101's:
-        ``find_unused_parameters=True``.)
+        Under FSDP a forward that reaches parameters only under a condition leaves the file
+        unchanged, with the line: ``fully_shard`` has no ``find_unused_parameters``. (Under DDP,
+        parameters a forward can skip, and parameters frozen during training, are DST101's:
+        ``find_unused_parameters=True``; a member never reached from ``forward`` gets no gradient
+        on any rank, which FSDP2 handles.)
 
     Why:
         DDP expects each parameter's gradient once per backward, in the order its hooks were
@@ -35,7 +38,11 @@ class ModelContract(Rule):
         and under which Horovod's per-parameter hooks fire out of step. ``use_reentrant=False`` is
         PyTorch's recommended mode and gives the same gradients. DDP and FSDP register the
         parameters that require a gradient when they wrap: one unfrozen later is never averaged,
-        and the ranks drift apart with no error.
+        and the ranks drift apart with no error. FSDP2 reduce-scatters, after each backward, the
+        gradients a rank holds (measured with torch 2.13 on gloo, 2 ranks): when one rank skips a
+        parameter the others use, the collectives differ in size – the root-only shard aborts
+        ("collective mismatch"), a separately sharded submodule hangs. Skipped on every rank alike
+        (a member never used) it trains correctly.
 
     Example:
         x = torch.utils.checkpoint.checkpoint(block, x)
@@ -63,6 +70,18 @@ class ModelContract(Rule):
                     kind="info",
                 )
             for gap in forward_gaps(cls, a.classes, a.qualname, ctx.code) if cls is not None else []:
+                if gap.kind == "conditional" and ctx.backend == FSDP_BACKEND:
+                    ctx.block(
+                        self.code,
+                        gap.node,
+                        f"{gap.what} is reached only when `{gap.why}`: file not migrated; fully_shard "
+                        "reduce-scatters the gradients each rank has, so a step where one rank skips these "
+                        "parameters and another does not sends collectives of different sizes (gloo aborts, "
+                        "a nested fully_shard hangs) and FSDP2 has no find_unused_parameters. Make forward "
+                        "reach every parameter in every step (e.g. multiply the skipped branch by a 0/1 mask "
+                        "instead of skipping it), or use --backend ddp",
+                    )
+                    break
                 if gap.kind != "reentrant" or id(gap.node) in done:
                     continue
                 done.add(id(gap.node))

@@ -103,3 +103,25 @@ def test_unfreezing_in_the_loop_is_refused_under_every_backend(backend):
     assert out == source and any(f.code == "DST104" and "not migrated" in f.message for f in findings)
     control = source.replace("        model.backbone.requires_grad_(True)\n", "        pass\n")
     assert control != source and _migrate(control, backend)[0] != control
+
+
+def test_fsdp_refuses_a_forward_that_can_skip_parameters():
+    """fully_shard has no find_unused_parameters: a parameter skipped on one rank and used on another
+    makes the ranks' reduce-scatters differ in size (tests/test_e2e_fsdp_skip.py runs it). Control: the
+    member tested for itself (a submodule that may be None) is no skip, and the file is migrated."""
+    source = _fixture("DST101/dropped_label.in.py")
+    out, findings = _migrate(source, "fsdp")
+    assert out == source and any(f.code == "DST104" and "file not migrated" in f.message for f in findings)
+    assert _migrate(source, "ddp")[0] != source, "DDP keeps its remedy: find_unused_parameters=True"
+    control = source.replace("if y is not None:", "if self.label_emb is not None:")
+    assert control != source and "fully_shard(model)" in _migrate(control, "fsdp")[0]
+
+
+def test_fsdp_shards_a_model_whose_unused_member_is_skipped_on_every_rank():
+    """A member never reached from forward gets no gradient on any rank alike: FSDP2 trains it (run in
+    tests/test_e2e_fsdp_skip.py). Control: reached under a condition instead, it is refused."""
+    source = _fixture("DST101/unused_head.in.py")
+    assert "fully_shard(model)" in _migrate(source, "fsdp")[0]
+    control = source.replace("return self.classifier(hidden)",
+                             "return self.classifier(self.pooler(hidden) if input_ids.sum() > 0 else hidden)")
+    assert control != source and _migrate(control, "fsdp")[0] == control
