@@ -10,6 +10,7 @@ KEYS = {
     "scale-lr", "scale_lr", "fp16-allreduce", "fp16_allreduce", "adasum", "seed-per-rank", "seed_per_rank",
     "standalone", "bf16",
     "nproc", "nodes", "port",  # distify --launch
+    "project-root", "project_root",  # distify.project: where the user's project ends
 }
 
 
@@ -42,4 +43,9 @@ def load(paths: Sequence[str]) -> Dict[str, Any]:
     unknown = set(section) - KEYS
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) in [tool.distify]: {', '.join(sorted(unknown))}")
-    return {k.replace("-", "_"): v for k, v in section.items()}
+    out = {k.replace("-", "_"): v for k, v in section.items()}
+    if "project_root" in out:  # relative to the pyproject.toml that says it
+        if not isinstance(out["project_root"], str):
+            raise ConfigError(f"{path}: [tool.distify] project-root must be a path (a string)")
+        out["project_root"] = str((path.parent / out["project_root"]).resolve())
+    return out

@@ -138,6 +138,9 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
     if not anatomy.has_training:
         # nothing distify knows how to migrate; the audit still says when it trains all the same
         said = tuple(_audit(anatomy, options, [])) + _notes(anatomy, options, path, "DST961")
+        if any(f.code == "DST961" and f.kind == "warning" for f in said):
+            # the training runs in another module of the project that distify cannot migrate yet
+            return MigrationResult(source, source, said, note="not migrated: see warnings", encoding=encoding, refused=True)
         return MigrationResult(source, source, said, note="no training loop", encoding=encoding)
 
     findings: List[Finding] = []
@@ -395,7 +398,8 @@ def process_file(path: str, mode: Mode, options: Options, cache=None, parse: boo
     except Exception as e:  # noqa: BLE001 - reported as an internal failure, exit 123
         return FileResult(path, Status.FAILED, message=f"internal error: {type(e).__name__}: {e}", source=source)
     if not result.changed:
-        if cache is not None:
+        if cache is not None and not any(f.code == "DST961" for f in result.findings):
+            # (DST961's answer depends on the project's other modules, which the cache does not see)
             cache.put(source, result.findings, result.note, result.encoding, result.refused)
         return FileResult(
             path, Status.REFUSED if result.refused else Status.UNCHANGED, result.findings, message=result.note, source=source, output=source,

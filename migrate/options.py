@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 DDP_BACKEND = "ddp"
 HOROVOD_BACKEND = "horovod"
@@ -26,3 +26,7 @@ class Options:
     standalone: bool = False  # inline the runtime helpers: the script does not import distify
     positions: bool = True  # report line:col (the CLI turns it off with --quiet)
     max_bytes: int = 2 * 1024 * 1024  # libcst needs ~30 s per MB: refuse what is no training script
+    # the user's project (distify.project): `[tool.distify] project-root` (absolute), else found
+    # from each script; `exclude` names files never read as part of it nor written
+    project_root: Optional[str] = None
+    exclude: Sequence[str] = ()

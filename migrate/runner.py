@@ -69,6 +69,8 @@ def migration_options(cfg: dict, backend=None, select=None, ignore=None, scale_l
         standalone=flag(standalone, "standalone"),
         max_bytes=int(max_size * 2**20),
         positions=positions,
+        project_root=cfg.get("project_root"),
+        exclude=tuple(as_list(cfg.get("exclude"))),
     )
     if options.adasum and options.backend != "horovod":
         raise UsageError("--adasum is a Horovod feature: use it with --backend horovod")

@@ -10,6 +10,7 @@ from distify.anatomy import Anatomy, CallSite, dotted
 from distify.facts import all_nodes
 from distify.library import known
 from distify.names import qualified, star_import
+from distify.program import program_of, reached
 from distify.rules.base import Context, Rule
 
 
@@ -51,6 +52,29 @@ class TrainingElsewhere(Rule):
         for site in sorted(a.calls, key=lambda c: not _hands_over(a, c, loaders)):
             if _hands_over(a, site, built):
                 callee = dotted(site.call.func) or "a function"
+                there = reached(a, ctx.state.get("script_path"), ctx.options, site)
+                if there.target is not None and program_of(a).trains(there.target):
+                    t = there.target
+                    ctx.report(
+                        self.code,
+                        site.call,
+                        f"not migrated: training runs in {callee}() ({t.qualname} at {t.where}), another module of "
+                        "this project, and distify does not migrate a training loop across files yet: launched on "
+                        "N processes, every rank would train on all the data; move the loop into this file, or "
+                        "distribute that module by hand",
+                        kind="warning",
+                    )
+                    return
+                if there.outside is not None:
+                    ctx.report(
+                        self.code,
+                        site.call,
+                        f"left unchanged: no training loop in this file; training seems to run in {callee}(), in "
+                        f"{there.outside}, outside this project (see [tool.distify] project-root and exclude): "
+                        "distify never writes it; launched on N processes, every rank would train on all the data",
+                        kind="note",
+                    )
+                    return
                 ctx.report(
                     self.code,
                     site.call,

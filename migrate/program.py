@@ -1,0 +1,281 @@
+"""One program model across the modules of the user's project: which project function a call
+reaches, which parameter each argument binds, what a function returns, which attributes a function
+reads on a parameter, and whether a function trains.
+
+The facts of one module come from its anatomy (``distify.anatomy.analyse``), built once per module
+and only for the modules a question reaches (``Program.unit``). What a name is goes through the
+one resolver, ``distify.names.resolve``, with the module's alias map completed by its relative
+imports (``distify.project.Project.relative_aliases``); a qualified name then lands in a module of
+the project through ``Project.locate``. Nothing here depends on how a user's identifier is spelled.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import libcst as cst
+
+from distify.facts import dotted
+from distify.library import known
+from distify.names import resolve
+from distify.project import MAX_BYTES, Project, ProjectModule, read_ast
+from distify.records import MODULE_API, STATE_API, BatchLoop, CallSite, Scope
+
+_DEPTH = 6  # re-exports followed (`from .train import fit` in a package's __init__)
+
+
+@dataclass(eq=False)
+class Unit:
+    """One analysed module of the project."""
+
+    module: ProjectModule
+    anatomy: object  # distify.anatomy.Anatomy
+    aliases: Dict[str, str]  # the module's imports, relative ones made absolute
+    source: bytes = b""  # the bytes analysed (what a rewrite starts from)
+
+
+@dataclass(eq=False)
+class Target:
+    """The project function (or method) a call reaches."""
+
+    unit: Unit
+    fn: cst.FunctionDef
+    cls: Optional[cst.ClassDef]
+    qualname: str  # "utils.train_one_epoch", "simclr.SimCLR.train"
+    root: str = ""  # the project's root, for `where`
+
+    @property
+    def line(self) -> int:
+        return self.unit.anatomy.position(self.fn)[0] or _def_line(self.unit.module.path, self.fn.name.value)
+
+    @property
+    def where(self) -> str:
+        """``utils.py:12``: the file relative to the project's search root, and the `def` line."""
+        return f"{os.path.relpath(self.unit.module.path, self.root or os.sep).replace(os.sep, '/')}:{self.line}"
+
+
+@dataclass(eq=False)
+class Program:
+    """The program model of a project, computed once per project and extended lazily."""
+
+    project: Project
+    _units: Dict[str, Optional[Unit]] = field(default_factory=dict)
+
+    def unit(self, mod: ProjectModule) -> Optional[Unit]:
+        """`mod` parsed and analysed (once); None when it cannot be read or parsed."""
+        if mod.path in self._units:
+            return self._units[mod.path]
+        from distify.anatomy import analyse
+
+        found = None
+        try:
+            with open(mod.path, "rb") as fh:
+                source = fh.read()
+            if len(source) <= MAX_BYTES:
+                found = self.adopt(mod, analyse(cst.parse_module(source)), source)
+        except (OSError, cst.ParserSyntaxError, RecursionError, MemoryError, ValueError):
+            pass
+        self._units[mod.path] = found
+        return found
+
+    def adopt(self, mod: ProjectModule, anatomy, source: bytes = b"") -> Unit:
+        """A module already analysed (the entry script) joins the model without a second parse."""
+        unit = Unit(mod, anatomy, {**anatomy.aliases, **self.project.relative_aliases(mod)}, source)
+        self._units[mod.path] = unit
+        return unit
+
+    # calls --------------------------------------------------------------------------------
+    def target(self, unit: Unit, call: cst.Call, scope: Scope, stmt: Optional[cst.CSTNode] = None) -> Optional[Target]:
+        """The project function `call` (in `unit`, `scope`) runs: an imported function
+        (``utils.train_one_epoch(...)``, ``train_one_epoch(...)`` after ``from utils import``), a
+        class's ``__init__`` (``SimCLR(...)``), or a method of an object bound in `scope` to an
+        instance of a project class (``simclr = SimCLR(...)``; ``simclr.train(...)``)."""
+        q = resolve(unit.aliases, call.func)
+        if q is not None:
+            return self._named(q, _DEPTH)
+        func = call.func
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and stmt is not None:
+            cls_q = self._instance_of(unit, scope, func.value.value, stmt)
+            if cls_q is not None:
+                return self._named(f"{cls_q}.{func.attr.value}", _DEPTH)
+        return None
+
+    def _instance_of(self, unit: Unit, scope: Scope, name: str, stmt: cst.CSTNode) -> Optional[str]:
+        """The qualified name of the project class whose instance `name` holds at `stmt`."""
+        b = unit.anatomy.facts.reaching_binding(scope, name, stmt)
+        small = b.stmt.body[0] if b is not None and isinstance(b.stmt, cst.SimpleStatementLine) and len(b.stmt.body) == 1 else None
+        if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.value, cst.Call)):
+            return None
+        if dotted(small.targets[0].target) != name:
+            return None
+        q = resolve(unit.aliases, small.value.func)
+        found = self._named(q, _DEPTH, want_class=True) if q else None
+        return found
+
+    def _named(self, q: str, depth: int, want_class: bool = False):
+        """The Target (or, with `want_class`, the class's qualified name) a qualified name is."""
+        where = self.project.locate(q)
+        if where is None or depth <= 0:
+            return None
+        mod, rest = where
+        unit = self.unit(mod)
+        if unit is None or not rest:
+            return None
+        a = unit.anatomy
+        head, _, tail = rest.partition(".")
+        if head in a.classes:
+            if want_class:
+                return f"{mod.name}.{head}" if not tail else None
+            cls = a.classes[head]
+            method = _method(cls, tail or "__init__")
+            return Target(unit, method, cls, f"{mod.name}.{head}.{tail or '__init__'}", self.project.root) if method is not None else None
+        if head in a.functions and not tail and not want_class:
+            return Target(unit, a.functions[head], None, f"{mod.name}.{head}", self.project.root)
+        if head in unit.aliases:  # a re-export: `from .engine import train` in the package's __init__
+            return self._named(f"{unit.aliases[head]}{'.' + tail if tail else ''}", depth - 1, want_class)
+        return None
+
+    def bind(self, target: Target, call: cst.Call) -> Dict[str, cst.BaseExpression]:
+        """Parameter -> the expression `call` passes for it (positional or keyword); a call with
+        ``*args``/``**kwargs`` binds nothing it cannot be sure of."""
+        params = [p.name.value for p in target.fn.params.params]
+        if target.cls is not None and params:
+            params = params[1:]  # self (a staticmethod is rare enough to be left out of the model)
+        kwonly = {p.name.value for p in target.fn.params.kwonly_params}
+        out: Dict[str, cst.BaseExpression] = {}
+        positional = [a for a in call.args if a.keyword is None]
+        if any(a.star for a in call.args):
+            return out
+        for i, a in enumerate(positional):
+            if i < len(params):
+                out[params[i]] = a.value
+        for a in call.args:
+            if a.keyword is not None and (a.keyword.value in params or a.keyword.value in kwonly):
+                out[a.keyword.value] = a.value
+        return out
+
+    # what a function does ---------------------------------------------------------------------
+    def training_loops(self, target: Target) -> List[BatchLoop]:
+        """The batch loops of `target`'s body that reach backward() or an optimizer step, and what
+        each iterates (a parameter, an attribute of self, a loader built there)."""
+        return [bl for bl in target.unit.anatomy.batch_loops if bl.scope is target.fn and bl.trains and bl.via != "pass"]
+
+    def trains(self, target: Target) -> bool:
+        """`target` runs a training loop, itself or through the functions of its module it calls."""
+        return bool(self.training_loops(target)) or target.unit.anatomy.facts.trains(target.fn)
+
+    def returned_loaders(self, target: Target) -> List[CallSite]:
+        """The DataLoader calls (any loader of ``distify.library``) whose loader `target` returns:
+        ``return DataLoader(...)`` or ``loader = DataLoader(...)`` ... ``return loader``."""
+        a = target.unit.anatomy
+        built = [c for c in a.calls if c.scope is target.fn and _is_loader(c)]
+        if not built:
+            return []
+        returned = set()
+        for node in _returns(target.fn):
+            if node.value is None:
+                continue
+            for e in node.value.elements if isinstance(node.value, cst.Tuple) else (node.value,):
+                v = e.value if isinstance(e, cst.Element) else e
+                returned.add(id(v))
+                d = dotted(v)
+                if d is not None:
+                    returned.add(d)
+        out = []
+        for c in built:
+            from distify.records import assigned_name
+
+            if id(c.call) in returned or assigned_name(c.stmt, c.call) in returned:
+                out.append(c)
+        return out
+
+    def attribute_reads(self, target: Target, param: str) -> List[Tuple[str, cst.Attribute]]:
+        """The attributes `target` reads on its parameter `param` that an ``nn.Module`` wrapper
+        (DDP) does not forward: ``model.pos_emb`` in a helper handed the model. The wrapper's
+        own API (``train()``, ``parameters()``, ``state_dict()``...) is left out."""
+        out = []
+        for attr, scope, _cls, _stmt in target.unit.anatomy.attr_uses:
+            if scope is target.fn and isinstance(attr.value, cst.Name) and attr.value.value == param:
+                name = attr.attr.value
+                if name not in MODULE_API and name not in STATE_API:
+                    out.append((name, attr))
+        return out
+
+
+def _method(cls: cst.ClassDef, name: str) -> Optional[cst.FunctionDef]:
+    for s in cls.body.body:
+        if isinstance(s, cst.FunctionDef) and s.name.value == name:
+            return s
+    return None
+
+
+def _is_loader(c: CallSite) -> bool:
+    row = known(c.qualname)
+    return row is not None and row.kind == "loader"
+
+
+def _returns(fn: cst.FunctionDef) -> List[cst.Return]:
+    out: List[cst.Return] = []
+
+    class _V(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is fn  # a nested function's returns are not this one's
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            return False
+
+        def visit_Return(self, node: cst.Return) -> None:
+            out.append(node)
+
+    fn.visit(_V())
+    return out
+
+
+def _def_line(path: str, name: str) -> int:
+    import ast
+
+    tree = read_ast(path)
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            return node.lineno
+    return 0
+
+
+def for_script(path: str, root: Optional[str] = None, exclude: Tuple[str, ...] = ()) -> Tuple[Program, ProjectModule]:
+    """A program model of the project around the script at `path`, and the script as its module."""
+    prog = Program(Project.around(path, root, exclude))
+    return prog, prog.project.script(path)
+
+
+@dataclass(frozen=True)
+class Reached:
+    """Where a call of a script lands in the user's project: the project function it runs, or the
+    file outside the project that holds it (found, but never read as the project's nor written)."""
+
+    target: Optional[Target] = None
+    outside: Optional[str] = None
+
+
+def reached(anatomy, path: Optional[str], options, site: CallSite) -> Reached:
+    """What `site`, a call of the script at `path` analysed as `anatomy`, reaches in the project
+    (``options.project_root`` / ``options.exclude`` bound it); an empty answer without a path."""
+    if not path:
+        return Reached()
+    cache = anatomy.__dict__.setdefault("_program", {})
+    if "model" not in cache:
+        prog, mod = for_script(path, getattr(options, "project_root", None), tuple(getattr(options, "exclude", ())))
+        cache["model"] = (prog, prog.adopt(mod, anatomy))
+    prog, unit = cache["model"]
+    target = prog.target(unit, site.call, site.scope, site.stmt)
+    if target is not None:
+        return Reached(target=target)
+    q = resolve(unit.aliases, site.call.func)
+    return Reached(outside=prog.project.outside(q)) if q else Reached()
+
+
+def program_of(anatomy) -> Optional[Program]:
+    """The program model `reached` built for this anatomy, if any."""
+    got = anatomy.__dict__.get("_program", {}).get("model")
+    return got[0] if got else None

@@ -1,0 +1,283 @@
+"""The user's project: which modules an entry script reaches through its imports, where they live,
+and which of them distify may read and rewrite.
+
+``distify train.py`` starts from one script; its training often lives in modules it imports
+(``from utils import train_one_epoch``, ``import models.resnet as resnet``, ``from .data import
+get_loader``). ``Project`` finds those modules the way Python would for ``python train.py``: from
+the script's folder and from its package root (the folder above the topmost folder holding an
+``__init__.py``), or from ``[tool.distify] project-root`` when the configuration names it. A module
+outside that root, in a ``site-packages`` or ``dist-packages`` folder, or matched by ``[tool.distify]
+exclude`` is never read as part of the project and never written.
+
+Discovery is lazy: ``module(name)`` locates one module when a fact asks about it, and ``imports``
+reads a module's import statements (with ``ast``: no libcst, nothing run) only when someone follows
+them. ``reachable`` follows imports transitively for the commands that want the whole picture.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import os
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+MAX_BYTES = 1024 * 1024  # a module larger than this is not read as part of the project
+_FOREIGN_DIRS = frozenset({"site-packages", "dist-packages"})
+
+
+@dataclass(frozen=True)
+class ProjectModule:
+    """One module of the project: its dotted name from a search root, its file, and whether it is a
+    package's ``__init__.py`` (relative imports inside it are relative to itself)."""
+
+    name: str
+    path: str  # absolute, real path
+    is_package: bool = False
+
+    @property
+    def package(self) -> str:
+        """The package relative imports start from (``from . import x``)."""
+        return self.name if self.is_package else self.name.rpartition(".")[0]
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import of a module of the project: what it names, absolute, and its line."""
+
+    module: str  # the module imported ("utils", "models.resnet", "pkg.sub")
+    names: Tuple[str, ...]  # the names a `from ... import` takes from it (empty for `import m`)
+    line: int
+    # local name -> qualified name it binds (`from .data import get_loader as gl`: gl -> pkg.data.get_loader)
+    binds: Tuple[Tuple[str, str], ...] = ()
+
+
+@dataclass
+class Project:
+    """The project around one or more entry scripts. Build it with ``Project.around``."""
+
+    root: str  # nothing outside it is the project
+    search: Tuple[str, ...]  # where module names are looked up, in order
+    exclude: Tuple[str, ...] = ()  # fnmatch patterns (full path or file name) never read nor written
+    _modules: Dict[str, Optional[ProjectModule]] = field(default_factory=dict)
+    _imports: Dict[str, Tuple[Import, ...]] = field(default_factory=dict)
+    _outside: Dict[str, str] = field(default_factory=dict)  # module name -> file, not the project's
+
+    @classmethod
+    def around(cls, script: str, root: Optional[str] = None, exclude: Sequence[str] = ()) -> "Project":
+        """The project of `script`: `root` when the configuration names one (relative paths are
+        taken from the current folder), else the script's package root, searched after the
+        script's own folder (what ``python script.py`` puts first on ``sys.path``)."""
+        here = os.path.dirname(os.path.realpath(script))
+        top = package_root(here)
+        if root:
+            # the script's folder is searched all the same (Python does): a module found there
+            # but outside the root is known, and said to be outside (``outside``), never read
+            base = os.path.realpath(root)
+            return cls(base, (here,) if here == base else (here, base), tuple(exclude))
+        search = (here,) if top == here else (here, top)
+        return cls(top, search, tuple(exclude))
+
+    # locating ------------------------------------------------------------------------------
+    def allowed(self, path: str) -> bool:
+        """`path` is the project's: under its root, in no site-packages, not excluded."""
+        real = os.path.realpath(path)
+        if not _inside(real, self.root):
+            return False
+        if _FOREIGN_DIRS & set(os.path.relpath(real, self.root).split(os.sep)):
+            return False
+        base = os.path.basename(real)
+        return not any(fnmatch.fnmatch(real, p) or fnmatch.fnmatch(base, p) for p in self.exclude)
+
+    def module(self, name: str) -> Optional[ProjectModule]:
+        """The project's module `name` ("models.resnet"), or None when it is not the project's
+        (a library, a module outside the root or excluded, or no such file)."""
+        if name in self._modules:
+            return self._modules[name]
+        found = None
+        parts = name.split(".")
+        if all(p.isidentifier() for p in parts):
+            for base in self.search:
+                for rel, is_pkg in ((os.path.join(*parts) + ".py", False), (os.path.join(*parts, "__init__.py"), True)):
+                    path = os.path.join(base, rel)
+                    if os.path.isfile(path):
+                        if self.allowed(path):
+                            found = ProjectModule(name, os.path.realpath(path), is_pkg)
+                        else:
+                            self._outside[name] = os.path.realpath(path)
+                        break
+                else:
+                    continue
+                break
+        self._modules[name] = found
+        return found
+
+    def outside(self, qualified: str) -> Optional[str]:
+        """The file of the module a qualified name lives in when that file was found but is not
+        the project's (outside the root, excluded, in site-packages): distify never writes it."""
+        parts = qualified.split(".")
+        for i in range(len(parts), 0, -1):
+            name = ".".join(parts[:i])
+            if self.module(name) is None and name in self._outside:
+                return self._outside[name]
+        return None
+
+    def script(self, path: str) -> ProjectModule:
+        """An entry script as a module: its dotted name from the root when it sits in a package
+        (``pkg/train.py``: ``pkg.train``, so that its relative imports resolve), else ``__main__``."""
+        real = os.path.realpath(path)
+        here = os.path.dirname(real)
+        if os.path.isfile(os.path.join(here, "__init__.py")) and _inside(here, self.root):
+            rel = os.path.relpath(os.path.splitext(real)[0], package_root(here))
+            return ProjectModule(".".join(rel.split(os.sep)), real, False)
+        return ProjectModule("__main__", real, False)
+
+    def locate(self, qualified: str) -> Optional[Tuple[ProjectModule, str]]:
+        """The project module a qualified name lives in and the rest of the name
+        (``models.resnet.build``: (models.resnet, "build")); the longest module prefix wins."""
+        parts = qualified.split(".")
+        for i in range(len(parts), 0, -1):
+            mod = self.module(".".join(parts[:i]))
+            if mod is not None:
+                return mod, ".".join(parts[i:])
+        return None
+
+    # imports -------------------------------------------------------------------------------
+    def imports(self, mod: ProjectModule) -> Tuple[Import, ...]:
+        """The imports of `mod` (at any depth: a function's own imports count), absolute."""
+        if mod.path in self._imports:
+            return self._imports[mod.path]
+        tree = read_ast(mod.path)
+        out: List[Import] = []
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    binds = ((a.asname, a.name),) if a.asname else ((a.name.split(".")[0], a.name.split(".")[0]),)
+                    out.append(Import(a.name, (), node.lineno, binds))
+            elif isinstance(node, ast.ImportFrom):
+                base = absolute(mod, node.module, node.level)
+                if base is None:
+                    continue
+                names = tuple(a.name for a in node.names if a.name != "*")
+                binds = tuple((a.asname or a.name, f"{base}.{a.name}") for a in node.names if a.name != "*")
+                out.append(Import(base, names, node.lineno, binds))
+        out.sort(key=lambda i: i.line)
+        self._imports[mod.path] = tuple(out)
+        return self._imports[mod.path]
+
+    def relative_aliases(self, mod: ProjectModule) -> Dict[str, str]:
+        """Local name -> qualified name for the relative imports of `mod` (``from .data import
+        get_loader``), which a module's own alias map leaves out: it does not know its package."""
+        tree = read_ast(mod.path)
+        out: Dict[str, str] = {}
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = absolute(mod, node.module, node.level)
+                for a in node.names if base is not None else ():
+                    if a.name != "*":
+                        out[a.asname or a.name] = f"{base}.{a.name}"
+        return out
+
+    def imported_modules(self, mod: ProjectModule) -> Iterator[Tuple[ProjectModule, int]]:
+        """The project modules `mod` imports, with the line: `import pkg.sub` reaches pkg and
+        pkg.sub, `from pkg import sub` reaches pkg and, when it is a module, pkg.sub."""
+        for imp in self.imports(mod):
+            parts = imp.module.split(".")
+            names = [".".join(parts[: i + 1]) for i in range(len(parts))] + [f"{imp.module}.{n}" for n in imp.names]
+            for name in names:
+                found = self.module(name)
+                if found is not None and found.path != mod.path:
+                    yield found, imp.line
+
+    def reachable(self, script: str) -> List[ProjectModule]:
+        """Every project module `script` reaches through imports, transitively, in the order found."""
+        start = self.script(script)
+        seen = {start.path}
+        order: List[ProjectModule] = []
+        todo = [start]
+        while todo:
+            for found, _ in self.imported_modules(todo.pop(0)):
+                if found.path not in seen:
+                    seen.add(found.path)
+                    order.append(found)
+                    todo.append(found)
+        return order
+
+
+def absolute(mod: ProjectModule, module: Optional[str], level: int) -> Optional[str]:
+    """The absolute module of ``from <level dots><module> import ...`` written in `mod`; None when
+    the dots climb above the top package."""
+    if not level:
+        return module
+    parts = mod.package.split(".") if mod.package else []
+    if level - 1 > len(parts) or (mod.name == "__main__"):
+        return None
+    base = parts[: len(parts) - (level - 1)]
+    if module:
+        base += module.split(".")
+    return ".".join(base) or None
+
+
+def package_root(folder: str) -> str:
+    """The folder above the topmost package around `folder` (walking up while ``__init__.py``
+    exists), or `folder` itself when it is no package."""
+    top = folder
+    while os.path.isfile(os.path.join(top, "__init__.py")) and os.path.dirname(top) != top:
+        top = os.path.dirname(top)
+    return top
+
+
+def read_ast(path: str) -> Optional[ast.Module]:
+    try:
+        if os.path.getsize(path) > MAX_BYTES:
+            return None
+        with open(path, "rb") as fh:
+            return ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _inside(path: str, root: str) -> bool:
+    try:
+        return os.path.commonpath([os.path.realpath(path), os.path.realpath(root)]) == os.path.realpath(root)
+    except ValueError:  # different drives
+        return False
+
+
+# the public entry point ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProjectResult:
+    """What ``migrate_project`` did to a project: one ``distify.engine.FileResult`` per file it
+    migrated or would migrate (``source``/``output`` bytes, ``findings``, ``status``), entry
+    scripts first, and the project modules the entry scripts reach (read, for ``distify verify``
+    to copy along; a module appears in ``files`` too once distify rewrites it)."""
+
+    root: str
+    files: Tuple[object, ...]  # distify.engine.FileResult
+    modules: Tuple[str, ...]  # real paths, in the order found
+
+    @property
+    def changed(self) -> bool:
+        return any(f.output != f.source and f.output for f in self.files)
+
+
+def migrate_project(paths: Sequence[str], options, mode=None) -> ProjectResult:
+    """Migrate the entry scripts `paths` as one project (``options``: a ``distify.options.Options``;
+    ``mode``: a ``distify.engine.Mode``, CHECK by default, which writes nothing; WRITE writes every
+    changed file atomically). A training loop that runs in another module of the project is
+    refused today (DST961, exit 3), with that module's file and line: nothing is written then."""
+    from distify.engine import Mode, process_file
+
+    mode = mode or Mode.CHECK
+    files = []
+    modules: List[str] = []
+    root = ""
+    for path in paths:
+        project = Project.around(path, getattr(options, "project_root", None), tuple(getattr(options, "exclude", ())))
+        root = root or project.root
+        for mod in project.reachable(path):
+            if mod.path not in modules:
+                modules.append(mod.path)
+        files.append(process_file(path, mode, options))
+    return ProjectResult(root, tuple(files), tuple(modules))

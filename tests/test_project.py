@@ -1,0 +1,209 @@
+"""The user's project, not the file (issue 21, item 4): which modules an entry script reaches
+(distify.project), the program model across them (distify.program), and what distify says and
+does when the training loop lives in another module of the project."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from distify.anatomy import analyse
+from distify.engine import Mode
+from distify.options import Options
+from distify.program import for_script
+from distify.project import Project, migrate_project
+
+
+def write(root: Path, files: dict) -> None:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text))
+
+
+# discovery ------------------------------------------------------------------------------------
+
+def test_directory_project_follows_imports_transitively(tmp_path):
+    write(tmp_path, {
+        "train.py": "import utils\nfrom models.resnet import build\nimport torch\n",
+        "utils.py": "import numpy\n",
+        "models/__init__.py": "",
+        "models/resnet.py": "from .layers import Block\n",
+        "models/layers.py": "",
+        "unused.py": "",
+    })
+    names = [m.name for m in Project.around(str(tmp_path / "train.py")).reachable(str(tmp_path / "train.py"))]
+    # torch and numpy are libraries; unused.py is never imported (discovery is by imports)
+    assert names == ["utils", "models", "models.resnet", "models.layers"]
+
+
+def test_package_root_and_relative_imports(tmp_path):
+    write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/train.py": "from .engine import fit\nfrom . import data as d\nimport pkg.sub.deep as deep\n",
+        "pkg/engine.py": "",
+        "pkg/data.py": "",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/deep.py": "",
+    })
+    script = str(tmp_path / "pkg" / "train.py")
+    project = Project.around(script)
+    assert project.root == str(tmp_path.resolve())  # above the topmost package
+    assert project.script(script).name == "pkg.train"
+    names = {m.name for m in project.reachable(script)}
+    assert names == {"pkg", "pkg.engine", "pkg.data", "pkg.sub", "pkg.sub.deep"}
+
+
+def test_site_packages_and_outside_root_are_never_the_project(tmp_path):
+    write(tmp_path, {
+        "proj/train.py": "import helper\nimport vendored\n",
+        "proj/helper.py": "",
+        "proj/site-packages/vendored.py": "",
+    })
+    project = Project.around(str(tmp_path / "proj" / "train.py"))
+    project.search = project.search + (str(tmp_path / "proj" / "site-packages"),)
+    assert project.module("helper") is not None
+    assert project.module("vendored") is None
+    # a configured root that leaves the script's folder out: its neighbours are found, not the project's
+    narrow = Project.around(str(tmp_path / "proj" / "train.py"), root=str(tmp_path / "elsewhere"))
+    assert narrow.module("helper") is None
+    assert narrow.outside("helper.train") == str((tmp_path / "proj" / "helper.py").resolve())
+
+
+def test_configured_root_and_exclude(tmp_path):
+    write(tmp_path, {
+        "pyproject.toml": '[tool.distify]\nproject-root = "src"\nexclude = ["*_vendored.py"]\n',
+        "src/scripts/train.py": "import common\nimport lib_vendored\n",
+        "src/common.py": "",
+        "src/lib_vendored.py": "",
+    })
+    from distify import config
+
+    cfg = config.load([str(tmp_path / "src" / "scripts" / "train.py")])
+    assert cfg["project_root"] == str((tmp_path / "src").resolve())
+    project = Project.around(str(tmp_path / "src" / "scripts" / "train.py"), cfg["project_root"], cfg["exclude"])
+    assert project.module("common") is not None  # found from the root, not only from the script's folder
+    assert project.module("lib_vendored") is None  # excluded: never read, never written
+
+
+# the program model ----------------------------------------------------------------------------
+
+PROJECT = {
+    "train.py": """\
+        import torch
+        from torch.utils.data import TensorDataset
+        import utils as U
+        from engine import Trainer
+        from models import build
+
+
+        def main():
+            model = build(4)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            loader = U.get_loader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), 4)
+            for epoch in range(2):
+                U.train_one_epoch(model, optimizer, device="cpu", data_loader=loader, epoch=epoch)
+            runner = Trainer(model, optimizer)
+            runner.fit(loader)
+    """,
+    "utils.py": """\
+        import torch.nn.functional as F
+        from torch.utils.data import DataLoader
+
+
+        def get_loader(ds, bs):
+            made = DataLoader(ds, batch_size=bs, shuffle=True)
+            return made
+
+
+        def train_one_epoch(model, optimizer, data_loader, device, epoch):
+            for x, y in data_loader:
+                loss = F.mse_loss(model(x), y) * model.scale
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    """,
+    "engine.py": """\
+        class Trainer:
+            def __init__(self, model, optimizer):
+                self.model = model
+
+            def fit(self, loader):
+                return len(loader)
+    """,
+    "models/__init__.py": "from .net import build\n",
+    "models/net.py": """\
+        import torch
+
+
+        def build(n):
+            return torch.nn.Linear(n, 1)
+    """,
+}
+
+
+def _program(tmp_path):
+    write(tmp_path, PROJECT)
+    path = str(tmp_path / "train.py")
+    prog, mod = for_script(path)
+    a = analyse(cst.parse_module((tmp_path / "train.py").read_bytes()))
+    unit = prog.adopt(mod, a)
+    return prog, unit, {c.call: prog.target(unit, c.call, c.scope, c.stmt) for c in a.calls}
+
+
+def test_calls_reach_project_functions_by_meaning(tmp_path):
+    prog, unit, targets = _program(tmp_path)
+    reached = {t.qualname for t in targets.values() if t is not None}
+    # an aliased module, a re-export through a package's __init__, a class and a method of its instance
+    assert reached == {
+        "utils.get_loader", "utils.train_one_epoch", "models.net.build", "engine.Trainer.__init__", "engine.Trainer.fit",
+    }
+    fit = next(t for t in targets.values() if t is not None and t.qualname == "engine.Trainer.fit")
+    assert not prog.trains(fit)
+    step = next((c, t) for c, t in targets.items() if t is not None and t.qualname == "utils.train_one_epoch")
+    assert prog.trains(step[1]) and step[1].where == "utils.py:10"
+    bound = {k: cst.Module([]).code_for_node(v) for k, v in prog.bind(step[1], step[0]).items()}
+    assert bound == {"model": "model", "optimizer": "optimizer", "device": '"cpu"', "data_loader": "loader", "epoch": "epoch"}
+    assert [n for n, _ in prog.attribute_reads(step[1], "model")] == ["scale"]
+    assert prog.attribute_reads(step[1], "data_loader") == []
+
+
+def test_returned_loader(tmp_path):
+    prog, unit, targets = _program(tmp_path)
+    get = next(t for t in targets.values() if t is not None and t.qualname == "utils.get_loader")
+    (site,) = prog.returned_loaders(get)
+    assert site.qualname == "torch.utils.data.DataLoader"
+
+
+# what distify does with a loop in another module ----------------------------------------------
+
+def _run(cwd, *args):
+    return subprocess.run([sys.executable, "-m", "distify", "--no-cache", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_loop_in_project_module_is_refused_with_its_line(tmp_path):
+    write(tmp_path, {k: v for k, v in PROJECT.items() if k != "engine.py"})
+    (tmp_path / "train.py").write_text(textwrap.dedent(PROJECT["train.py"]).replace(
+        "    runner = Trainer(model, optimizer)\n    runner.fit(loader)\n", "").replace("from engine import Trainer\n", ""))
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*.py")}
+    r = _run(tmp_path, "train.py")
+    assert r.returncode == 3, r.stderr
+    assert "train.py:12:9: DST961 not migrated: training runs in U.train_one_epoch() (utils.train_one_epoch at utils.py:10)" in r.stderr
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*.py")} == before
+    result = migrate_project([str(tmp_path / "train.py")], Options(), Mode.WRITE)
+    assert [f.status.value for f in result.files] == ["refused"] and not result.changed
+    assert [os.path.basename(m) for m in result.modules] == ["utils.py", "__init__.py", "net.py"]
+
+
+def test_loop_outside_the_project_is_said_with_its_file(tmp_path):
+    write(tmp_path, {k: v for k, v in PROJECT.items() if k != "engine.py"})
+    (tmp_path / "pyproject.toml").write_text('[tool.distify]\nexclude = ["utils.py"]\n')
+    r = _run(tmp_path, "--check", "train.py")
+    assert r.returncode == 0, r.stderr
+    assert f"outside this project (see [tool.distify] project-root and exclude)" in r.stderr
+    assert str((tmp_path / "utils.py").resolve()) in r.stderr
