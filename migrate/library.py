@@ -143,3 +143,35 @@ def names_of(kind: str, **match: str) -> FrozenSet[str]:
     return frozenset(
         n for n, r in TABLE.items() if r.kind == kind and all(getattr(r, k) == v for k, v in match.items())
     )
+
+
+# --- randomness a run cannot share with another run ---------------------------------------------
+# `distify verify --against-original` compares the weights of the ranks with the original's at N x
+# batch: both must draw the same random numbers for the same samples. Besides torch's generator (the
+# probe replays the shuffle), these modules draw from a global generator in their functions, and
+# these constructors build generator objects whose methods draw. Which code draws is asked through
+# qualified names (`from numpy.random import default_rng as mk` -> numpy.random.default_rng).
+RANDOM_MODULES: Dict[str, str] = {"random": "Python's random", "numpy.random": "numpy.random"}
+# constructors of generator objects: the module the draws are reported under
+RANDOM_GENERATORS: Dict[str, str] = {
+    "random.Random": "random", "random.SystemRandom": "random",
+    "numpy.random.default_rng": "numpy.random", "numpy.random.Generator": "numpy.random",
+    "numpy.random.RandomState": "numpy.random", "numpy.random.mtrand.RandomState": "numpy.random",
+}
+# functions of RANDOM_MODULES that set, read or build state: not draws
+RANDOM_NOT_DRAWS: FrozenSet[str] = frozenset({
+    "random.seed", "random.getstate", "random.setstate",
+    "numpy.random.seed", "numpy.random.get_state", "numpy.random.set_state", "numpy.random.get_bit_generator",
+    "numpy.random.set_bit_generator", "numpy.random.SeedSequence", "numpy.random.BitGenerator",
+    "numpy.random.MT19937", "numpy.random.PCG64", "numpy.random.PCG64DXSM", "numpy.random.Philox", "numpy.random.SFC64",
+    *RANDOM_GENERATORS,
+})
+
+
+def random_draw(qualname: Optional[str]) -> Optional[str]:
+    """The module (a key of RANDOM_MODULES) whose global generator a call of `qualname` draws from:
+    ``numpy.random.rand`` -> ``numpy.random``; None for anything else (``random.seed`` included)."""
+    if not qualname or qualname in RANDOM_NOT_DRAWS:
+        return None
+    module, _, fn = qualname.rpartition(".")
+    return module if module in RANDOM_MODULES and fn[:1].isalpha() else None

@@ -65,7 +65,8 @@ from distify.verify_checks import (FAILED, HELD, NOT_APPLICABLE, NOT_EXERCISED, 
                                    check_order, check_params, check_prefix, check_prints, check_random, check_run,
                                    check_shards, check_sharded_steps, check_weights, check_writers, reach_of,
                                    training_permutations)
-from distify.verify_facts import script_facts
+from distify.library import RANDOM_GENERATORS, RANDOM_MODULES, RANDOM_NOT_DRAWS
+from distify.verify_facts import project_facts
 
 PROBE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_probe")
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_NOT_PROVEN, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -302,7 +303,6 @@ def verify(plan: Plan) -> dict:
                             f"{' (--standalone)' if plan.standalone else ''}; your file is untouched"))
 
     text = migrated.decode("utf-8", errors="replace")
-    facts = script_facts(text)
     tmp = Path(tempfile.mkdtemp(prefix="distify-verify-")).resolve()
     runs: List[Run] = []
     try:
@@ -310,7 +310,8 @@ def verify(plan: Plan) -> dict:
         plain, multi = runs[0], runs[1]
         original = runs[2] if len(runs) > 2 else None
         rel = str(plan.script.resolve().relative_to(_root(plan.script)))
-        sources = Sources(rel, text, _root(plan.script))
+        sources = Sources(rel, text, multi.sandbox)  # the project's modules as the runs ran them
+        facts = project_facts([(rel, text), *_imported_modules(runs[:2], multi.sandbox)])
         launcher = "torchrun" if plan.backend in TORCH_BACKENDS else "horovodrun --gloo"
         checks.append(check_run("plain", "runs with plain python", plain, plan.steps))
         checks.append(check_run("launch", f"runs under {launcher} with {plan.nproc} processes", multi, plan.steps))
@@ -328,12 +329,30 @@ def verify(plan: Plan) -> dict:
         if original is not None:
             a, b = multi.records / "params.rank0.pt", original.records / "params.rank0.pt"
             diff = compare_weights(a, b) if a.exists() and b.exists() else {}
-            checks.append(check_weights(multi, original, plan.nproc, original.label.split(": ", 1)[-1], diff, sources))
+            checks.append(check_weights(multi, original, plan.nproc, original.label.split(": ", 1)[-1], diff, sources, facts))
     finally:
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
     return _report(plan, checks, runs, findings)
+
+
+_MODULE_LIMIT, _MODULE_BYTES = 64, 1 << 20
+
+
+def _imported_modules(runs: Sequence[Run], sandbox: Path) -> List[Tuple[str, str]]:
+    """(path relative to the sandbox, source) of each module of the project the runs imported (the
+    probe's ``modules`` records), at most 64 of them, each under 1 MiB."""
+    paths = sorted({p for run in runs if not run.skipped for evs in run.events().values() for e in evs
+                    if e["k"] == "modules" for p in e["paths"]})
+    out = []
+    for rel in paths[:_MODULE_LIMIT]:
+        try:
+            if (sandbox / rel).stat().st_size <= _MODULE_BYTES:
+                out.append((rel, (sandbox / rel).read_text(errors="replace")))
+        except OSError:
+            continue
+    return out
 
 
 def _root(script: Path) -> Path:
@@ -383,7 +402,7 @@ def _launch(plan: Plan, tmp: Path, index: int, label: str, text: bytes, argv_of,
     child_tmp.mkdir(parents=True)
     env = child_env({"DISTIFY_VERIFY_SCRIPT": str(copy), "DISTIFY_VERIFY_RECORDS": str(records),
                      "DISTIFY_VERIFY_SANDBOX": str(run_dir), "DISTIFY_VERIFY_STEPS": str(plan.steps or 10**12),
-                     "TMPDIR": str(child_tmp), **extra})
+                     "TMPDIR": str(child_tmp), "DISTIFY_VERIFY_RANDOM": _RANDOM_SPEC, **extra})
     if plan.backend == FSDP_BACKEND:
         # fully_shard keeps each rank's own slice of its own initial weights (no broadcast): the
         # FSDP script relies on ranks initialising alike, which the probe would otherwise undo
@@ -391,6 +410,9 @@ def _launch(plan: Plan, tmp: Path, index: int, label: str, text: bytes, argv_of,
     execute(run, workdir, env, plan.timeout, tmp / f"output{index}.log")
     return run
 
+
+# what draws random numbers, for the probe (distify.library is the one place that says it)
+_RANDOM_SPEC = json.dumps({"modules": RANDOM_MODULES, "not_draws": sorted(RANDOM_NOT_DRAWS), "generators": RANDOM_GENERATORS})
 
 OK, FAILED_VERDICT, NOT_PROVEN = "ok", "failed", "not_proven"
 EXIT_OF = {OK: EXIT_OK, FAILED_VERDICT: EXIT_FAILED, NOT_PROVEN: EXIT_NOT_PROVEN}

@@ -411,16 +411,17 @@ def _ignored_write(path: str, records_root: str) -> bool:
 
 
 def _unreached_saves(runs: Sequence[Run], facts: ScriptFacts, script_rel: str) -> List[Site]:
-    lines = [e["site"][1] for run in runs if not run.skipped for evs in run.events().values() for e in evs
-             if e["k"] == "write" and e.get("site") and e["site"][0] == script_rel]
-    return [s for s in facts.saves if not any(s.covers(line) for line in lines)]
+    """The save sites of the project's modules that no write of `runs` came from."""
+    written = {tuple(e["site"]) for run in runs if not run.skipped for evs in run.events().values() for e in evs
+               if e["k"] == "write" and e.get("site")}
+    return [s for s in facts.saves if not any(path == (s.path or script_rel) and s.covers(line) for path, line in written)]
 
 
 def _unreached_check(name: str, title: str, unreached: List[Site], sources: Sources) -> Check:
     many = len(unreached) > 1
     return Check(name, title, NOT_EXERCISED,
                  f"{len(unreached) if many else 'a'} save{'s' if many else ''} of the script never ran in the multi-process run",
-                 [{"path": sources.script_rel, "line": s.first, "source": s.source} for s in unreached],
+                 [{"path": s.path or sources.script_rel, "line": s.first, "source": s.source} for s in unreached],
                  prove="run with script arguments that reach the save (it is under a condition these arguments do not "
                        "meet, e.g. a --save option)")
 
@@ -593,21 +594,49 @@ def _aligned(multi: Dict[int, List[dict]], original: Dict[int, List[dict]], lid:
     return info.get("sampler") == "DistributedSampler" and info.get("replicas") == 1 and n > 0 and ours[:n] == theirs[:n]
 
 
-def _randomness(run: Run, train: set, sources: Optional[Sources], upto: int) -> List[str]:
-    """What draws random numbers in the training steps of `run` (rank 0), up to step `upto`; with the
-    lines when `sources` holds the text the run ran."""
+_GENERATOR_TITLES = {"torch": "torch's generator", "random": "Python's random", "numpy.random": "numpy.random"}
+# generator objects whose constructor the probe does not wrap (classes it must not replace): it cannot
+# see them draw, so a draw from one is taken as randomness the runs do not share
+_UNWATCHED = frozenset({"numpy.random.Generator", "numpy.random.RandomState", "numpy.random.mtrand.RandomState",
+                        "random.SystemRandom"})
+
+
+def _randomness(run: Run, train: set, sources: Optional[Sources], upto: int, facts: Optional[ScriptFacts] = None) -> List[str]:
+    """What draws random numbers that the runs cannot draw alike, in `run` (rank 0, its data workers
+    included) up to step `upto`: randomness in the training steps or while training batches are made,
+    and draws before training from a generator nobody seeded; with the lines when `sources` holds the
+    text the run ran (the probe's sites, else the draw sites of `facts`)."""
     evs = run.events().get(0, [])
 
     def lines(sites) -> str:
         shown = _where(sources, *sites)[:2] if sources is not None else []
         return " (" + ", ".join(f"{w['path']}:{w['line']}: {w['source']}" for w in shown) + ")" if shown else ""
 
+    def sites_of(lib: str, phases) -> list:
+        seen = [e["site"] for e in evs if e["k"] == "draw" and e["lib"] == lib and e["phase"] in phases and e.get("site")]
+        if not seen and facts is not None:
+            seen = [[d.path, d.first] for d in facts.draws if d.lib == lib]
+        return seen
+
     found = []
     drops = [e.get("site") for e in evs if e["k"] == "dropout"]
     if drops:
         found.append("dropout" + lines(drops))
-    if any(e["k"] == "datarng" and e["loader"] in train for e in evs):
-        found.append("the training data pipeline draws while batches are fetched (augmentation, a random dataset)")
+    for lib in sorted({e.get("lib", "torch") for e in evs if e["k"] == "datarng" and e["loader"] in train}):
+        where = lines(sites_of(lib, ("data",))) if lib != "torch" else ""
+        found.append(f"the training data pipeline draws from {_GENERATOR_TITLES.get(lib, lib)} while batches are "
+                     f"made (augmentation, a random dataset){where}")
+    stepped = [e for e in evs if e["k"] == "step" and e["n"] <= upto]
+    for lib in sorted({lib for e in stepped for lib in e.get("rngs", ())}):
+        found.append(f"the training step draws from {_GENERATOR_TITLES.get(lib, lib)}{lines(sites_of(lib, ('train',)))}")
+    unseeded = [e["site"] for e in evs if e["k"] == "draw" and e["phase"] == "setup" and not e.get("seeded") and e.get("site")]
+    unseeded += [site for e in evs if e["k"] == "gens" for lib, site, seeded in e["drew"] if not seeded and site]
+    if unseeded:
+        found.append("the script draws before training from a generator it does not seed, so the original and the "
+                     f"ranks start from different numbers{lines(unseeded)}")
+    unwatched = [[d.path, d.first] for d in (facts.draws if facts is not None else ()) if d.via in _UNWATCHED]
+    if unwatched:
+        found.append(f"the script draws from a generator object verify cannot watch{lines(unwatched)}")
     windows: Dict[tuple, set] = {}
     for e in evs:
         if e["k"] == "rand" and e.get("site"):
@@ -615,13 +644,14 @@ def _randomness(run: Run, train: set, sources: Optional[Sources], upto: int) -> 
     loop = [list(site) for site, w in windows.items() if len(w) >= 2]  # drawn at every step, not once
     if loop:
         found.append("torch.randint/randperm in the training loop" + lines(loop))
-    if not found and any(e["k"] == "step" and e.get("rng") and e["n"] <= upto for e in evs):
+    if not found and any(e.get("rng") for e in stepped):
         found.append("the training step draws from torch's global generator (torch.rand/randn/bernoulli or a "
                      "random layer)")
     return found
 
 
-def check_weights(multi: Run, original: Run, nproc: int, batch_note: str, diff: dict, sources: Sources) -> Check:
+def check_weights(multi: Run, original: Run, nproc: int, batch_note: str, diff: dict, sources: Sources,
+                  facts: Optional[ScriptFacts] = None) -> Check:
     title = f"weights equal the original's at {nproc} x batch"
     if original.skipped or multi.skipped:
         return Check("weights", title, NOT_EXERCISED, original.skipped or multi.skipped, prove="install what the runs need")
@@ -638,7 +668,7 @@ def check_weights(multi: Run, original: Run, nproc: int, batch_note: str, diff: 
     value = f"max |difference| {diff['max_abs_diff']:.3g} after {shots[0]} steps (original run at {batch_note})"
     loaders = _training_loaders(multi.events())
     train = set(loaders)
-    random = _randomness(multi, train, sources, shots[0]) or _randomness(original, train, None, shots[0])
+    random = _randomness(multi, train, sources, shots[0], facts) or _randomness(original, train, None, shots[0])
     if random:
         return Check("weights", title, NOT_EXERCISED, f"{value}, not judged: randomness besides the shuffle makes the runs "
                                                       f"differ: {'; '.join(dict.fromkeys(random))}",

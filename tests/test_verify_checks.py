@@ -424,3 +424,132 @@ def test_script_facts_name_every_save_with_its_lines():
     assert [(s.first, s.last, s.source) for s in facts.saves] == [(5, 6, "T.save(")]
     assert facts.saves[0].covers(6) and not facts.saves[0].covers(7)
     assert script_facts("def (:\n").readable is False
+
+
+RANDOM_PROBED = '''\
+import random
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Augmented(Dataset):  # numpy's global generator, per sample
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.tensor(np.random.normal(size=2), dtype=torch.float32) + i
+
+
+class Held(Dataset):  # a generator object the dataset keeps, built by a class the probe does not wrap
+    def __init__(self):
+        self.state = np.random.RandomState(0)
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.full((2,), float(self.state.randint(3)))
+
+
+class Plain(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.full((2,), float(i))
+
+
+def jitter(batch):  # Python's random in a collate
+    return torch.stack(batch) * random.uniform(0.9, 1.1)
+
+
+np.random.seed(0)
+table = np.random.rand(3)  # seeded: both runs draw the same
+first = random.random()  # nobody seeded Python's random: the runs draw different numbers
+rng = np.random.default_rng()
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for loader in (DataLoader(Augmented(), batch_size=2), DataLoader(Held(), batch_size=2), DataLoader(Plain(), batch_size=2, collate_fn=jitter)):
+    for x in loader:
+        (model(x).sum() * float(rng.random())).backward()
+        opt.step()
+'''
+
+
+def _probe_run(tmp_path, text: str) -> list:
+    """The records of one plain run of `text` as train.py under the probe."""
+    run, records = tmp_path / "run", tmp_path / "records"
+    run.mkdir()
+    records.mkdir()
+    copy, workdir = verify.build_sandbox(run, tmp_path / "train.py", text.encode(), tmp_path)
+    env = verify.child_env({"DISTIFY_VERIFY_SCRIPT": str(copy), "DISTIFY_VERIFY_RECORDS": str(records),
+                            "DISTIFY_VERIFY_SANDBOX": str(run), "DISTIFY_VERIFY_RANDOM": verify._RANDOM_SPEC})
+    out = subprocess.run([sys.executable, str(copy)], cwd=str(workdir), env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in (records / "rank0.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.e2e
+def test_probe_sees_python_and_numpy_draws_while_batches_are_made_and_in_steps(tmp_path):
+    """Which generator drew while each loader made its batches (numpy's global one in __getitem__, a
+    RandomState the dataset holds, Python's random in a collate), which drew in the training step (an
+    unseeded default_rng), and where user code drew before training, seeded or not."""
+    events = _probe_run(tmp_path, RANDOM_PROBED)
+    assert sorted((e["loader"], e["lib"]) for e in events if e["k"] == "datarng") == [
+        (0, "numpy.random"), (1, "numpy.random"), (2, "random")]
+    assert {lib for e in events if e["k"] == "step" for lib in e["rngs"]} == {"numpy.random"}
+    assert not any(e["rng"] for e in events if e["k"] == "step")  # torch's generator never drew in a step
+    draws = {(e["lib"], e["site"][1], e["phase"], e["seeded"]) for e in events if e["k"] == "draw"}
+    assert draws == {("numpy.random", 12, "data", True), ("random", 35, "data", False),
+                     ("numpy.random", 39, "setup", True), ("random", 40, "setup", False)}
+    assert [e["drew"] for e in events if e["k"] == "gens"] == [[["numpy.random", ["train.py", 41], False]]]
+    assert [e["paths"] for e in events if e["k"] == "modules"] == [["train.py"]]
+
+
+def test_weights_are_not_judged_over_python_or_numpy_randomness_and_say_where(tmp_path):
+    """Randomness the runs cannot draw alike, each named with its line: numpy in the data pipeline
+    (the probe's draw site), a generator drawn in the step (the facts' site), an unseeded draw before
+    training, a RandomState the probe cannot watch. A seeded draw before training stops nothing."""
+    base = [dict(k="loader", id=0, site=["train.py", 5], shuffle=True), dict(k="train", loader=0, opt=0),
+            dict(k="snapshot", n=3), dict(k="aligned", loader=0)]
+    step = dict(k="step", opt=0, n=3, sha="a", abs=1.0, rng=False, rngs=[])
+    original = _run_with(tmp_path, {0: base + [dict(k="aligned", loader=0), step]}, "original")
+    diff = {"max_abs_diff": 0.3}
+
+    def judged(name, extra, facts=None, step=step):
+        return verify_checks.check_weights(_run_with(tmp_path, {0: base + [step] + extra}, name), original, 2, "x", diff,
+                                           SOURCES, facts)
+
+    augment = judged("augment", [dict(k="datarng", loader=0, lib="numpy.random"),
+                                 dict(k="draw", lib="numpy.random", fn="normal", site=["train.py", 12], phase="data", seeded=True)])
+    assert augment.status == NOT_EXERCISED, augment.detail
+    assert "draws from numpy.random while batches are made" in augment.detail and "train.py:12: line 12" in augment.detail
+    generator = ScriptFacts(draws=(Site(30, 30, "rng.random()", "train.py", "numpy.random", "numpy.random.default_rng"),))
+    stepped = judged("stepped", [], generator, dict(step, rngs=["numpy.random"]))
+    assert stepped.status == NOT_EXERCISED and "training step draws from numpy.random (train.py:30: line 30)" in stepped.detail
+    unseeded = judged("unseeded", [dict(k="draw", lib="random", fn="shuffle", site=["train.py", 8], phase="setup", seeded=False)])
+    assert unseeded.status == NOT_EXERCISED and "does not seed" in unseeded.detail and "train.py:8" in unseeded.detail
+    held = ScriptFacts(draws=(Site(20, 20, "s.randint(3)", "train.py", "numpy.random", "numpy.random.RandomState"),))
+    unwatched = judged("unwatched", [], held)
+    assert unwatched.status == NOT_EXERCISED and "cannot watch (train.py:20" in unwatched.detail
+    seeded = judged("seeded", [dict(k="draw", lib="numpy.random", fn="rand", site=["train.py", 8], phase="setup", seeded=True)],
+                    ScriptFacts(draws=(Site(8, 8, "np.random.rand(3)", "train.py", "numpy.random"),)))
+    assert seeded.status == FAIL, seeded.detail  # judged: 0.3 apart
+
+
+def test_draw_sites_resolve_through_imports_and_generator_bindings():
+    """Draw sites by what the callee is: a numpy function through any alias, a method of a generator
+    bound to default_rng/Random (in __init__, used in another method), a fresh generator's method;
+    random.seed and a method of an object that is not a generator are not draws."""
+    from distify.verify_facts import script_facts
+
+    text = ("import numpy as xp\nimport random as chance\nfrom numpy.random import default_rng as make\n"
+            "class Data:\n    def __init__(self):\n        self.source = make(0)\n        self.other = chance.Random(1)\n"
+            "        self.plain = dict()\n"
+            "    def __getitem__(self, i):\n        chance.seed(i)\n        a = self.source.normal()\n"
+            "        b = self.other.random() + self.plain.get(i, 0)\n"
+            "        return xp.random.rand(2) + xp.random.default_rng(i).integers(3) + chance.random()\n")
+    draws = {(d.first, d.lib, d.via) for d in script_facts(text, "data.py").draws}
+    assert draws == {(11, "numpy.random", "numpy.random.default_rng"), (12, "random", "random.Random"),
+                     (13, "numpy.random", ""), (13, "numpy.random", "numpy.random.default_rng"), (13, "random", "")}

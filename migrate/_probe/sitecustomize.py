@@ -18,7 +18,13 @@ nothing. In that process it appends one JSON object per line to ``$DISTIFY_VERIF
 - ``loader``/``pass``/``batch``/``end``/``train``: each DataLoader (its sampler, whether it shuffles,
   its length), each pass (the sampler's seed and epoch), the indices it yields, the end of each pass
   (``cut`` when verify ended it), and which loaders fed an optimizer step; ``datarng``: a loader whose
-  batches drew from torch's generator while being made, here or in a worker (augmentation);
+  batches drew from a generator while being made, here or in a worker (augmentation), with which
+  (``lib``: torch, random, numpy.random; see ``_distify_random``); a ``step`` says in ``rng`` whether
+  torch's generator drew during it and in ``rngs`` which others did;
+- ``draw``/``gen``/``gens``: where user code calls Python's ``random`` or ``numpy.random`` to draw
+  (with the phase: setup, data, train, and whether that generator was seeded), the generator objects
+  it built, and at the end which of them drew (``_distify_random``);
+- ``modules``: at the end, the modules of the project (files in the sandbox) the run imported;
 - ``write``: every file opened for writing, renamed into place or passed to ``torch.save`` (with
   whether the saved state's keys carry DDP's ``module.`` prefix);
 - ``out``: each line the process writes to stdout, with the line of user code that wrote it;
@@ -253,7 +259,7 @@ if _ACTIVE:
     _TORCH_DIR = None  # set once torch is imported: collectives torch makes itself are not the script's
 
     _state = dict(first_opt=None, last_loader=None, depth=0, stopping=False, draining=False, drain_steps=0,
-                  unfed=0, fed=False, snapshot=False, rng=None, rng_pending=False)
+                  unfed=0, fed=False, snapshot=False, rng_pending=set())
     _opt_ids = {}
     _opt_refs = {}
     _opt_steps = {}
@@ -303,11 +309,17 @@ if _ACTIVE:
 
     _LOOP_OPS = {_dis.opmap[name] for name in ("FOR_ITER", "SEND", "YIELD_FROM") if name in _dis.opmap}
 
-    def _rng_moved(torch):
-        """Did the global CPU generator draw since the last mark? Marks now."""
-        before, now = _state["rng"], torch.random.get_rng_state()
-        _state["rng"] = now
-        return before is not None and not torch.equal(before, now)
+    from _distify_random import Randomness
+
+    _RANDOM = Randomness(_emit, _emit_once, _user_site, _SANDBOX)
+
+    def _rng_moved(torch=None):
+        """The generators (torch's, Python's random, numpy's, generator objects) that drew since the
+        last mark, as a set of module names; marks now."""
+        return _RANDOM.mark()
+
+    def _training_starts():
+        _RANDOM.training = True
 
     def _patch_torch(torch):
         import hashlib
@@ -364,9 +376,11 @@ if _ACTIVE:
             oid = _opt_id(optimizer)
             n = _opt_steps[oid] = _opt_steps.get(oid, 0) + 1
             sha, total, sharded = digest(optimizer)
-            _emit(k="step", opt=oid, n=n, sha=sha, abs=total, sharded=sharded, rng=_rng_moved(torch) or _state["rng_pending"],
-                  drain=_state["draining"])
-            _state["rng_pending"] = False
+            _training_starts()
+            drew = _rng_moved(torch) | _state["rng_pending"]
+            _emit(k="step", opt=oid, n=n, sha=sha, abs=total, sharded=sharded, rng="torch" in drew,
+                  rngs=sorted(drew - {"torch"}), drain=_state["draining"])
+            _state["rng_pending"] = set()
             loader = _state["last_loader"]
             if loader is not None and (loader, oid) not in _train_pairs:
                 _train_pairs.add((loader, oid))
@@ -494,7 +508,8 @@ if _ACTIVE:
                 _state["fed"] = True
             if where is not None:
                 _state["last_loader"] = where[0]
-                _state["rng_pending"] = _rng_moved(torch) or _state["rng_pending"]
+                _training_starts()
+                _state["rng_pending"] = _rng_moved(torch) | _state["rng_pending"]
             data = real_next(self)
             if where is not None:
                 _rng_moved(torch)  # what the fetch drew is the data's randomness (see fetch below), not the step's
@@ -510,11 +525,15 @@ if _ACTIVE:
             def fetch(self, index, _real=real_fetch):
                 """A batch made from the dataset, in this process or in a worker (forked: the probe and
                 the record file came with it): did making it draw from torch's generator (augmentation)?"""
-                before = torch.random.get_rng_state()
-                data = _real(self, index)
-                if not torch.equal(before, torch.random.get_rng_state()):
-                    lid = _dataset_loader.get(id(self.dataset))
-                    _emit_once(("datarng", lid), k="datarng", loader=lid)
+                before = _RANDOM.fingerprints(self.dataset)
+                _RANDOM.fetching(True)
+                try:
+                    data = _real(self, index)
+                finally:
+                    _RANDOM.fetching(False)
+                lid = _dataset_loader.get(id(self.dataset))
+                for lib in sorted(_RANDOM.moved(before, _RANDOM.fingerprints(self.dataset))):
+                    _emit_once(("datarng", lid, lib), k="datarng", loader=lid, lib=lib)
                 return data
 
             fetcher.fetch = fetch
@@ -662,7 +681,18 @@ if _ACTIVE:
             _GUARD.busy = False
         _emit(k="snapshot", n=n)
 
+    def _modules():
+        """The modules of the project the run imported: files below the sandbox, relative to it."""
+        found = {os.path.relpath(_SCRIPT, _SANDBOX)} if _SCRIPT.startswith(_SANDBOX + os.sep) else set()
+        for module in list(sys.modules.values()):  # (__main__ has lost its __file__ by exit)
+            name = getattr(module, "__file__", None)
+            if isinstance(name, str) and name.startswith(_SANDBOX + os.sep) and name.endswith(".py"):
+                found.add(os.path.relpath(name, _SANDBOX))
+        _emit(k="modules", paths=sorted(found))
+        _RANDOM.report()
+
     def _at_exit():
+        _modules()
         out = sys.stdout
         if isinstance(out, _Tee):
             out.flush_pending()
@@ -694,6 +724,7 @@ if _ACTIVE:
             out = sys.stdout
             if isinstance(out, _Tee):
                 out.flush_pending()
+            _modules()
             _emit(k="stop", steps=_opt_steps.get(_state["first_opt"], 0), reason=reason)
             _synchronise(torch)
         except BaseException as error:  # noqa: BLE001 - report, then still leave
@@ -727,5 +758,7 @@ if _ACTIVE:
 
     from _distify_import_hook import after_import
 
+    for _name in _RANDOM.modules:
+        after_import(_name, lambda module, _name=_name: _RANDOM.patch(_name, module))
     after_import("torch", _patch_torch)
     after_import("horovod.torch", _patch_horovod)
