@@ -44,7 +44,7 @@ from distify.records import (  # noqa: F401 - also re-exported
 )
 from distify.training import (  # noqa: F401 - also re-exported
     body_trains, endless_loop, generator_passes, global_draws, keyed_loop, loader_family,
-    next_consumers, stepped_names, steps_parameters, training_functions, trains_for_key,
+    comprehension_consumers, next_consumers, stepped_names, steps_parameters, training_functions, trains_for_key,
 )
 
 
@@ -378,8 +378,7 @@ def analyse(module: cst.Module) -> Anatomy:
             batch_loops.append(
                 BatchLoop(loop=loop, scope=scope, cls=cls, ref=base, trains=bool(trains_for), keys=keys, train_keys=trains_for)
             )
-    for c, ref in next_consumers(col.calls):
-        loop = c.loops[-1]
+    for c, loop, ref in next_consumers(col.calls):
         trains = body_trains(loop.body, trainers, col.functions, col.methods, c.cls)
         batch_loops.append(BatchLoop(loop=loop, scope=c.scope, cls=c.cls, ref=ref, trains=trains, via="next"))
     passes: Dict[cst.CSTNode, cst.FunctionDef] = {}
@@ -528,6 +527,7 @@ def analyse(module: cst.Module) -> Anatomy:
         return [(s, r) for s, r, _ in spread([(scope, name, None)]) if not (s is scope and r == name)]
 
     all_batch_loops = batch_loops
+    comp_refs = [(sc, unwrapped(facts, q, sc, r, st, ref_text), t) for sc, st, r, t in comprehension_consumers(col.comps, q)]
 
     for loader in loaders:
         refs = refs_of(loader)
@@ -560,17 +560,9 @@ def analyse(module: cst.Module) -> Anatomy:
             loader.role = "train"
         elif loader.batch_loops:
             loader.role = "eval"
-        else:
-            # SPELLING (issue #21, listed in tests/test_metamorphic.py): no loop seen over the loader,
-            # so its name decides. Removing this needs the while-loop next() draws to count as batch
-            # loops first (a step-based `while` loop over a loader is only found by this guess today)
-            hint = " ".join(
-                filter(None, [loader.target, *loader.bound, dotted(loader.dataset) if loader.dataset else None])
-            ).lower()
-            if any(k in hint for k in ("val", "test", "eval", "dev")):
-                loader.role = "eval"
-            elif "train" in hint:
-                loader.role = "train"
+        else:  # read only by comprehensions: what they do with the batches says which
+            drawn = [trains for s, r, trains in comp_refs if (s, r) in loader.refs]
+            loader.role = ("train" if any(drawn) else "eval") if drawn else loader.role
 
     # epoch loops ----------------------------------------------------------------------------
     def enclosing_fors(node_stmt: cst.CSTNode) -> List[cst.For]:

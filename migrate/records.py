@@ -235,6 +235,8 @@ class _Collector(cst.CSTVisitor):
         self.name_bindings: Set[str] = set()
         self.star_modules: List[str] = []  # `from utils import *`, in source order
         self.ifexps: List[cst.IfExp] = []
+        # comprehensions and generator expressions, with the scope and statement they are in
+        self.comps: List[Tuple[cst.BaseComp, Scope, Stmt]] = []
         self._scope: List[Scope] = []
         self._cls: List[Optional[cst.ClassDef]] = []
         self._stmts: List[Stmt] = []
@@ -374,6 +376,11 @@ class _Collector(cst.CSTVisitor):
                 parents=self.stmt_parent.get(self._stmts[-1], ()),
             )
         )
+
+    def _comp(self, node: cst.BaseComp) -> None:
+        self.comps.append((node, self._scope[-1], self._stmts[-1]))
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _comp
 
     def visit_IfExp(self, node: cst.IfExp) -> None:
         self.ifexps.append(node)

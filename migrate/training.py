@@ -13,7 +13,7 @@ import libcst as cst
 from distify.facts import arg, dotted
 from distify.names import row_of
 from distify.walk import walk
-from distify.dataflow import _contains, _data_of, _is_training_body, _parameter_roots, ref_text
+from distify.dataflow import _contains, _data_of, _is_training_body, _parameter_roots, iterated_refs, ref_text
 from distify.records import CallSite, NOT_OPTIMIZERS, Scope, assigned_name
 
 if TYPE_CHECKING:
@@ -131,15 +131,37 @@ def generator_passes(fn: cst.FunctionDef, aliases_q) -> List[Tuple[str, cst.CSTN
     return out
 
 
-def next_consumers(calls: Sequence["CallSite"]) -> List[Tuple["CallSite", str]]:
-    """(call site, reference) for each `next(<ref>)` / `next(iter(<ref>))` inside a for-loop: the loop
-    draws its batches one at a time from <ref> (an endless generator, an iterator over a loader)."""
+def next_consumers(calls: Sequence["CallSite"]) -> List[Tuple["CallSite", cst.CSTNode, str]]:
+    """(call site, loop, reference) for each `next(<ref>)` / `next(iter(<ref>))` inside a loop: the
+    loop draws its batches one at a time from <ref> (an endless generator, an iterator over a loader).
+    The loop is the innermost `for` or `while` around the draw in its scope: a step-based
+    `while step < max_steps: batch = next(it)` draws as `for step in range(n)` does."""
     out = []
     for c in calls:
-        v = drawn_from(c.call) if c.loops else None
+        loops = [p for p in c.parents if isinstance(p, (cst.For, cst.While))]
+        v = drawn_from(c.call) if loops else None
         r = ref_text(v) if v is not None else None
         if r is not None:
-            out.append((c, r))
+            out.append((c, loops[-1], r))
+    return out
+
+
+def comprehension_consumers(comps, aliases_q) -> List[Tuple[Scope, cst.CSTNode, str, bool]]:
+    """(scope, statement, reference, trains) for each iterable a comprehension or generator
+    expression iterates (`sum(loss(model(x), y).item() for x, y in val_loader)`), through the
+    pass-through wrappers of the library table; `trains` when the comprehension itself reaches
+    backward()/optimizer.step(). What the loop does with the batches, not the loader's name, says
+    whether a loader no statement loop reads trains or evaluates."""
+    out = []
+    for comp, scope, stmt in comps:
+        trains = None
+        f: Optional[cst.CompFor] = comp.for_in
+        while f is not None:
+            for ref in iterated_refs(f.iter, aliases_q):
+                if trains is None:
+                    trains = _is_training_body(comp)
+                out.append((scope, stmt, ref, trains))
+            f = f.inner_for_in
     return out
 
 

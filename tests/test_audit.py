@@ -436,17 +436,19 @@ def test_batches_from_a_source_no_fact_traces_are_flagged(backend, case, old1, n
     assert ("DST951" in codes(lint_source(result.output))) == (backend != "horovod")
 
 
-def test_a_while_loop_drawing_an_untraced_loader_is_flagged() -> None:
-    """`while step < max_steps: batch = next(data_iter)` over another module's loader: flagged in
-    distify's output. Controls: the script re-shards that loader itself (shard_loader, as the
-    warning says), or draws from a DataLoader of its own (which DST201 shards): nothing flagged."""
+def test_a_while_loop_drawing_with_next_is_a_batch_loop() -> None:
+    """`while step < max_steps: batch = next(data_iter)` (the iterator made again on StopIteration)
+    trains on the loader it draws from, as a `for` loop over it would: another module's loader is
+    re-sharded where it is bound and the output's audit is clean; a DataLoader of the script's own gets
+    a DistributedSampler whatever its name. Control: with draws counted only inside `for` loops (as
+    before), nothing is re-sharded and this test fails."""
     src = (FIXTURES / "DST951" / "foreign_loader_drawn_in_a_while_loop.in.py").read_text()
-    assert "DST951" in audit_codes(migrate_source(src.encode(), Options(backend="ddp")).findings)
+    result = migrate_source(src.encode(), Options(backend="ddp"))
+    assert "train_loader = runtime.shard_loader(train_loader)" in result.output.decode()
+    assert "DST951" not in audit_codes(result.findings)
     old = "train_loader = get_training_dataloader(CIFAR_MEAN, CIFAR_STD, batch_size=16)\n"
-    resharded = broken(src, old, old + "train_loader = runtime.shard_loader(train_loader)\n").decode()
-    resharded = resharded.replace("import torch\n", "import torch\nfrom distify import runtime\n", 1)
-    assert "DST951" not in codes(lint_source(resharded.encode()))
     own = broken(src, old, "train_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset("
                  "torch.randn(64, 3, 8, 8), torch.randint(0, 4, (64,))), batch_size=16, shuffle=True)\n")
-    result = migrate_source(own, Options(backend="ddp"))
-    assert "DistributedSampler" in result.output.decode() and "DST951" not in audit_codes(result.findings)
+    for name in ("train_loader", "v1", "test_loader"):  # its role comes from the loop, not its name
+        result = migrate_source(own.replace(b"train_loader", name.encode()), Options(backend="ddp"))
+        assert "DistributedSampler" in result.output.decode() and "DST951" not in audit_codes(result.findings), name

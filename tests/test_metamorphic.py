@@ -34,19 +34,9 @@ _SAVE_BY_NAME = (
     "a method of the script's own class spelled save_pretrained is taken for Hugging Face's save by its "
     "name (anatomy SAVE_METHODS): renamed, the rank-0 guard around the call is dropped"
 )
-_ROLE_HINT = (
-    "a loader no loop is seen over gets its role from val/test/eval/dev/train in its name (anatomy); "
-    "renamed, an evaluation loader loses its DST201 'left whole' note"
-)
 _RENAMES = ("neutral", "misleading")
 KNOWN_FAILURES: dict = {  # "<group>/<case>" -> (the transformations that fail, why)
     "corpus/hf_style_local": (_RENAMES, _SAVE_BY_NAME),
-    "DST307/save_helper": (_RENAMES, _ROLE_HINT),
-    "DST903/helper_indexed_call": (_RENAMES, _ROLE_HINT),
-    "corpus/loaders_tuple_shuffled": (_RENAMES, _ROLE_HINT),
-    "corpus/random_split_shuffle": (("neutral",), _ROLE_HINT),  # its misleading names happen to agree
-    "corpus/research_config_dict": (_RENAMES, _ROLE_HINT),
-    "scenarios/aliases": (_RENAMES, _ROLE_HINT),
 }
 
 
