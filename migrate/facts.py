@@ -17,6 +17,7 @@ import libcst as cst
 from distify.blocks import RepeatedBlocks, repeated_blocks  # noqa: F401 - re-exported
 from distify.rank import _rank_value_part, branch_of, rank_dependent, reads_rank
 from distify.syntax import Scope, _number, all_nodes, by_node, arg, contains_node, dotted, header_names, names
+from distify.walk import children
 
 
 @dataclass(eq=False)
@@ -43,6 +44,7 @@ class Facts:
         self.stmt_parent = stmt_parent  # statement -> enclosing statements in its scope, outermost first
         self.stmt_scope = stmt_scope
         self._order: Optional[Dict[cst.CSTNode, int]] = None
+        self._by_scope: Optional[Dict[int, List[cst.CSTNode]]] = None
         self._by_callee: Optional[Dict[str, list]] = None
         self._callers: Dict[Tuple[int, bool], list] = {}
         self._bindings: Dict[int, Dict[str, List[Binding]]] = {}
@@ -59,9 +61,13 @@ class Facts:
 
     def statements(self, scope: Optional[Scope] = None) -> Iterator[cst.CSTNode]:
         """Every statement in source order (of one scope when given; nested statements included)."""
-        for s in self.stmt_parent:
-            if scope is None or self.stmt_scope.get(s) is scope:
-                yield s
+        if scope is None:
+            return iter(self.stmt_parent)
+        if self._by_scope is None:  # one index for every scope's query (a scope is asked often)
+            self._by_scope = {}
+            for s in self.stmt_parent:
+                self._by_scope.setdefault(id(self.stmt_scope.get(s)), []).append(s)
+        return iter(self._by_scope.get(id(scope), ()))
 
     def all_functions(self) -> List[cst.FunctionDef]:
         """Every function definition, nested ones and methods included, in source order."""
@@ -563,7 +569,7 @@ def uses(scope: Scope, name: str) -> Iterator[Tuple[cst.CSTNode, Tuple[cst.CSTNo
         if node is not scope and isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             if isinstance(scope, cst.Module) and not isinstance(node, cst.Lambda):
                 return
-            for c in node.children:
+            for c in children(node):
                 if isinstance(c, cst.Name) and not isinstance(node, cst.Lambda):
                     continue
                 yield from visit(c, parents + (node,), True)
@@ -571,7 +577,7 @@ def uses(scope: Scope, name: str) -> Iterator[Tuple[cst.CSTNode, Tuple[cst.CSTNo
         if isinstance(node, cst.FunctionDef):  # the scope itself: its body, not its signature
             yield from visit(node.body, parents + (node,), nested)
             return
-        for c in node.children:
+        for c in children(node):
             yield from visit(c, parents + (node,), nested)
 
     yield from visit(scope, (), False)

@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Set
 import libcst as cst
 
 from distify.facts import Facts, all_nodes, dotted, training_call
+from distify.walk import children
 
 CHECKPOINTS = frozenset({
     "torch.utils.checkpoint.checkpoint",
@@ -154,7 +155,7 @@ def _conditional_uses(fn: cst.FunctionDef, members: Set[str]):
             if real:
                 found.append((member, node, real[-1]))
             return
-        for child in node.children:
+        for child in children(node):
             visit(child, conds)
 
     visit(fn.body, ())

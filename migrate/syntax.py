@@ -10,7 +10,7 @@ from typing import Iterator, List, Optional, Tuple, Union
 
 import libcst as cst
 
-from distify.walk import walk
+from distify.walk import children, walk
 
 
 Scope = Union[cst.Module, cst.FunctionDef]
@@ -113,7 +113,7 @@ def names(node: cst.CSTNode, how: str = "load") -> Iterator[Tuple[cst.Name, str]
     elif isinstance(node, (cst.For, cst.CompFor)):
         yield from names(node.iter)
         yield from names(node.target, "store")
-        for c in node.children:
+        for c in children(node):
             if c is not node.iter and c is not node.target:
                 yield from names(c)
     elif isinstance(node, cst.WithItem):
@@ -137,7 +137,7 @@ def names(node: cst.CSTNode, how: str = "load") -> Iterator[Tuple[cst.Name, str]
     elif isinstance(node, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)):
         return
     else:
-        for c in node.children:
+        for c in children(node):
             yield from names(c)
 
 

@@ -21,7 +21,7 @@ from distify import edits as edits_module
 from distify.anatomy import _Collector, positions
 from distify.engine import migrate_source
 from distify.rules.base import Options
-from distify.walk import TRIVIA, walk
+from distify.walk import TRIVIA, children, walk
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 INPUTS = sorted(FIXTURES.rglob("*.in.py"))
@@ -134,6 +134,21 @@ def test_collector_records_the_same_facts():
         module.visit(expected)
         walk(module, got)
         assert facts(got) == facts(expected), path
+
+
+def test_children_are_libcsts_children_without_trivia():
+    checked = 0
+    for path, module in list(_modules())[::2]:
+        class V(cst.CSTVisitor):
+            def on_visit(self, node):
+                nonlocal checked
+                want = [c for c in node.children if type(c) not in TRIVIA]
+                assert [id(c) for c in children(node)] == [id(c) for c in want], (path, type(node).__name__)
+                checked += 1
+                return True
+
+        walk(module, V())
+    assert checked > 10000
 
 
 def test_positions_equal_the_metadata_wrapper():
