@@ -39,9 +39,10 @@ from distify.model_build import (  # noqa: F401 - also re-exported
 from distify.records import (  # noqa: F401 - also re-exported
     BatchLoop, COLLECTIVES, CallSite, DATALOADER, DATA_PARALLEL, DDP, DEVICE, DIST_SAMPLER,
     ENV_RANK_VARS, EpochLoop, FSDP1, FULLY_SHARD, INIT_PG, LOAD, LOGGING_BASIC_CONFIG, Loader,
-    MAKEDIRS, MODULE_API, Model, NOT_OPTIMIZERS, Optimizer, SAVE, SAVE_METHODS, STATE_API,
+    MAKEDIRS, MODULE_API, Model, NOT_OPTIMIZERS, Optimizer, SAVE, STATE_API,
     SUMMARY_WRITER, Scope, Stmt, TQDM, _Collector, _all_functions, assigned_name, positions,
 )
+from distify.writes import library_method_write, own_method_names
 from distify.training import (  # noqa: F401 - also re-exported
     body_trains, endless_loop, generator_passes, global_draws, keyed_loop, loader_family,
     comprehension_consumers, next_consumers, stepped_names, steps_parameters, training_functions, trains_for_key,
@@ -172,12 +173,10 @@ class Anatomy:
         return None
 
     def save_sites(self) -> List[CallSite]:
-        """Checkpoint writes: torch.save(...) and `x.save_pretrained(...)` / `x.push_to_hub(...)`."""
-        return [
-            c for c in self.calls
-            if c.qualname in SAVE
-            or (isinstance(c.call.func, cst.Attribute) and c.call.func.attr.value in SAVE_METHODS)
-        ]
+        """Checkpoint writes: torch.save(...) and `x.save_pretrained(...)` / `x.push_to_hub(...)` of a
+        library's object (not a method of the script's own classes: see distify.writes)."""
+        own = own_method_names(self.methods)
+        return [c for c in self.calls if c.qualname in SAVE or library_method_write(c.call, own) is not None]
 
     def calls_to(self, names: Set[str]) -> List[CallSite]:
         return [c for c in self.calls if c.qualname in names]

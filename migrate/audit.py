@@ -33,7 +33,6 @@ SAVES = {
     "numpy.savetxt",
     "matplotlib.pyplot.savefig",
 }
-SAVE_METHODS = {"save_pretrained", "push_to_hub", "savefig", "to_csv", "save_image"}
 
 
 def is_audit(rule) -> bool:

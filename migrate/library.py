@@ -119,6 +119,13 @@ TABLE: Dict[str, Known] = {
 # every progress bar (DST303 turns them off on ranks other than 0)
 PROGRESS_BARS: FrozenSet[str] = frozenset(_TQDM + _TRANGE + ("tqdm.contrib.tzip",))
 
+# methods of Hugging Face's models, tokenizers, configs and processors that write them to disk (or
+# upload them): a checkpoint, one writer (rank 0); and methods of other libraries' objects that write
+# a file (matplotlib's Figure.savefig, pandas' DataFrame.to_csv, a torchvision/PIL-style save_image).
+# A class of the script that defines one of these methods overrides it (distify.writes).
+SAVE_METHODS: FrozenSet[str] = frozenset({"save_pretrained", "push_to_hub"})
+FILE_METHODS: FrozenSet[str] = frozenset({"savefig", "to_csv", "save_image"})
+
 # model constructors known by a method name on any receiver, or by the module that holds them
 MODEL_METHODS: FrozenSet[str] = frozenset({"from_pretrained", "from_config"})
 MODEL_MODULES = ("torchvision.models.", "timm.models.", "transformers.")

@@ -24,9 +24,6 @@ Stmt = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
 DATALOADER = names_of("loader", shard="sampler")  # loaders sharded by a sampler= argument
 DEVICE = {"torch.device"}
 SAVE = {"torch.save"}
-# methods that write a model, tokenizer or config to disk (or upload it) the Hugging Face way:
-# one writer (rank 0), whoever the receiver is
-SAVE_METHODS = {"save_pretrained", "push_to_hub"}
 LOAD = {"torch.load"}
 TQDM = PROGRESS_BARS
 INIT_PG = {"torch.distributed.init_process_group"}

@@ -7,7 +7,8 @@ from typing import Optional
 import libcst as cst
 
 from distify.anatomy import Anatomy, arg
-from distify.audit import SAVE_METHODS, SAVES
+from distify.audit import SAVES
+from distify.writes import library_method_write, own_method_names
 from distify.rules.base import AuditCheck, Context
 
 
@@ -39,8 +40,9 @@ class WriteEveryRank(AuditCheck):
     summary = "audit: a checkpoint or file written by every rank"
 
     def check(self, ctx: Context, a: Anatomy) -> None:
+        own = own_method_names(a.methods)
         for c in a.calls:
-            what = _writes(c)
+            what = _writes(c, own)
             if what is None or a.call_on_some_ranks(c) or a.mentions_rank(c.call):
                 continue
             ctx.warn(
@@ -51,13 +53,14 @@ class WriteEveryRank(AuditCheck):
             )
 
 
-def _writes(c) -> Optional[str]:
+def _writes(c, own) -> Optional[str]:
     call = c.call
     if c.qualname in SAVES:
         return c.qualname.rsplit(".", 1)[-1] + "()"
     f = call.func
-    if isinstance(f, cst.Attribute) and f.attr.value in SAVE_METHODS and c.qualname is None:
-        return f".{f.attr.value}()"
+    method = library_method_write(call, own, checkpoints_only=False) if c.qualname is None else None
+    if method is not None:
+        return f".{method}()"
     if isinstance(f, cst.Name) and f.value == "open" and c.qualname is None:
         mode = arg(call, 1, "mode")
         if mode is not None and isinstance(mode.value, cst.SimpleString):

@@ -28,16 +28,10 @@ from test_fixtures import BACKENDS, FIXTURES, _options
 
 TRANSFORMS = ("neutral", "misleading", "comments")
 
-# Cases known to fail, each with the spelling decision still behind it (issue #21, item 3). An entry
-# that starts passing fails the run (strict xfail), so the list cannot go stale.
-_SAVE_BY_NAME = (
-    "a method of the script's own class spelled save_pretrained is taken for Hugging Face's save by its "
-    "name (anatomy SAVE_METHODS): renamed, the rank-0 guard around the call is dropped"
-)
-_RENAMES = ("neutral", "misleading")
-KNOWN_FAILURES: dict = {  # "<group>/<case>" -> (the transformations that fail, why)
-    "corpus/hf_style_local": (_RENAMES, _SAVE_BY_NAME),
-}
+# Cases known to fail, each with the spelling decision still behind it (issue #21, item 3); an entry
+# that starts passing fails the run (strict xfail), so the list cannot go stale. Empty: every
+# decision the fixtures meet is made from a fact.
+KNOWN_FAILURES: dict = {}  # "<group>/<case>" -> (the transformations that fail, why)
 
 
 def cases():
