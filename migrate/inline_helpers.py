@@ -1,621 +1,388 @@
-"""The inline runtime of ``distify --standalone``: the source of each helper the class may hold,
-what each needs, and the class's header. standalone.py writes the class into a script from these.
+"""The inline runtime of ``distify --standalone``, generated from distify.runtime's own source.
 
-Plain text for the CLI's side (it imports libcst at most, never torch); tests/test_standalone.py
-runs each helper beside distify.runtime and checks they behave alike.
+The runtime package (``runtime/__init__.py`` and the modules it imports relatively, such as
+``runtime/_env.py``) is read as text and parsed with libcst, never imported: the CLI does not import
+torch. Every top-level definition there -- function, class, constant, module state -- can become a
+member of the inline class; a script gets the ones it calls and everything they reach, in the
+runtime's own order (a relatively imported module before its importer). The rewriting is
+mechanical, and the only one:
+
+* a function becomes a ``@staticmethod``; a class, a constant or a piece of state stays what it is;
+* in a function body, a name the runtime module resolves to one of its own definitions is read
+  through the class (``rank()`` -> ``runtime.rank()``; ``global _x`` ... ``_x = v`` ->
+  ``runtime._x = v``); at class level (bases, decorators, defaults) it stays bare, which the class
+  body has bound by then;
+* a module the runtime imports is read under the script's own spelling (imported when missing);
+* annotations go (a class's field annotations stay, as strings, for dataclasses), docstrings keep
+  their first paragraph, ruler comments between sections go.
+
+A definition the rewrite cannot carry (a module dunder such as ``__name__``, a global bound only
+inside a function, a runtime name read in a nested class body) is not inlinable: a script that needs
+it keeps ``from distify import runtime``. tests/test_standalone.py checks that every generated
+member equals its runtime source under exactly these rewrites, and that the two behave alike.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from pathlib import Path
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
-VERSION = 1
+import libcst as cst
+from libcst.metadata import BuiltinAssignment, ClassScope, FunctionScope, GlobalScope, MetadataWrapper, ScopeProvider
+
+VERSION = 2
 MARKER = "# distify: standalone runtime (v{version}, {backend})"  # opens the class; found by find_block
 _MARKER_RE = re.compile(r"#\s*distify: standalone runtime \(v(\d+), (\w+)\)")
 
 _HEADER = MARKER + ''' -- written by `distify --standalone`.
-# Plain torch and os.environ: torchrun, Kubeflow, srun, mpirun and horovodrun tell each process
+# Generated from distify.runtime: torchrun, Kubeflow, srun, mpirun and horovodrun tell each process
 # its rank; run with plain `python` the script is rank 0 of a world of one.
-class runtime:
-    """Where this process sits in the job, and the device it trains on."""
+class {name}:
+    """Where this process sits in the job, and the device it trains on: the parts of distify.runtime
+    this script calls, and what they need."""
 '''
+
+_MODULE_DUNDERS = frozenset({"__name__", "__file__", "__spec__", "__package__", "__loader__", "__path__", "__all__"})
+_RULER = re.compile(r"#\s*-{3,}")
 
 
 @dataclass(frozen=True)
-class Helper:
-    source: str  # class-level code, indented by 4 spaces, starting with a blank line
-    needs: Tuple[str, ...] = ()  # other helpers it calls
-    modules: Tuple[str, ...] = ()  # template names it uses: os, torch, dist, hvd
+class Definition:
+    name: str
+    node: cst.BaseStatement  # the top-level statement as the runtime writes it
+    needs: Tuple[str, ...]  # the runtime definitions it reaches
+    imports: Tuple[str, ...]  # the runtime's import bindings it reads
+    inner: FrozenSet[str]  # the names bound inside it (a module's spelling must not be one of them)
+    free: FrozenSet[str]  # the builtins it reads (a script must not bind one of them at top level)
+    why_not: str = ""  # non-empty: the rewrite cannot carry it
 
 
-# Template names and the modules they stand for; finish() renames them to the script's spellings.
-MODULES = {"os": "os", "torch": "torch", "dist": "torch.distributed", "hvd": "horovod.torch"}
+@dataclass(frozen=True)
+class Runtime:
+    """The runtime package, as the inline class's generator sees it."""
 
-_ENVIRONMENT = Helper(
-    '''
-    @staticmethod
-    def _environment():
-        """(rank, world size, local rank) from the launcher's variables; (0, 1, 0) without one."""
-        env = os.environ
-        launchers = [
-            ("RANK", "WORLD_SIZE", "LOCAL_RANK"),  # torchrun, Kubeflow
-            ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK"),  # horovodrun --gloo
-            ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),  # Open MPI
-            ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),  # MPICH, Intel MPI
-        ]
-        if int(env.get("SLURM_STEP_ID") or 2**32) < 0xFFFFFFF0:  # an srun task, not the batch script
-            launchers.append(("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"))
-        for rank, size, local_rank in launchers:
-            if env.get(rank) and env.get(size):
-                local = env.get("LOCAL_RANK") or env.get(local_rank) or 0
-                return int(env[rank]), int(env[size]), int(local)
-        return 0, 1, int(env.get("LOCAL_RANK") or 0)
-''',
-    modules=("os",),
-)
+    order: Tuple[str, ...]  # definition names in class order
+    defs: Dict[str, Definition]
+    imports: Dict[str, Tuple[str, Optional[str]]]  # binding -> (module, name) of `from module import name`, or (module, None)
+    refs: Dict[cst.Name, Tuple[str, str]]  # a name node -> ("member" | "bare" | "import", the definition or binding)
 
-_RENDEZVOUS = Helper(
-    '''
-    @staticmethod
-    def _rendezvous():
-        """Rank 0's address and port: MASTER_ADDR/MASTER_PORT, else Slurm's first node and a port
-        per job, else this host (a multi-node mpirun or horovodrun needs MASTER_ADDR exported)."""
-        import re
+    def inlinable(self, name: str) -> bool:
+        return name in self.defs and not any(self.defs[n].why_not for n in self.closure([name]))
 
-        env = os.environ
-        addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
-        nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-        if not addr and nodes:  # "gpu[07-10,12],cpu1" -> "gpu07"
-            first = re.match(r"(?:[^,\\[]|\\[[^\\]]*\\])+", nodes).group(0)
-            addr = re.sub(r"\\[(\\d+)[^\\]]*\\]", r"\\1", first)
-        if not port and env.get("SLURM_JOB_ID", "").isdigit():  # every task of the job agrees
-            port = str(10000 + int(env["SLURM_JOB_ID"]) % 20000)
-        return addr or "127.0.0.1", port or "29500"
-''',
-    modules=("os",),
-)
+    def why_not(self, name: str) -> str:
+        if name not in self.defs:
+            return "not a part of distify.runtime"
+        return next((f"{n}: {self.defs[n].why_not}" for n in self.closure([name]) if self.defs[n].why_not), "")
 
-_ACCELERATOR = Helper(
-    '''
-    @staticmethod
-    def _accelerator():
-        """(device type, backend) of the accelerator -- cuda/nccl, xpu/xccl, npu/hccl (torch_npu) --
-        or None for the CPU: through torch.accelerator where torch has it (2.7+), else CUDA only."""
-        api = getattr(torch, "accelerator", None)
-        if hasattr(api, "set_device_index") and hasattr(dist, "get_default_backend_for_device"):
-            if not api.is_available():
-                return None
-            kind = api.current_accelerator().type
-            try:
-                backend = dist.get_default_backend_for_device(kind)
-            except (ValueError, RuntimeError):  # no backend registered for this device
-                return None
-        elif torch.cuda.is_available():
-            kind, backend = "cuda", "nccl"
-        else:
-            return None
-        if kind == "cuda" and not dist.is_nccl_available():
-            return kind, "gloo"  # gloo reduces CUDA tensors too
-        if backend == "fake" or (backend == "gloo" and kind != "cuda"):  # mps: the CPU
-            return None  # "fake" is torch's no-communication test backend, never a real one
-        return kind, backend
-''',
-    modules=("torch", "dist"),
-)
+    def closure(self, names: Sequence[str]) -> List[str]:
+        """The definitions `names` need, themselves included, in class order. Unknown names are skipped."""
+        todo, found = [n for n in names if n in self.defs], set()
+        while todo:
+            name = todo.pop()
+            if name not in found:
+                found.add(name)
+                todo += self.defs[name].needs
+        return [n for n in self.order if n in found]
 
-_INIT_KWARGS = Helper(
-    '''
-    @staticmethod
-    def init_kwargs():
-        """Arguments for dist.init_process_group: env:// under a launcher, else a group of one. On an
-        accelerator its backend (CPU tensors on gloo) and, with torch.accelerator, device_id: NCCL
-        connects at init and fails there, clearly. Never a device_id on the CPU: torch rejects it."""
-        import atexit
-        import datetime
-        import socket
+    def imports_for(self, names: Sequence[str]) -> List[str]:
+        """The import bindings the definitions read, in a stable order."""
+        used = {b for n in names for b in self.defs[n].imports}
+        return [b for b in self.imports if b in used]
 
-        rank, world_size, local_rank = runtime._environment()
-        accelerator = runtime._accelerator()
-        own_backend = accelerator is not None and accelerator[1] != "gloo"
-        kwargs = dict(
-            backend="cpu:gloo,%s:%s" % accelerator if own_backend else "gloo",  # CPU tensors on gloo
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(minutes=30),
-        )
-        api = getattr(torch, "accelerator", None)
-        if own_backend and hasattr(api, "set_device_index"):
-            api.set_device_index(local_rank)
-            kwargs["device_id"] = torch.device(accelerator[0], local_rank)
-        atexit.register(runtime.cleanup)
-        if world_size > 1 or "TORCHELASTIC_RUN_ID" in os.environ:  # started by a launcher
-            addr, port = runtime._rendezvous()
-            for name, value in (("MASTER_ADDR", addr), ("MASTER_PORT", port), ("RANK", rank),
-                                ("WORLD_SIZE", world_size), ("LOCAL_RANK", local_rank)):
-                os.environ.setdefault(name, str(value))
-            return dict(kwargs, init_method="env://")
-        # plain `python train.py`: an in-memory store, and gloo/NCCL sockets on the loopback only
-        loopback = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
-        if loopback:
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
-            os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
-        return dict(kwargs, store=dist.HashStore())
-''',
-    needs=("_environment", "_rendezvous", "_accelerator", "cleanup"),
-    modules=("os", "torch", "dist"),
-)
+    def bound_inside(self, names: Sequence[str]) -> FrozenSet[str]:
+        return frozenset().union(*(self.defs[n].inner for n in names))
 
-_CLEANUP = Helper(
-    '''
-    @staticmethod
-    def cleanup():
-        """Destroy the process group at exit, while the interpreter is whole: gloo aborts the process
-        if its links to other ranks are torn down during shutdown. DDP models still alive let go of
-        it first, also when the script destroyed the group itself. A group of one (plain `python`)
-        has no links and skips the costly part."""
-        import gc
+    def builtins_read(self, names: Sequence[str]) -> FrozenSet[str]:
+        return frozenset().union(*(self.defs[n].free for n in names))
 
-        if dist.is_initialized() and dist.get_world_size() == 1:
-            dist.destroy_process_group()
-            return
-        if not dist.is_initialized() and os.environ.get("WORLD_SIZE", "1") == "1":
-            return
-        for obj in gc.get_objects():
-            if issubclass(type(obj), torch.nn.parallel.DistributedDataParallel):
-                for name in ("reducer", "logger", "process_group", "_comm_hooks"):
-                    obj.__dict__.pop(name, None)
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        gc.collect()
-''',
-    modules=("os", "torch", "dist"),
-)
-
-
-def _rank_helper(name: str, doc: str, index: int, ddp_call: str, hvd_call: str) -> Dict[str, Helper]:
-    body = '''
-    @staticmethod
-    def {name}():
-        """{doc}"""
-        return {call} if {group}.is_initialized() else runtime._environment()[{index}]
-'''
-    return {
-        "ddp": Helper(
-            body.format(name=name, doc=doc, call=f"dist.{ddp_call}()", group="dist", index=index),
-            ("_environment",), ("os", "dist"),
-        ) if ddp_call else Helper(
-            f'''
-    @staticmethod
-    def {name}():
-        """{doc}"""
-        return runtime._environment()[{index}]
-''',
-            ("_environment",), ("os",),
-        ),
-        "horovod": Helper(
-            body.format(name=name, doc=doc, call=f"hvd.{hvd_call}()", group="hvd", index=index),
-            ("_environment",), ("os", "hvd"),
-        ),
-    }
-
-
-_RANK = _rank_helper("rank", "Global rank of this process (0 without a launcher).", 0, "get_rank", "rank")
-_WORLD_SIZE = _rank_helper("world_size", "Number of processes in the job.", 1, "get_world_size", "size")
-_LOCAL_RANK = _rank_helper("local_rank", "Index of this process on its host (its GPU).", 2, "", "local_rank")
-
-_IS_MAIN_PROCESS = Helper(
-    '''
-    @staticmethod
-    def is_main_process():
-        """True on rank 0, the process that prints and saves."""
-        return runtime.rank() == 0
-''',
-    needs=("rank",),
-)
-
-_DEVICE = {
-    "ddp": Helper(
-        '''
-    _last_device = None  # the device device() picked last
-
-    @staticmethod
-    def device(use_cuda=True):
-        """<accelerator>:<local rank> (cuda, xpu, npu), made the current device, when one is usable
-        and use_cuda; else the CPU."""
-        accelerator = runtime._accelerator() if use_cuda else None
-        runtime._last_device = torch.device("cpu")
-        if accelerator is not None:
-            runtime._last_device = torch.device(accelerator[0], runtime.local_rank())
-            api = getattr(torch, "accelerator", None)
-            if hasattr(api, "set_device_index"):
-                api.set_device_index(runtime.local_rank())
-            else:
-                torch.cuda.set_device(runtime.local_rank())
-        return runtime._last_device
-''',
-        needs=("local_rank", "_accelerator"),
-        modules=("torch",),
-    ),
-    "horovod": Helper(
-        '''
-    _last_device = None  # the device device() picked last
-
-    @staticmethod
-    def device(use_cuda=True):
-        """cuda:<local rank>, made the current device, when CUDA is usable; else the CPU (Horovod
-        reduces CPU and CUDA tensors only)."""
-        if use_cuda and torch.cuda.is_available():
-            torch.cuda.set_device(runtime.local_rank())
-            runtime._last_device = torch.device("cuda", runtime.local_rank())
-        else:
-            runtime._last_device = torch.device("cpu")
-        return runtime._last_device
-''',
-        needs=("local_rank",),
-        modules=("torch",),
-    ),
-}
-
-_DEVICE_IDS = Helper(
-    '''
-    @staticmethod
-    def device_ids():
-        """DDP's device_ids: [the index of the accelerator device() picked], None on the CPU."""
-        device = runtime._last_device or runtime.device()
-        return [device.index] if device.type != "cpu" else None
-''',
-    needs=("device",),
-)
-
-_BARRIER = {
-    "ddp": Helper(
-        '''
-    @staticmethod
-    def barrier():
-        """Wait for every rank (nothing to wait for without a process group)."""
-        if dist.is_initialized():
-            dist.barrier()
-''',
-        modules=("dist",),
-    ),
-    "horovod": Helper(
-        '''
-    @staticmethod
-    def barrier():
-        """Wait for every rank (nothing to wait for before hvd.init())."""
-        if hvd.is_initialized():
-            hvd.barrier()
-''',
-        modules=("hvd",),
-    ),
-}
-
-_BROADCAST_OBJECT = {
-    "ddp": Helper(
-        '''
-    @staticmethod
-    def broadcast_object(obj):
-        """Rank 0's obj (any picklable object) on every rank; obj itself without a process group."""
-        if not dist.is_initialized():
-            return obj
-        holder = [obj]
-        dist.broadcast_object_list(holder, src=0)
-        return holder[0]
-''',
-        modules=("dist",),
-    ),
-    "horovod": Helper(
-        '''
-    @staticmethod
-    def broadcast_object(obj):
-        """Rank 0's obj (any picklable object) on every rank; obj itself before hvd.init(). One
-        collective name on every rank: Horovod's default names it after type(obj), which differs
-        between rank 0's object and the others' None."""
-        if not hvd.is_initialized():
-            return obj
-        return hvd.broadcast_object(obj, root_rank=0, name="distify.broadcast_object")
-''',
-        modules=("hvd",),
-    ),
-}
-
-_ALL_REDUCE_HEAD = '''
-    @staticmethod
-    def all_reduce(value, op="sum"):
-        """value reduced over all ranks with op "sum", "mean", "max" or "min"; a tensor gives a new
-        tensor, a number a number."""
-        if torch.is_tensor(value):
-            tensor = value.detach().clone()
-        else:
-            floating = isinstance(value, float) or op == "mean"
-            tensor = torch.tensor(value, dtype=torch.float64 if floating else torch.int64)
-        if op == "mean" and not tensor.is_floating_point():
-            tensor = tensor.double()
-'''
-_ALL_REDUCE = {
-    "ddp": Helper(
-        _ALL_REDUCE_HEAD
-        + '''\
-        if dist.is_initialized():
-            ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-                   "min": dist.ReduceOp.MIN}
-            dist.all_reduce(tensor, op=ops[op])
-            if op == "mean":
-                tensor = tensor / dist.get_world_size()
-        return tensor if torch.is_tensor(value) else tensor.item()
-''',
-        modules=("torch", "dist"),
-    ),
-    "horovod": Helper(
-        _ALL_REDUCE_HEAD
-        + '''\
-        if hvd.is_initialized():
-            ops = {"sum": hvd.Sum, "mean": hvd.Average, "max": hvd.Max, "min": hvd.Min}
-            tensor = hvd.allreduce(tensor, op=ops[op])
-        return tensor if torch.is_tensor(value) else tensor.item()
-''',
-        modules=("torch", "hvd"),
-    ),
-}
-
-_REDUCE_MEAN = Helper(
-    '''
-    @staticmethod
-    def reduce_mean(value):
-        """The average of value over all ranks (a loss, an accuracy)."""
-        return runtime.all_reduce(value, "mean")
-''',
-    needs=("all_reduce",),
-)
-
-_ALL_REDUCE_SUM = Helper(
-    '''
-    @staticmethod
-    def all_reduce_sum(*values):
-        """Each value summed over all ranks (evaluation counts): one result, or a tuple for several.
-        Numbers travel together as float64, so the ranks agree even where one holds 0 and another 0.0."""
-        numbers = [float(value) for value in values if not torch.is_tensor(value)]
-        if numbers:
-            numbers = runtime.all_reduce(torch.tensor(numbers, dtype=torch.float64)).tolist()
-        totals = iter(numbers)
-        sums = []
-        for value in values:
-            if torch.is_tensor(value):
-                sums.append(runtime.all_reduce(value))
-            else:
-                total = next(totals)
-                sums.append(int(total) if isinstance(value, int) else total)
-        return sums[0] if len(sums) == 1 else tuple(sums)
-''',
-    needs=("all_reduce",),
-    modules=("torch",),
-)
-
-_SHARD_SAMPLER = Helper(
-    '''
-    class ShardSampler(torch.utils.data.Sampler):
-        """This rank's share of an evaluation set: samples rank, rank + N, ... Never padded nor
-        shuffled, so sums over the shards of all ranks equal the single-process sums."""
-
-        def __init__(self, dataset):
-            self.dataset = dataset
-
-        def __iter__(self):
-            return iter(range(runtime.rank(), len(self.dataset), runtime.world_size()))
-
-        def __len__(self):
-            return len(range(runtime.rank(), len(self.dataset), runtime.world_size()))
-''',
-    needs=("rank", "world_size"),
-    modules=("torch",),
-)
-
-_SHARD_NODES = Helper(
-    '''
-    @staticmethod
-    def shard_nodes(nodes):
-        """This rank's part of a neighbour-sampling loader's seed nodes (a mask, an index tensor or a
-        (node_type, nodes) pair), split as DistributedSampler splits a dataset: ceil(n / N) each,
-        the first ones repeated to pad, so every rank makes the same number of steps per pass."""
-        if isinstance(nodes, tuple) and len(nodes) == 2 and isinstance(nodes[0], str):
-            return (nodes[0], runtime.shard_nodes(nodes[1]))
-        if nodes is None:
-            raise TypeError("shard_nodes: input_nodes=None means every node; pass torch.arange(data.num_nodes)")
-        index = torch.as_tensor(nodes)
-        if index.dtype == torch.bool:
-            index = index.nonzero().view(-1)
-        replicas = runtime.world_size()
-        total = -(-index.numel() // replicas) * replicas
-        if index.numel() and total > index.numel():
-            index = torch.cat([index, index[: total - index.numel()]])
-        return index[runtime.rank():total:replicas]
-''',
-    needs=("rank", "world_size"),
-    modules=("torch",),
-)
-
-_SHARD_LOADER = Helper(
-    '''
-    @staticmethod
-    def shard_loader(loader, num_replicas=None, rank=None):
-        """The same DataLoader over this rank's shard: rebuilt over its dataset with a
-        DistributedSampler (shuffling when the original shuffled), every other argument kept.
-        Refuses what a sampler cannot split: no plain DataLoader, an IterableDataset, a custom
-        sampler or batch_sampler."""
-        data = torch.utils.data
-        if isinstance(getattr(loader, "sampler", None), data.distributed.DistributedSampler):
-            return loader
-        where = "build it with sampler=DistributedSampler(dataset) where it is made"
-        if type(loader) is not data.DataLoader:
-            raise TypeError(f"shard_loader: cannot rebuild a {type(loader).__name__}; {where}")
-        if isinstance(loader.dataset, data.IterableDataset):
-            raise TypeError("shard_loader: an IterableDataset cannot be split by a sampler; split it by rank inside")
-        batches, sampler = loader.batch_sampler, loader.sampler
-        if batches is not None and type(batches) is not data.BatchSampler:
-            raise ValueError(f"shard_loader: a custom batch_sampler cannot be sharded; {where}")
-        if type(sampler) is data.RandomSampler and not sampler.replacement and sampler._num_samples is None:
-            shuffle, generator = True, sampler.generator
-        elif type(sampler) is data.SequentialSampler:
-            shuffle, generator = False, None
-        else:
-            raise ValueError(f"shard_loader: a custom sampler ({type(sampler).__name__}) cannot be sharded; {where}")
-        shard = data.distributed.DistributedSampler(
-            loader.dataset,
-            num_replicas=runtime.world_size() if num_replicas is None else num_replicas,
-            rank=runtime.rank() if rank is None else rank,
-            shuffle=shuffle,
-            seed=generator.initial_seed() if generator is not None else 0,
-        )
-        import inspect
-
-        names = ("batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout", "worker_init_fn",
-                 "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers",
-                 "pin_memory_device", "in_order")
-        accepted = inspect.signature(inspect.unwrap(data.DataLoader.__init__)).parameters
-        if any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
-            accepted = names  # __init__ wrapped by a patch: the loader's own attributes decide
-        kwargs = {n: getattr(loader, n) for n in names if n in accepted and hasattr(loader, n)}
-        if batches is None:
-            kwargs["batch_size"] = None  # no automatic batching
-        out = data.DataLoader(loader.dataset, sampler=shard, **kwargs)
-        if (out.batch_size, out.drop_last) != (loader.batch_size, loader.drop_last):
-            raise RuntimeError("shard_loader: the rebuilt loader would batch differently from the original")
+    def render(self, names: Sequence[str], cls: str, spellings: Dict[str, str]) -> List[cst.BaseStatement]:
+        """The class-level statements of `names` (exactly those), for a class named `cls`, with the
+        runtime's imports spelled as `spellings` says (binding -> the script's name)."""
+        out = []
+        for name in names:
+            node = self.defs[name].node
+            stmt = node.visit(_Inline(self.refs, cls, spellings))
+            if isinstance(stmt, cst.FunctionDef):
+                stmt = stmt.with_changes(decorators=[cst.Decorator(cst.Name("staticmethod")), *stmt.decorators])
+            comments = [line for line in node.leading_lines if line.comment is not None and not _RULER.match(line.comment.value)]
+            out.append(stmt.with_changes(leading_lines=[cst.EmptyLine(indent=False), *comments]))
         return out
-''',
-    needs=("rank", "world_size"),
-    modules=("torch",),
-)
 
-_UNWRAP_SOURCE = '''
-    @staticmethod
-    def unwrap(model):
-        """The plain module inside DDP and torch.compile wrappers."""
-        while True:
-            if isinstance(model, {ddp}):
-                model = model.module
-            elif hasattr(model, "_orig_mod"):  # torch.compile
-                model = model._orig_mod
+
+def _runtime_dir() -> Path:
+    spec = importlib.util.find_spec("distify.runtime")  # finds the package without running it (no torch)
+    assert spec is not None and spec.origin is not None, "distify.runtime is not installed"
+    return Path(spec.origin).parent
+
+
+@functools.lru_cache(maxsize=None)
+def load(folder: Optional[Path] = None) -> Runtime:
+    """The runtime package in `folder` (default: distify.runtime's), parsed and analysed once."""
+    folder = folder or _runtime_dir()
+    defs: Dict[str, Definition] = {}
+    imports: Dict[str, Tuple[str, Optional[str]]] = {}
+    refs: Dict[cst.Name, Tuple[str, str]] = {}
+    order: List[str] = []
+    done: set = set()
+
+    def read(stem: str) -> None:
+        if stem in done:
+            return
+        done.add(stem)
+        module = cst.parse_module((folder / f"{stem}.py").read_text(encoding="utf-8"))
+        for stmt in module.body:  # the modules it imports from come first
+            for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
+                if isinstance(small, cst.ImportFrom) and small.relative and small.module is not None:
+                    read(_dotted(small.module))
+        _analyse(module, defs, imports, refs, order)
+
+    read("__init__")
+    return Runtime(tuple(order), defs, imports, refs)
+
+
+def _analyse(module: cst.Module, defs, imports, refs, order) -> None:
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    scopes = wrapper.resolve(ScopeProvider)
+    top: Dict[str, cst.BaseStatement] = {}
+    for stmt in module.body:
+        for name in _top_level_names(stmt, imports):
+            top[name] = stmt
+    glob = next(s for s in scopes.values() if isinstance(s, GlobalScope))
+    siblings = set(defs)  # what the modules read before this one define: its relative imports
+    for stmt in module.body:
+        for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
+            if isinstance(small, cst.ImportFrom) and small.relative and not isinstance(small.names, cst.ImportStar):
+                if any(alias.asname is not None for alias in small.names):
+                    raise ValueError("distify.runtime renames a relative import: the inline class cannot follow it")
+    free_nodes = {a.node: a.node.value for scope in set(scopes.values()) if scope is not None
+                  for a in scope.accesses
+                  if isinstance(a.node, cst.Name) and all(isinstance(r, BuiltinAssignment) for r in a.referents)}
+    names_in: Dict[int, List[cst.Name]] = {}  # statement -> its name nodes, annotations' left out
+    owner: Dict[int, cst.CSTNode] = {}
+    for stmt in module.body:
+        names_in[id(stmt)] = _names(stmt)
+        owner.update((id(n), stmt) for n in names_in[id(stmt)])
+    per_stmt: Dict[int, List[Tuple[cst.Name, str]]] = {}
+    orphans: Dict[int, str] = {}
+    for assignment in glob.assignments:
+        name = assignment.name
+        nodes = [r.node for r in assignment.references]
+        if isinstance(assignment.node, cst.Name) and assignment.node not in _targets_of(top.get(name)):
+            nodes.append(assignment.node)  # `global x` then `x = ...` in a function
+        for node in nodes:
+            if isinstance(node, cst.Name) and id(node) in owner:
+                per_stmt.setdefault(id(owner[id(node)]), []).append((node, name))
+                if name not in top and name not in imports and name not in siblings:
+                    orphans[id(owner[id(node)])] = f"the global {name} is bound only inside a function"
+    for stmt in module.body:
+        names = [n for n in _top_level_names(stmt, imports) if n not in imports]
+        if not names:
+            continue
+        needs, used, why = set(), set(), orphans.get(id(stmt), "")
+        for node, name in per_stmt.get(id(stmt), ()):
+            if name in imports:
+                used.add(name)
+                refs[node] = ("import", name)
+                continue
+            if name not in top and name not in siblings or name in names and _is_definition_name(stmt, node):
+                continue
+            needs.add(name)
+            scope = scopes.get(node)
+            if _deferred(scope):
+                refs[node] = ("member", name)
+            elif isinstance(scope, GlobalScope):
+                refs[node] = ("bare", name)
+                if name not in order and name not in names:
+                    why = why or f"reads {name} at class level before it is defined"
             else:
-                return model
-'''
-_UNWRAP = {
-    # runtime.DDP: torch's wrapper and the one-process one
-    "ddp": Helper(_UNWRAP_SOURCE.format(ddp="runtime.DDP"), needs=("DDP",)),
-    "horovod": Helper(_UNWRAP_SOURCE.format(ddp="torch.nn.parallel.DistributedDataParallel"), modules=("torch",)),
-}
-
-_DDP_TYPE = Helper(
-    '''
-    class _DDPType(type):
-        """DDP(...) below is torch's DistributedDataParallel(...) when the job has peers, and
-        isinstance(model, DDP) holds for both wrappers."""
-
-        def __call__(cls, *args, **kwargs):
-            if not dist.is_initialized() or dist.get_world_size(kwargs.get("process_group")) > 1:
-                return torch.nn.parallel.DistributedDataParallel(*args, **kwargs)
-            return super().__call__(*args, **kwargs)
-
-        def __instancecheck__(cls, obj):
-            return type.__instancecheck__(cls, obj) or isinstance(obj, torch.nn.parallel.DistributedDataParallel)
-''',
-    modules=("torch", "dist"),
-)
-
-_DDP = Helper(
-    '''
-    class DDP(torch.nn.Module, metaclass=_DDPType):
-        """In a world of one (plain `python`) there is nobody to average gradients with, and DDP's
-        reducer would still copy every gradient each step: this wrapper keeps DDP's .module, its
-        state_dict keys, no_sync() and register_comm_hook(), and does nothing else."""
-
-        def __init__(self, module, device_ids=None, *args, **kwargs):
-            super().__init__()
-            self.module = module
-            self.device_ids = device_ids
-
-        def forward(self, *inputs, **kwargs):
-            return self.module(*inputs, **kwargs)
-
-        def no_sync(self):
-            import contextlib
-
-            return contextlib.nullcontext()
-
-        def join(self, *args, **kwargs):
-            import contextlib
-
-            return contextlib.nullcontext()
-
-        def register_comm_hook(self, state, hook):
-            pass
-''',
-    needs=("_DDPType",),
-    modules=("torch",),
-)
+                why = why or f"reads {name} where the class body cannot see it"
+        nodes = names_in[id(stmt)]
+        free = frozenset(free_nodes[n] for n in nodes if n in free_nodes) - {"None", "True", "False"}
+        if free & _MODULE_DUNDERS:
+            why = why or f"reads the module's {', '.join(sorted(free & _MODULE_DUNDERS))}"
+        inner = frozenset(a.name for scope in {scopes.get(n) for n in nodes} - {None, glob} for a in scope.assignments)
+        for name in names:
+            if name in defs and defs[name].node is not stmt:
+                raise ValueError(f"distify.runtime defines {name} twice")
+            defs[name] = Definition(name, stmt, tuple(sorted(needs - {name})), tuple(sorted(used)), inner, free, why)
+            order.append(name)
 
 
-def _both(helper: Helper) -> Dict[str, Helper]:
-    return {"ddp": helper, "horovod": helper}
+def _top_level_names(stmt: cst.CSTNode, imports: Dict[str, Tuple[str, Optional[str]]]) -> List[str]:
+    """Names a top-level statement binds; records the runtime's imports on the way (`__all__` and
+    `from __future__` bind nothing the class needs; a relative import binds a sibling's definitions)."""
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        return [stmt.name.value]
+    names: List[str] = []
+    for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
+        if isinstance(small, cst.Import):
+            for alias in small.names:
+                full = _dotted(alias.name)
+                local = alias.asname.name.value if alias.asname else full.split(".")[0]
+                imports.setdefault(local, (full if alias.asname else local, None))
+        elif isinstance(small, cst.ImportFrom) and not small.relative and small.module is not None:
+            source = _dotted(small.module)
+            if source != "__future__" and not isinstance(small.names, cst.ImportStar):
+                for alias in small.names:
+                    local = alias.asname.name.value if alias.asname else alias.name.value
+                    imports.setdefault(local, (source, alias.name.value))
+        elif isinstance(small, (cst.Assign, cst.AnnAssign)):
+            targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+            names += [t.value for t in targets if isinstance(t, cst.Name) and t.value != "__all__"]
+    return names
 
 
-# name -> backend -> helper, in the order they appear in the class (a helper before its users)
-HELPERS: Dict[str, Dict[str, Helper]] = {
-    "_environment": _both(_ENVIRONMENT),
-    "_rendezvous": {"ddp": _RENDEZVOUS},
-    "_accelerator": {"ddp": _ACCELERATOR},
-    "init_kwargs": {"ddp": _INIT_KWARGS},
-    "cleanup": {"ddp": _CLEANUP},
-    "rank": _RANK,
-    "world_size": _WORLD_SIZE,
-    "local_rank": _LOCAL_RANK,
-    "is_main_process": _both(_IS_MAIN_PROCESS),
-    "device": _DEVICE,
-    "device_ids": _both(_DEVICE_IDS),
-    "barrier": _BARRIER,
-    "broadcast_object": _BROADCAST_OBJECT,
-    "all_reduce": _ALL_REDUCE,
-    "reduce_mean": _both(_REDUCE_MEAN),
-    "all_reduce_sum": _both(_ALL_REDUCE_SUM),
-    "ShardSampler": _both(_SHARD_SAMPLER),
-    "shard_loader": _both(_SHARD_LOADER),
-    "shard_nodes": _both(_SHARD_NODES),
-    "_DDPType": {"ddp": _DDP_TYPE},
-    "DDP": {"ddp": _DDP},
-    "unwrap": _UNWRAP,
-}
+def _targets_of(stmt: Optional[cst.CSTNode]) -> List[cst.CSTNode]:
+    out: List[cst.CSTNode] = []
+    for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
+        if isinstance(small, cst.Assign):
+            out += [t.target for t in small.targets]
+        elif isinstance(small, cst.AnnAssign):
+            out.append(small.target)
+    return out
 
 
-# FSDP2 runs on the process group DDP uses (init_process_group, torchrun's environment): its inline
-# helpers are DDP's. The sharding itself is torch's own fully_shard, written in the script.
-for _variants in HELPERS.values():
-    if "ddp" in _variants:
-        _variants.setdefault("fsdp", _variants["ddp"])
-del _variants
+def _is_definition_name(stmt: cst.CSTNode, node: cst.Name) -> bool:
+    return node is getattr(stmt, "name", None) or node in _targets_of(stmt)
 
 
-def closure(names, backend: str) -> List[str]:
-    """The helpers `names` need, dependencies included, in class order. Unknown names are skipped."""
-    todo, found = [n for n in names if backend in HELPERS.get(n, {})], set()
-    while todo:
-        name = todo.pop()
-        if name not in found:
-            found.add(name)
-            todo += HELPERS[name][backend].needs
-    return [n for n in HELPERS if n in found]
+def _deferred(scope) -> bool:
+    """True for a scope that runs after the class exists (a function body, or anything inside one)."""
+    while scope is not None and not isinstance(scope, GlobalScope):
+        if isinstance(scope, FunctionScope):
+            return True
+        if isinstance(scope, ClassScope):
+            return False
+        scope = scope.parent
+    return False
 
 
-def source(names: Sequence[str], backend: str, header: bool = True) -> str:
-    """The code of the class holding `names` and the helpers they need; without header, the code
-    of exactly those helpers (to append to a class that has the others)."""
-    parts = [_HEADER.format(version=VERSION, backend=backend)] if header else []
-    chosen = closure(names, backend) if header else [n for n in HELPERS if n in names]
-    parts += [HELPERS[n][backend].source for n in chosen]
-    return "".join(parts)
+def _names(node: cst.CSTNode) -> List[cst.Name]:
+    """The name nodes under `node`, less those of annotations (which the class drops)."""
+    found: List[cst.Name] = []
+
+    class Collect(cst.CSTVisitor):
+        def visit_Annotation(self, n: cst.Annotation) -> bool:
+            return False
+
+        def visit_Name(self, n: cst.Name) -> None:
+            found.append(n)
+
+    node.visit(Collect())
+    return found
 
 
-def modules_for(names: Sequence[str], backend: str) -> List[str]:
-    """Template module names (os, torch, dist, hvd) the helpers use, in a stable order."""
-    used = {m for n in closure(names, backend) for m in HELPERS[n][backend].modules}
-    return [m for m in MODULES if m in used]
+def _dotted(node: cst.BaseExpression) -> str:
+    if isinstance(node, cst.Attribute):
+        return f"{_dotted(node.value)}.{node.attr.value}"
+    return node.value if isinstance(node, cst.Name) else ""
+
+
+# the rewrite ----------------------------------------------------------------------------------
+
+
+class _Inline(cst.CSTTransformer):
+    def __init__(self, refs: Dict[cst.Name, Tuple[str, str]], cls: str, spellings: Dict[str, str]) -> None:
+        super().__init__()
+        self.refs, self.cls, self.spellings = refs, cls, spellings
+        self.bodies: List[str] = []  # "class" / "def", innermost last
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        kind, name = self.refs.get(original_node, ("", ""))
+        if kind == "member":
+            return cst.Attribute(value=cst.Name(self.cls), attr=cst.Name(name))
+        if kind == "import":
+            return updated_node.with_changes(value=self.spellings.get(name, name))
+        return updated_node
+
+    def leave_Global(self, original_node: cst.Global, updated_node: cst.Global):
+        return cst.RemoveFromParent()  # its names are the class's attributes now
+
+    def leave_Param(self, original_node: cst.Param, updated_node: cst.Param) -> cst.Param:
+        if updated_node.annotation is None:
+            return updated_node
+        equal = updated_node.equal  # `x: int = 0` -> `x=0`
+        if isinstance(equal, cst.AssignEqual):
+            equal = equal.with_changes(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+        return updated_node.with_changes(annotation=None, equal=equal)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.bodies.append("class")
+
+    def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
+        self.bodies.pop()
+        return _short_docstring(updated_node)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.bodies.append("def")
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        self.bodies.pop()
+        return _short_docstring(updated_node.with_changes(returns=None))
+
+    def leave_AnnAssign(self, original_node: cst.AnnAssign, updated_node: cst.AnnAssign):
+        if self.bodies[-1:] == ["class"] or updated_node.value is None:  # a field: a dataclass reads it
+            code = cst.Module([]).code_for_node(original_node.annotation.annotation)
+            quoted = repr(code) if '"' in code else f'"{code}"'
+            return updated_node.with_changes(annotation=cst.Annotation(cst.SimpleString(quoted)))
+        return cst.Assign(targets=[cst.AssignTarget(updated_node.target)], value=updated_node.value)
+
+
+def _short_docstring(node):
+    """The docstring's first paragraph, its lines indented one level deeper (the class's)."""
+    body = node.body
+    first = body.body[0] if isinstance(body, cst.IndentedBlock) and body.body else None
+    small = first.body[0] if isinstance(first, cst.SimpleStatementLine) and first.body else None
+    string = small.value if isinstance(small, cst.Expr) else None
+    if not isinstance(string, cst.SimpleString) or not string.value.lstrip("rRuU").startswith(('"""', "'''")):
+        return node
+    prefix = string.value[: len(string.value) - len(string.value.lstrip("rRuU"))]
+    quote = string.value[len(prefix): len(prefix) + 3]
+    text = string.value[len(prefix) + 3: -3]
+    cut = re.search(r"\n[ \t]*\n", text)
+    if cut:
+        text = text[: cut.start()].rstrip()
+    lines = text.split("\n")
+    text = "\n".join([lines[0], *[("    " + line) if line.strip() or i == len(lines) - 2 else line
+                                  for i, line in enumerate(lines[1:])]])
+    new = string.with_changes(value=f"{prefix}{quote}{text}{quote}")
+    stmt = first.with_changes(body=[small.with_changes(value=new), *first.body[1:]])
+    return node.with_changes(body=body.with_changes(body=[stmt, *body.body[1:]]))
+
+
+# the class --------------------------------------------------------------------------------------
+
+
+def header(name: str, backend: str) -> str:
+    return _HEADER.format(version=VERSION, backend=backend, name=name)
+
+
+def import_line(binding: str, local: str, runtime: Optional[Runtime] = None) -> str:
+    """The statement that binds the runtime's import `binding` as `local` in a script."""
+    module, attr = (runtime or load()).imports[binding]
+    if attr is not None:
+        return f"from {module} import {attr}" + ("" if local == attr else f" as {local}")
+    return f"import {module}" + ("" if local == module else f" as {local}")
+
+
+def source(names: Sequence[str], backend: str, header_too: bool = True, cls: str = "runtime",
+           runtime: Optional[Runtime] = None) -> str:
+    """Code of the inline class holding `names` and what they need, its imports first (in the
+    runtime's own spellings); without header_too, the code of exactly those members."""
+    runtime = runtime or load()
+    chosen = runtime.closure(names) if header_too else [n for n in runtime.order if n in names]
+    members = runtime.render(chosen, cls, {})
+    if not header_too:
+        return cst.Module([]).code_for_node(cst.ClassDef(cst.Name("_"), cst.IndentedBlock(members)))
+    lines = [import_line(b, b, runtime) + "\n" for b in runtime.imports_for(chosen)]
+    return "".join(lines) + "\n\n" + cst.Module([class_def(cls, backend, members)]).code
+
+
+def class_def(name: str, backend: str, members: List[cst.BaseStatement]) -> cst.ClassDef:
+    cls = cst.parse_statement(header(name, backend))
+    assert isinstance(cls, cst.ClassDef) and isinstance(cls.body, cst.IndentedBlock)
+    return cls.with_changes(body=cls.body.with_changes(body=[*cls.body.body, *members]))

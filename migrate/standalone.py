@@ -12,8 +12,8 @@ standalone script recognisable as distify's output, so that a later run works in
 only helpers that new code needs (appended to the class, the user's edits to it kept) and keeps the
 script standalone with or without the flag.
 
-The source of every helper is in inline_helpers.py; this module places the class. It imports libcst
-only (the CLI never imports torch).
+inline_helpers.py generates the class's members from distify.runtime's own source; this module
+places the class. It imports libcst only (the CLI never imports torch).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Dict, FrozenSet, List, Optional, Tuple
 
 import libcst as cst
 
-from distify.inline_helpers import HELPERS, MODULES, _MARKER_RE, closure, modules_for, source  # noqa: F401 - HELPERS, source: re-exported
+from distify.inline_helpers import _MARKER_RE, class_def, import_line, load, source  # noqa: F401 - source: re-exported
 
 
 # reading a script -------------------------------------------------------------------------------
@@ -119,29 +119,13 @@ def _dotted(node: cst.BaseExpression) -> str:
 # writing it -------------------------------------------------------------------------------------
 
 
-class _Rename(cst.CSTTransformer):
-    """Template names (os, torch, dist, hvd, runtime) -> the script's spellings."""
+def _module_bindings(module: cst.Module) -> FrozenSet[str]:
+    """Names the script binds at top level (where the class's code would find them before builtins)."""
+    from libcst.metadata import GlobalScope, MetadataWrapper, ScopeProvider
 
-    def __init__(self, names: Dict[str, str]) -> None:
-        super().__init__()
-        self.names = names
-
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
-        new = self.names.get(updated_node.value)
-        return updated_node.with_changes(value=new) if new else updated_node
-
-    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
-        return updated_node.with_changes(attr=original_node.attr)  # `x.torch` is no variable
-
-
-def _parse(code: str, names: Dict[str, str]) -> List[cst.BaseStatement]:
-    from distify.edits import parse_stmts
-
-    stmts = parse_stmts(code)
-    renames = {k: v for k, v in names.items() if k != v}
-    if renames:
-        stmts = [s.visit(_Rename(renames)) for s in stmts]
-    return stmts
+    scopes = MetadataWrapper(module).resolve(ScopeProvider)
+    glob = next((s for s in scopes.values() if isinstance(s, GlobalScope)), None)
+    return frozenset(a.name for a in glob.assignments) if glob is not None else frozenset()
 
 
 @dataclass
@@ -155,8 +139,8 @@ def finish(module: cst.Module, backend: str, name: Optional[str], fresh) -> Outc
 
     ``name`` is the name the rules used for the runtime (None when none did); ``fresh(preferred)``
     hands out unused names for imports the class needs. A script that imports
-    ``from distify import runtime`` loses that import for the class. Helpers with no inline
-    version are returned as ``unsupported``: such a script keeps (or gets) the distify import.
+    ``from distify import runtime`` loses that import for the class. What cannot be inlined (see
+    inline_helpers) keeps, or gets, the distify import, with a warning.
     """
     from distify.edits import _insert_imports, import_anchor
 
@@ -168,18 +152,27 @@ def finish(module: cst.Module, backend: str, name: Optional[str], fresh) -> Outc
     imports = top_level_imports(module)
     converting = block is None and imports.get("distify.runtime", ("",))[0] == name
     used = [u for u in attributes_used(module, name) if block is None or u not in block.members]
-    unsupported = tuple(u for u in used if backend not in HELPERS.get(u, {}))
-    if unsupported:
-        helpers = ", ".join(f"{name}.{u}" for u in unsupported)
+    if not used:
+        return Outcome(module)
+    runtime = load()  # parsed once per process, and only when a member is to be written
+    wanted = runtime.closure(used)
+    if block is not None:
+        wanted = [n for n in wanted if n not in block.members]
+    problems = [f"{name}.{u}: {runtime.why_not(u)}" for u in used if not runtime.inlinable(u)]
+    inside = runtime.bound_inside(wanted)
+    if name in inside:
+        problems.append(f"the class name {name} is a local name of the inline runtime's code")
+    shadowed = sorted(runtime.builtins_read(wanted) & _module_bindings(module)) if wanted else []
+    if shadowed:
+        problems.append(f"the script binds {', '.join(shadowed)}, which the inline runtime reads as the builtin")
+    if problems:
+        why = "; ".join(problems)
         if block is not None:
-            return Outcome(module, f"{helpers}: not in the inline runtime class, and no inline version exists")
+            return Outcome(module, f"not in the inline runtime class: {why}")
         if not converting:  # the rules' calls need distify after all
             line = "from distify import runtime" + ("" if name == "runtime" else f" as {name}")
             module = module.with_changes(body=_insert_imports(list(module.body), [line]))
-        return Outcome(module, f"{helpers}: no inline version; the script imports distify for it")
-    wanted = closure(used, backend)
-    if block is not None:
-        wanted = [n for n in wanted if n not in block.members]
+        return Outcome(module, f"the script imports distify: {why}")
     if not wanted:
         return Outcome(module)
 
@@ -190,31 +183,29 @@ def finish(module: cst.Module, backend: str, name: Optional[str], fresh) -> Outc
             return Outcome(module, "`from distify import runtime` shares its line: the script still imports distify")
         body.remove(stmt)
 
-    # the script's spellings of the modules the helpers use; missing ones are imported
-    names, lines = {"runtime": name}, []
-    for template in modules_for(wanted, backend):
-        qualified = MODULES[template]
-        local = imports.get(qualified, (None,))[0]
-        if local is None:
-            local = fresh(template)
-            head, _, last = qualified.rpartition(".")
-            if head and local == last:
-                lines.append(f"from {head} import {last}")
-            elif local == qualified:
-                lines.append(f"import {qualified}")
-            else:
-                lines.append(f"import {qualified} as {local}")
-        names[template] = local
+    # the script's spellings of the modules the class reads; missing ones are imported, under a
+    # name no code of the class binds for itself
+    spellings, lines = {}, []
+    for binding in runtime.imports_for(wanted):
+        module_name, attr = runtime.imports[binding]
+        local = imports.get(f"{module_name}.{attr}" if attr else module_name, (None,))[0]
+        if local is None or local in inside:
+            local = fresh(binding)
+            while local in inside:
+                local = fresh(binding)
+            lines.append(import_line(binding, local, runtime))
+        spellings[binding] = local
     if lines:
         body = _insert_imports(body, lines, also_needed={name})  # the class reads them where it stands
 
+    members = runtime.render(wanted, name, spellings)
     if block is not None:
-        methods = _parse("class _:\n" + source(wanted, backend, header=False), names)[0].body.body
-        cls = block.node.with_changes(body=block.node.body.with_changes(body=[*block.node.body.body, *methods]))
+        cls = block.node.with_changes(body=block.node.body.with_changes(body=[*block.node.body.body, *members]))
         body = [cls if stmt is block.node else stmt for stmt in body]
         return Outcome(module.with_changes(body=body))
 
-    cls = _parse("\n\n" + source(wanted, backend), names)[0]
+    cls = class_def(name, backend, members)
+    cls = cls.with_changes(leading_lines=[cst.EmptyLine(indent=False)] * 2 + list(cls.leading_lines))
     at = import_anchor(body, {name}) + 1  # bound before the first statement that calls it
     if at < len(body):  # two blank lines after the class, as after any top-level class
         nxt = body[at]

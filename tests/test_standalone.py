@@ -126,12 +126,23 @@ def test_a_later_run_appends_only_the_missing_helper_and_keeps_edits_to_the_clas
 
 def test_helpers_unknown_to_the_inline_class_keep_the_distify_import(tmp_path):
     default = (FIXTURES / "scenarios" / "module_level.ddp.py").read_text()
-    edited = default + "print(runtime.choose_backend())\n"
+    edited = default + "print(runtime.no_such_helper())\n"
     result = migrate_source(edited.encode(), Options(backend="ddp", standalone=True))
     out = result.output.decode()
     assert "from distify import runtime" in out and "standalone runtime (v" not in out
     warnings = [f.message for f in result.findings if f.kind == "warning"]
-    assert any("runtime.choose_backend" in w for w in warnings), warnings
+    assert any("runtime.no_such_helper: not a part of distify.runtime" in w for w in warnings), warnings
+
+
+def test_a_script_that_shadows_a_builtin_the_class_reads_keeps_the_distify_import():
+    """The class's code reads `open` and `next` as builtins; a script that binds one of them at top
+    level would hand the class its own object instead: refused, with the reason."""
+    default = (FIXTURES / "scenarios" / "module_level.ddp.py").read_text()
+    result = migrate_source((default + "next = 3\n").encode(), Options(backend="ddp", standalone=True))
+    out = result.output.decode()
+    assert "from distify import runtime" in out and "standalone runtime (v" not in out
+    warnings = [f.message for f in result.findings if f.kind == "warning"]
+    assert any("the script binds next" in w for w in warnings), warnings
 
 
 # --- the inline helpers read the environment like distify.runtime -------------------------------
@@ -164,36 +175,49 @@ ENVIRONMENTS = {
 
 
 def inline_runtime(backend: str, environ: dict, names=None):
-    """The inline class of `backend` with every helper, executed over a fake `os.environ`."""
-    import torch
-    import torch.distributed as dist
+    """The inline class of `backend` with every member (or `names` and what they need), executed
+    with a fake `os.environ` of its own."""
+    from distify.inline_helpers import load
 
-    code = standalone.source(list(standalone.HELPERS), backend)
-    namespace = {"os": types.SimpleNamespace(environ=dict(environ)), "torch": torch, "dist": dist}
-    if backend == "horovod":
-        namespace["hvd"] = types.SimpleNamespace(is_initialized=lambda: False)
+    code = standalone.source(names or list(load().order), backend)
+    namespace: dict = {}
     exec(compile(code, f"<inline runtime {backend}>", "exec"), namespace)
+    namespace["os"] = types.SimpleNamespace(environ=dict(environ))  # what its functions read from now on
     return namespace["runtime"]
 
 
 @pytest.mark.parametrize("backend", ["ddp", "horovod"])
 @pytest.mark.parametrize("case", sorted(ENVIRONMENTS))
-def test_inline_environment_matches_distify_runtime(case, backend):
-    from distify.runtime import discover
+def test_inline_environment_matches_distify_runtime(case, backend, monkeypatch):
+    """Rank, world size, local rank, rendezvous and what init_kwargs exports, from the same
+    variables: the inline class and distify.runtime agree on every launcher."""
+    import os
+
+    from distify import runtime as rt
 
     env = ENVIRONMENTS[case]
-    expected = discover(env)
+    expected = rt.discover(env)
     runtime = inline_runtime(backend, env)
-    assert runtime._environment() == (expected.rank, expected.world_size, expected.local_rank)
+    assert runtime.discover() == runtime.Environment(*(getattr(expected, f) for f in (
+        "rank", "world_size", "local_rank", "master_addr", "master_port", "source")))
     assert (runtime.rank(), runtime.world_size(), runtime.local_rank()) == (
         expected.rank, expected.world_size, expected.local_rank,
     )
     assert runtime.is_main_process() == (expected.rank == 0)
-    if backend == "ddp" and expected.world_size > 1:
-        addr, port = runtime._rendezvous()
-        if expected.master_addr is not None:
-            assert addr == expected.master_addr
-        assert int(port) == expected.master_port
+    if expected.world_size > 1 and expected.rank > 0:  # (rank 0 would check MASTER_PORT is free)
+        monkeypatch.setattr(os, "environ", dict(env))
+        theirs = _outcome(rt.init_kwargs)
+        mine = _outcome(runtime.init_kwargs)
+        assert mine == theirs
+        assert runtime.init_kwargs.__globals__["os"].environ == os.environ  # the same variables exported
+
+
+def _outcome(init_kwargs):
+    """init_kwargs() without the store object (one per call), or the message it exits with."""
+    try:
+        return {k: v for k, v in init_kwargs().items() if k != "store"}
+    except SystemExit as stop:
+        return str(stop)
 
 
 @pytest.mark.parametrize("backend", ["ddp", "horovod"])
@@ -232,17 +256,129 @@ def test_inline_helpers_without_a_process_group():
     assert runtime.unwrap(model) is model
 
 
-def test_every_runtime_helper_has_an_inline_version():
-    """A helper added to distify.runtime that rules may emit needs its inline twin here."""
+def test_every_runtime_helper_is_inlinable():
+    """Everything distify.runtime exports can be written into a script: a helper added to the
+    runtime needs no inline twin, and nothing in it defeats the generator."""
     import distify.runtime as rt
+    from distify.inline_helpers import load
 
-    environment_api = {"DistifyEnvError", "Environment", "choose_backend", "discover", "expand_nodelist", "first_host"}
-    helpers = set(rt.__all__) - environment_api
-    missing = sorted(h for h in helpers if "ddp" not in standalone.HELPERS.get(h, {}))
-    assert missing == []
-    ddp_only = {"init_kwargs", "cleanup", "DDP"}  # Horovod wraps no model
-    missing = sorted(h for h in helpers - ddp_only if "horovod" not in standalone.HELPERS.get(h, {}))
-    assert missing == []
+    assert [h for h in rt.__all__ if not load().inlinable(h)] == []
+
+
+# --- the inline class is generated from the runtime's source, not written twice ------------------
+
+
+def _normalised(node: ast.AST, cls: str = "") -> str:
+    """`node` as ast.dump, less what the generator documents it changes: `cls.x` reads of the
+    class's members (bare x in the runtime), @staticmethod, docstrings, annotations, `global`."""
+
+    class Undo(ast.NodeTransformer):
+        def visit_Attribute(self, n):
+            self.generic_visit(n)
+            if isinstance(n.value, ast.Name) and n.value.id == cls:
+                return ast.copy_location(ast.Name(n.attr, n.ctx), n)
+            return n
+
+        def _body(self, n):
+            self.generic_visit(n)
+            first = n.body[0] if n.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                n.body = n.body[1:] or [ast.Pass()]
+            return n
+
+        def visit_FunctionDef(self, n):
+            n.decorator_list = [d for d in n.decorator_list if not (isinstance(d, ast.Name) and d.id == "staticmethod")]
+            n.returns = None
+            return self._body(n)
+
+        def visit_ClassDef(self, n):
+            return self._body(n)
+
+        def visit_arg(self, n):
+            n.annotation = None
+            return n
+
+        def visit_AnnAssign(self, n):
+            self.generic_visit(n)
+            if n.value is None:
+                return ast.Expr(n.target)
+            return ast.Assign([n.target], n.value)
+
+        def visit_Global(self, n):
+            return None  # dropped
+
+    tree = Undo().visit(ast.parse(ast.unparse(node)))
+    return ast.dump(ast.Module([s for s in tree.body if not isinstance(s, ast.Pass)], []))
+
+
+def _runtime_sources():
+    from distify.inline_helpers import _runtime_dir
+
+    out = {}
+    for path in sorted(_runtime_dir().glob("*.py")):
+        for stmt in ast.parse(path.read_text()).body:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+            names = [stmt.name] if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) else [
+                t.id for t in targets if isinstance(t, ast.Name)]
+            for name in names:
+                out[name] = stmt
+    return out
+
+
+def test_every_generated_member_is_its_runtime_source_under_the_documented_rewrites():
+    """No helper text is written twice: each member of the class, parsed back, equals the runtime's
+    own definition once the generator's documented rewrites are undone (compared with `ast`, not
+    with the libcst code that generated it)."""
+    from distify.inline_helpers import load
+
+    runtime, sources = load(), _runtime_sources()
+    assert len(runtime.order) >= 40
+    for name in runtime.order:
+        generated = ast.parse(standalone.source([name], "ddp", header_too=False, cls="runtime_9")).body[0].body[0]
+        assert _normalised(generated, "runtime_9") == _normalised(sources[name]), name
+
+
+def test_a_change_to_the_runtime_reaches_the_inline_class(tmp_path):
+    """The control for the test above: a runtime whose shard_nodes pads differently (and gains a
+    helper) generates a class that behaves the new way -- a hand-written copy would not follow."""
+    import shutil
+
+    import torch
+
+    from distify.inline_helpers import _runtime_dir, load
+
+    copy = tmp_path / "runtime"
+    shutil.copytree(_runtime_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
+    text = (copy / "__init__.py").read_text()
+    old = "    total = -(-index.numel() // replicas) * replicas\n"
+    assert old in text
+    text = text.replace(old, "    total = _floor(index.numel(), replicas)\n")
+    text += "\n\ndef _floor(n, k):\n    return n // k * k  # drop the remainder instead of padding\n"
+    (copy / "__init__.py").write_text(text)
+
+    changed = load(copy)
+    assert "_floor" in changed.closure(["shard_nodes"])
+    namespace: dict = {}
+    exec(standalone.source(["shard_nodes"], "ddp", runtime=changed), namespace)
+    namespace["os"] = types.SimpleNamespace(environ={"RANK": "0", "WORLD_SIZE": "3"})
+    assert namespace["runtime"].shard_nodes(torch.arange(10)).tolist() == [0, 3, 6]  # 9 nodes shared, not 12
+    assert inline_runtime("ddp", {"RANK": "0", "WORLD_SIZE": "3"}).shard_nodes(torch.arange(10)).tolist() == [0, 3, 6, 9]
+
+
+def test_what_the_generator_cannot_carry_is_refused_with_its_reason(tmp_path):
+    """A runtime function reading the module's __name__ (which is "__main__" in a script) or a
+    global bound only inside a function is not inlinable, nor is what calls it."""
+    from distify.inline_helpers import load
+
+    (tmp_path / "__init__.py").write_text(
+        "import os\n\n\ndef where():\n    return __name__\n\n\ndef uses():\n    return where()\n\n\n"
+        "def later():\n    global _made\n    _made = 1\n    return _made\n\n\ndef fine():\n    return os.sep\n"
+    )
+    runtime = load(tmp_path)
+    assert not runtime.inlinable("where") and "__name__" in runtime.why_not("where")
+    assert not runtime.inlinable("uses") and runtime.why_not("uses").startswith("where:")
+    assert not runtime.inlinable("later") and "_made" in runtime.why_not("later")
+    assert runtime.inlinable("fine") and runtime.why_not("nothing") == "not a part of distify.runtime"
 
 
 # --- CLI -----------------------------------------------------------------------------------------
@@ -252,7 +388,7 @@ def test_cli_flag_and_pyproject_key(cli, tmp_path, train_py):
     result = cli(train_py, "--standalone", "-q")
     assert result.exit_code == 1, result.stderr
     text = Path(train_py).read_text()
-    assert distify_imports(text) == [] and "standalone runtime (v1, ddp)" in text
+    assert distify_imports(text) == [] and "standalone runtime (v2, ddp)" in text
 
     other = tmp_path / "other.py"
     other.write_bytes((FIXTURES / "scenarios" / "module_level.in.py").read_bytes())
@@ -299,7 +435,7 @@ def test_inline_class_never_trains_on_the_fake_test_backend(monkeypatch, fake_ac
     import torch
 
     real = torch.distributed.get_default_backend_for_device
-    fake_accelerator("hpu", 1)
+    fake_accelerator("hpu", 2)
     for answer, backend in (("fake", "gloo"), ("hccl", "cpu:gloo,hpu:hccl")):
         monkeypatch.setattr(torch.distributed, "get_default_backend_for_device",
                             lambda device, answer=answer: answer if str(device) == "hpu" else real(device))
@@ -312,6 +448,7 @@ def test_inline_class_without_the_accelerator_api_uses_cuda(monkeypatch, no_acce
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
     runtime = inline_runtime("ddp", LAUNCHED)
     kwargs = runtime.init_kwargs()
@@ -321,11 +458,15 @@ def test_inline_class_without_the_accelerator_api_uses_cuda(monkeypatch, no_acce
 
 
 def test_inline_horovod_class_stays_on_cuda(monkeypatch, fake_accelerator):
-    """Horovod reduces CPU and CUDA tensors only: its device() never picks another accelerator."""
+    """Horovod reduces CPU and CUDA tensors only: once the script imported horovod.torch, device()
+    never picks another accelerator."""
+    import sys
+
     import torch
 
     fake_accelerator("xpu", 2)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setitem(sys.modules, "horovod.torch", types.SimpleNamespace(is_initialized=lambda: False))
     assert inline_runtime("horovod", LAUNCHED).device() == torch.device("cpu")
 
 
