@@ -19,15 +19,23 @@ NOT PROVEN (3), with what would exercise the rest. 2 is a usage error, 130 an in
 
 With ``--against-original`` the original draws the training permutation the ranks' DistributedSampler
 drew (the probe reseeds its RandomSampler per pass), so the ranks' k-th batches together are its
-k-th batch and the weights can be compared on shuffled data; other randomness in the training step
-(dropout, augmentation, torch.randint batches) is named and leaves the comparison not exercised.
+k-th batch and the weights can be compared on shuffled data; other randomness (dropout, augmentation
+drawing from torch, Python's random or NumPy while batches are made, torch.randint batches, draws in
+a step, unseeded draws before training) is named with its line and leaves the comparison not
+exercised: the probe sees which generators drew (``_probe/_distify_random.py``), the project's facts
+say where (``distify.verify_facts``).
 
-Where the runs happen. Each run gets its own sandbox directory that mirrors the user's current
-directory (or the script's directory when the script lies outside it): every entry there is a link
-to the user's entry, except that the folders on the way to the script are real and the script is
-the (migrated) copy, under its own name. The run's working directory is the mirror of the user's
-current directory, so relative data paths, ``__file__``-relative paths and sibling imports resolve
-as in the user's own run. Writes stay in the sandbox: the probe replaces a link by a private copy
+The copy is migrated as ``distify`` migrates the project (``distify.project.migrate_project``): the
+script and every module of its project that distify rewrites. Where the runs happen. Each run gets
+its own sandbox directory that mirrors the outermost of the user's current directory and the
+script's project root (the script's directory when neither holds it): every entry there is a link
+to the user's entry, except that the folders on the way to the script, to each rewritten module and
+to the working directory are real, and the script and the rewritten modules are the migrated copies,
+under their own names. The run's working directory is the mirror of the user's current directory,
+so relative data paths, ``__file__``-relative paths and the project's imports resolve as in the
+user's own run. The checks follow the run into every module of the project: the probe names the
+innermost line of user code in the sandbox, and the save sites of every module the runs imported
+count. Writes stay in the sandbox: the probe replaces a link by a private copy
 (a folder by a real folder of links, a file by a copy) just before something writes through it, so
 checkpoints, images and logs of the three runs never overwrite the user's files or each other.
 Only what the script writes to absolute paths outside the sandbox (an ``--output-dir /data/runs``)
@@ -53,7 +61,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -85,23 +93,45 @@ class VerifyError(Exception):
 # --- the sandbox --------------------------------------------------------------------------------
 
 
-def build_sandbox(run_dir: Path, script: Path, text: bytes, cwd: Path) -> Tuple[Path, Path]:
-    """Mirror the user's tree into run_dir (see the module docstring); write `text` as the script.
+def sandbox_root(script: Path, cwd: Path, project_root: Optional[Path] = None) -> Path:
+    """The folder a sandbox mirrors: the outermost of the current directory and the script's project
+    root (its package root, or ``[tool.distify] project-root``) that holds the script; the script's
+    folder when neither does. Imports of the project and paths relative to the current directory or
+    to ``__file__`` then resolve inside the sandbox as in the user's run."""
+    script, cwd = script.resolve(), cwd.resolve()
+    holders = [p.resolve() for p in (cwd, project_root) if p is not None and (p.resolve() == script.parent or p.resolve() in script.parents)]
+    return min(holders, key=lambda p: len(p.parts)) if holders else script.parent
+
+
+def build_sandbox(run_dir: Path, script: Path, text: bytes, cwd: Path, project_root: Optional[Path] = None,
+                  others: Optional[Dict[Path, bytes]] = None) -> Tuple[Path, Path]:
+    """Mirror the user's tree into run_dir (see the module docstring): `text` is the script, and each
+    of `others` (real path -> bytes: the project's modules the migration rewrote) is written over its
+    place. Every folder on the way to a written file is real, every other entry a link to the user's.
     Returns (the script's path in the sandbox, the working directory for the run)."""
     script, cwd = script.resolve(), cwd.resolve()
-    root = cwd if script.parent == cwd or cwd in script.parent.parents else script.parent
-    chain = [root] + [p for p in reversed(script.parent.parents) if root in p.parents] + ([script.parent] if script.parent != root else [])
-    for index, folder in enumerate(chain):
+    root = sandbox_root(script, cwd, project_root)
+    files = {script: text}
+    for path, data in (others or {}).items():
+        path = Path(path).resolve()
+        if root not in path.parents:
+            raise VerifyError(f"{path}: a module distify rewrote lies outside {root}, the folder verify mirrors")
+        files[path] = data
+    real = {root}
+    for path in files:
+        real.update(p for p in path.parents if root in p.parents)
+    if root in cwd.parents:  # the run's working directory: a link there would resolve to the user's folder
+        real.update(p for p in (cwd, *cwd.parents) if root in p.parents)
+    for folder in sorted(real, key=lambda p: len(p.parts)):
         mirror = run_dir / folder.relative_to(root)
         mirror.mkdir(parents=True, exist_ok=True)
-        keep_real = chain[index + 1].name if index + 1 < len(chain) else None
         for entry in sorted(os.listdir(folder)):
-            if entry == keep_real or (folder == script.parent and entry == script.name):
-                continue
-            os.symlink(folder / entry, mirror / entry)
+            if folder / entry not in real and folder / entry not in files:
+                os.symlink(folder / entry, mirror / entry)
+    for path, data in files.items():
+        (run_dir / path.relative_to(root)).write_bytes(data)
     copy = run_dir / script.relative_to(root)
-    copy.write_bytes(text)
-    workdir = run_dir / cwd.relative_to(root) if root == cwd else copy.parent
+    workdir = run_dir / cwd.relative_to(root) if cwd == root or root in cwd.parents else copy.parent
     return copy, workdir
 
 
@@ -235,6 +265,8 @@ class Plan:
     against_original: bool
     batch_arg: Optional[str]
     options: Optional[Options] = None  # what the copy is migrated with: flags and [tool.distify], as `distify` would
+    project_root: Optional[Path] = None  # set by verify: the script's project (what the sandbox mirrors)
+    others: Dict[Path, bytes] = field(default_factory=dict)  # set by verify: the project's other modules, migrated
 
 
 def scale_batch(args: List[str], name: str, factor: int) -> Tuple[List[str], Optional[str], str]:
@@ -278,29 +310,39 @@ def verify(plan: Plan) -> dict:
     source = plan.script.read_bytes()
     checks: List[Check] = []
     findings = []
+    options = plan.options or Options(backend=plan.backend, standalone=plan.standalone)
     if plan.as_is:
+        from distify.project import Project
+
         migrated = source
+        plan.project_root = Path(Project.around(str(plan.script), options.project_root, tuple(options.exclude)).root)
         checks.append(Check("migrate", "the script to check", HELD, "as it is (--as-is)"))
     else:
-        from distify.engine import InputError, migrate_source
-        from distify.options import Options
+        from distify.engine import Status
+        from distify.project import migrate_project
 
-        try:
-            result = migrate_source(source, plan.options or Options(backend=plan.backend, standalone=plan.standalone))
-        except InputError as e:
-            raise VerifyError(f"{plan.script}: {e}") from None
-        migrated = result.output
-        findings = [f.format(str(plan.script)) for f in result.findings if f.kind == "warning"]
-        if not result.changed:
-            why = result.note or "nothing to change"
+        project = migrate_project([str(plan.script)], options)  # the script and the modules of its project it rewrites
+        entry = project.files[0]
+        if entry.status is Status.ERROR:
+            raise VerifyError(f"{plan.script}: {entry.message}")
+        if entry.status is Status.FAILED:
+            raise RuntimeError(entry.message)
+        plan.project_root = Path(project.root)
+        migrated = entry.output or entry.source
+        rewritten = [f for f in project.files if f.output and f.output != f.source]
+        plan.others = {Path(f.path): f.output for f in rewritten if f is not entry}
+        findings = [f.format(str(r.path)) for r in project.files for f in r.findings if f.kind == "warning"]
+        if entry not in rewritten and not plan.others:
+            why = entry.message or "nothing to change"
             checks.append(Check("migrate", "distify migrates a copy", FAILED,
                                 f"distify left the script unchanged ({why}); use --as-is to check a script that is "
                                 "already distributed" + "".join("\n" + w for w in findings)))
             return _report(plan, checks, [], findings)
-        fixes = sum(1 for f in result.findings if f.kind != "warning")
+        fixes = sum(1 for r in project.files for f in r.findings if f.kind != "warning")
+        modules = f" in {len(rewritten)} files" if len(rewritten) > 1 else ""
         checks.append(Check("migrate", "distify migrates a copy", HELD,
-                            f"{fixes} change{'s' if fixes != 1 else ''}, {len(findings)} warning{'s' if len(findings) != 1 else ''}"
-                            f"{' (--standalone)' if plan.standalone else ''}; your file is untouched"))
+                            f"{fixes} change{'s' if fixes != 1 else ''}{modules}, {len(findings)} warning{'s' if len(findings) != 1 else ''}"
+                            f"{' (--standalone)' if plan.standalone else ''}; your file{'s are' if modules else ' is'} untouched"))
 
     text = migrated.decode("utf-8", errors="replace")
     tmp = Path(tempfile.mkdtemp(prefix="distify-verify-")).resolve()
@@ -309,7 +351,7 @@ def verify(plan: Plan) -> dict:
         runs = _run_all(plan, tmp, migrated)
         plain, multi = runs[0], runs[1]
         original = runs[2] if len(runs) > 2 else None
-        rel = str(plan.script.resolve().relative_to(_root(plan.script)))
+        rel = str(plan.script.resolve().relative_to(sandbox_root(plan.script, Path.cwd(), plan.project_root)))
         sources = Sources(rel, text, multi.sandbox)  # the project's modules as the runs ran them
         facts = project_facts([(rel, text), *_imported_modules(runs[:2], multi.sandbox)])
         launcher = "torchrun" if plan.backend in TORCH_BACKENDS else "horovodrun --gloo"
@@ -355,11 +397,6 @@ def _imported_modules(runs: Sequence[Run], sandbox: Path) -> List[Tuple[str, str
     return out
 
 
-def _root(script: Path) -> Path:
-    script, cwd = script.resolve(), Path.cwd().resolve()
-    return cwd if script.parent == cwd or cwd in script.parent.parents else script.parent
-
-
 def _run_all(plan: Plan, tmp: Path, migrated: bytes) -> List[Run]:
     """The plain run, the multi-process run, and with --against-original the original at N x batch,
     in that order (the original draws the shuffle the multi-process run's ranks drew)."""
@@ -392,7 +429,9 @@ def _launch(plan: Plan, tmp: Path, index: int, label: str, text: bytes, argv_of,
     records = tmp / "records" / str(index)
     records.mkdir(parents=True)
     run_dir.mkdir()
-    copy, workdir = build_sandbox(run_dir, plan.script, text, Path.cwd())
+    # the original of --against-original runs the project as the user has it; the migrated runs, as distify rewrote it
+    others = plan.others if index < 2 else {}
+    copy, workdir = build_sandbox(run_dir, plan.script, text, Path.cwd(), plan.project_root, others)
     argv = argv_of(str(copy), list(args)) if callable(argv_of) else [*argv_of, str(copy), *args]
     run = Run(label, argv, records, run_dir)
     if skip:

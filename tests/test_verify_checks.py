@@ -553,3 +553,60 @@ def test_draw_sites_resolve_through_imports_and_generator_bindings():
     draws = {(d.first, d.lib, d.via) for d in script_facts(text, "data.py").draws}
     assert draws == {(11, "numpy.random", "numpy.random.default_rng"), (12, "random", "random.Random"),
                      (13, "numpy.random", ""), (13, "numpy.random", "numpy.random.default_rng"), (13, "random", "")}
+
+
+def test_a_save_in_a_helper_module_that_never_ran_is_named(tmp_path):
+    """The project's facts cover every module the runs imported (the probe's `modules` record): a
+    save in utils.py under a condition the run did not meet leaves writers not exercised, naming
+    utils.py's line -- the script's own facts alone would let it pass. A write from that line holds."""
+    from distify.verify_facts import project_facts, script_facts
+
+    script = "import utils\nutils.train()\n"
+    helper = "import torch\n\ndef train(save=False):\n    if save:\n        torch.save({}, 'ckpt.pt')\n"
+    run = _run_with(tmp_path, {0: [dict(k="modules", paths=["train.py", "utils.py"])], 1: []})
+    (tmp_path / "train.py").write_text(script)
+    (tmp_path / "utils.py").write_text(helper)
+    modules = verify._imported_modules([run], tmp_path)
+    assert [path for path, _ in modules] == ["train.py", "utils.py"]
+    facts = project_facts([("train.py", script), *modules])
+    writers = verify_checks.check_writers(run, SOURCES, str(tmp_path / "records"), facts, END)
+    assert writers.status == NOT_EXERCISED and [(w["path"], w["line"]) for w in writers.where] == [("utils.py", 5)]
+    assert verify_checks.check_writers(run, SOURCES, str(tmp_path / "records"), script_facts(script), END).status == NOT_APPLICABLE
+    saved = _run_with(tmp_path, {0: [dict(k="write", path=str(tmp_path / "ckpt.pt"), how="torch.save", prefixed=False,
+                                           site=["utils.py", 5])], 1: []}, "saved")
+    (tmp_path / "ckpt.pt").write_bytes(b"")
+    assert verify_checks.check_writers(saved, SOURCES, str(tmp_path / "records"), facts, END).status == PASS
+    # the same line number in another module is not that save
+    elsewhere = _run_with(tmp_path, {0: [dict(k="write", path=str(tmp_path / "ckpt.pt"), how="torch.save", prefixed=False,
+                                               site=["train.py", 5])], 1: []}, "elsewhere")
+    assert verify_checks.check_writers(elsewhere, SOURCES, str(tmp_path / "records"), facts, END).status == NOT_EXERCISED
+
+
+def test_sandbox_of_a_package_mirrors_its_project_root_and_writes_rewritten_modules(tmp_path):
+    """Run from inside a package (cwd proj/pkg): the sandbox mirrors the package root (proj), so
+    `from pkg import helpers` and `..`-relative paths resolve; a module the migration rewrote is a
+    real file with the new text, every other entry a link; the run's working directory is real."""
+    proj = tmp_path / "proj"
+    (proj / "pkg" / "sub").mkdir(parents=True)
+    (proj / "pkg" / "__init__.py").write_text("")
+    (proj / "pkg" / "train.py").write_text("original")
+    (proj / "pkg" / "sub" / "helpers.py").write_text("helpers")
+    (proj / "pkg" / "sub" / "other.py").write_text("other")
+    (proj / "data").mkdir()
+    run = tmp_path / "run"
+    run.mkdir()
+    copy, workdir = verify.build_sandbox(run, proj / "pkg" / "train.py", b"migrated", proj / "pkg", proj,
+                                         {proj / "pkg" / "sub" / "helpers.py": b"rewritten"})
+    assert copy == run / "pkg" / "train.py" and workdir == run / "pkg" and not workdir.is_symlink()
+    assert (run / "data").is_symlink() and (run / "pkg" / "__init__.py").is_symlink()
+    assert not (run / "pkg" / "sub").is_symlink() and (run / "pkg" / "sub" / "other.py").is_symlink()
+    assert (run / "pkg" / "sub" / "helpers.py").read_bytes() == b"rewritten" and not (run / "pkg" / "sub" / "helpers.py").is_symlink()
+    assert (proj / "pkg" / "sub" / "helpers.py").read_text() == "helpers" and (proj / "pkg" / "train.py").read_text() == "original"
+    # the working directory elsewhere in the project is real too (a link would resolve to the user's folder)
+    (proj / "scripts").mkdir()
+    run2 = tmp_path / "run2"
+    run2.mkdir()
+    copy, workdir = verify.build_sandbox(run2, proj / "pkg" / "train.py", b"m", proj / "scripts", proj)
+    assert workdir == run2 / "scripts" and workdir.is_dir() and not workdir.is_symlink()
+    with pytest.raises(verify.VerifyError):
+        verify.build_sandbox(tmp_path / "run3", proj / "pkg" / "train.py", b"m", proj, proj, {tmp_path / "outside.py": b"x"})
