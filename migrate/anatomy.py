@@ -362,7 +362,7 @@ def analyse(module: cst.Module) -> Anatomy:
 
     # batch loops ----------------------------------------------------------------------------
     batch_loops: List[BatchLoop] = []
-    trainers = training_functions(col.functions, col.methods)
+    trainers = training_functions(col.functions, col.methods, col.calls, col.stmt_scope)
     for loop, scope, cls, _outer in col.fors:
         trains = None
         for ref in iterated_refs(loop.iter, q):
@@ -382,7 +382,7 @@ def analyse(module: cst.Module) -> Anatomy:
         batch_loops.append(BatchLoop(loop=loop, scope=c.scope, cls=c.cls, ref=ref, trains=trains, via="next"))
     passes: Dict[cst.CSTNode, cst.FunctionDef] = {}
     for fn in _all_functions(col):
-        for param, loop in generator_passes(fn, q):
+        for param, loop in generator_passes(fn, q, col.yielding):
             passes[loop] = fn
             if not isinstance(loop, cst.For):  # `yield from loader`: a pass without a for-loop
                 batch_loops.append(BatchLoop(loop=loop, scope=fn, cls=None, ref=param, trains=False, via="pass"))
@@ -448,7 +448,7 @@ def analyse(module: cst.Module) -> Anatomy:
         if not refs and isinstance(value, cst.Call):
             fn = col.functions.get(dotted(value.func) or "")
             if fn is not None:
-                for pname, loop in generator_passes(fn, q):
+                for pname, loop in generator_passes(fn, q, col.yielding):
                     if loop in passes:
                         site = next((c for c in col.calls if c.call is value), None)
                         v = bind_param(site, fn, pname) if site is not None else None

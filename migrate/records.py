@@ -232,6 +232,7 @@ class _Collector(cst.CSTVisitor):
         self.name_bindings: Set[str] = set()
         self.star_modules: List[str] = []  # `from utils import *`, in source order
         self.ifexps: List[cst.IfExp] = []
+        self.yielding: Set[Scope] = set()  # scopes with a yield anywhere in them (nested code included)
         # comprehensions and generator expressions, with the scope and statement they are in
         self.comps: List[Tuple[cst.BaseComp, Scope, Stmt]] = []
         self._scope: List[Scope] = []
@@ -378,6 +379,9 @@ class _Collector(cst.CSTVisitor):
         self.comps.append((node, self._scope[-1], self._stmts[-1]))
 
     visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _comp
+
+    def visit_Yield(self, node: cst.Yield) -> None:
+        self.yielding.update(self._scope)
 
     def visit_IfExp(self, node: cst.IfExp) -> None:
         self.ifexps.append(node)

@@ -24,34 +24,33 @@ def _trains_directly(node: cst.CSTNode) -> bool:
     return _is_training_body(node)
 
 
-def training_functions(functions: Mapping[str, cst.FunctionDef], methods: Mapping[cst.FunctionDef, cst.ClassDef]) -> Set[cst.FunctionDef]:
+def training_functions(functions: Mapping[str, cst.FunctionDef], methods: Mapping[cst.FunctionDef, cst.ClassDef],
+                       calls: Sequence["CallSite"], stmt_scope: Mapping[cst.CSTNode, Scope]) -> Set[cst.FunctionDef]:
     """Functions and methods whose body reaches backward()/optimizer.step(), directly or through a
     call of another such module-level function (`name(...)`) or method of the same class
-    (`self.name(...)`): `_run_epoch` trains when the `_run_batch` it calls does."""
+    (`self.name(...)`): `_run_epoch` trains when the `_run_batch` it calls does. `calls` and
+    `stmt_scope` are the analysis pass's records: a call is in the body of its scope (unless it is in
+    the scope's own header: decorators, defaults) and of every function around that scope."""
     all_fns = list(functions.values()) + [m for m in methods if m not in functions.values()]
     by_class: Dict[cst.ClassDef, Dict[str, cst.FunctionDef]] = {}
     for m, k in methods.items():
         by_class.setdefault(k, {})[m.name.value] = m
-    callees: Dict[cst.FunctionDef, Set[cst.FunctionDef]] = {}
-    trains: Set[cst.FunctionDef] = set()
-    for fn in all_fns:
-        if _trains_directly(fn.body):
-            trains.add(fn)
-        own = by_class.get(methods.get(fn), {}) if fn in methods else {}
-        found: Set[cst.FunctionDef] = set()
-
-        class V(cst.CSTVisitor):
-            def visit_Call(self, node: cst.Call) -> None:
-                d = dotted(node.func)
-                if d is None:
-                    return
+    callees: Dict[cst.FunctionDef, Set[cst.FunctionDef]] = {fn: set() for fn in all_fns}
+    trains: Set[cst.FunctionDef] = {fn for fn in all_fns if _trains_directly(fn.body)}
+    for site in calls:
+        d = dotted(site.call.func)
+        if d is None:
+            continue
+        fn = site.scope
+        inside = site.stmt is not fn
+        while isinstance(fn, cst.FunctionDef):
+            if inside and fn in callees:
+                own = by_class.get(methods[fn], {}) if fn in methods else {}
                 if d in functions:
-                    found.add(functions[d])
+                    callees[fn].add(functions[d])
                 elif d.startswith("self.") and d[5:] in own:
-                    found.add(own[d[5:]])
-
-        walk(fn.body, V())
-        callees[fn] = found
+                    callees[fn].add(own[d[5:]])
+            fn, inside = stmt_scope.get(fn), True
     changed = True
     while changed:
         changed = False
@@ -93,10 +92,13 @@ def endless_loop(node: cst.CSTNode, aliases_q) -> bool:
     return row is not None and row.endless
 
 
-def generator_passes(fn: cst.FunctionDef, aliases_q) -> List[Tuple[str, cst.CSTNode]]:
+def generator_passes(fn: cst.FunctionDef, aliases_q, yielding: Optional[Set[cst.CSTNode]] = None) -> List[Tuple[str, cst.CSTNode]]:
     """(parameter, pass) for each pass over a parameter that `fn` yields from: a `for ... in
     <parameter>:` loop whose body yields (`def forever(loader): while True: for b in loader: yield
-    b`), or a `yield from <parameter>` statement (also `for l in repeat(loader): yield from l`)."""
+    b`), or a `yield from <parameter>` statement (also `for l in repeat(loader): yield from l`).
+    `yielding`: the scopes with a ``yield`` anywhere in them (records.py); the others have none."""
+    if yielding is not None and fn not in yielding:
+        return []
     params = {p.name.value for p in fn.params.params}
     out: List[Tuple[str, cst.CSTNode]] = []
     repeated: Dict[str, str] = {}  # loop variable -> parameter it repeats

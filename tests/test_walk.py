@@ -208,3 +208,114 @@ def test_templates_are_parsed_once_but_never_shared_within_a_file():
     assert all(x is not y for x, y in zip(a, b))
     c = context().stmts(code)  # the next file: the cached nodes again
     assert all(x is y for x, y in zip(a, c))
+
+
+def _training_functions_by_walking(functions, methods):
+    """The definition training_functions answers from the analysis pass's records: a function trains
+    when its body trains or calls (by name, or through self within its class) one that does."""
+    from distify.dataflow import _is_training_body
+    from distify.syntax import dotted
+
+    all_fns = list(functions.values()) + [m for m in methods if m not in functions.values()]
+    trains = {fn for fn in all_fns if _is_training_body(fn.body)}
+    callees = {}
+    for fn in all_fns:
+        own = {m.name.value: m for m, k in methods.items() if k is methods.get(fn)} if fn in methods else {}
+        found = set()
+
+        class V(cst.CSTVisitor):
+            def visit_Call(self, node):
+                d = dotted(node.func)
+                if d in functions:
+                    found.add(functions[d])
+                elif d is not None and d.startswith("self.") and d[5:] in own:
+                    found.add(own[d[5:]])
+
+        walk(fn.body, V())
+        callees[fn] = found
+    while True:
+        more = {fn for fn in all_fns if fn not in trains and callees[fn] & trains}
+        if not more:
+            return trains
+        trains |= more
+
+
+_NESTED_TRAINING = """
+import torch
+
+def step(model, opt, x):
+    model(x).sum().backward()
+    opt.step()
+
+def deco(f):
+    return f
+
+@deco(step(None, None, None))
+def decorated_only(model):
+    pass
+
+def through_inner(model, opt, data):
+    def inner(x):
+        step(model, opt, x)
+    for x in data:
+        inner(x)
+
+def through_lambda(model, opt, data):
+    run = lambda x: step(model, opt, x)
+
+class Trainer:
+    def one(self, x):
+        self.model(x).sum().backward()
+
+    def epoch(self, data):
+        class Local:
+            def go(inner_self, x):
+                self.one(x)
+
+    def idle(self):
+        def later(f=self.one(1)):
+            pass
+"""
+
+
+def test_training_functions_from_the_records_equal_walking_each_body():
+    from distify.training import training_functions
+
+    def run(module):
+        col = _Collector()
+        walk(module, col)
+        got = training_functions(col.functions, col.methods, col.calls, col.stmt_scope)
+        assert got == _training_functions_by_walking(col.functions, col.methods)
+        return {fn.name.value for fn in got}
+
+    names = run(cst.parse_module(_NESTED_TRAINING))
+    # nested functions, lambdas and classes count for the function around them; a decorator of the
+    # function itself does not, a default of a nested function does
+    assert names == {"step", "through_inner", "through_lambda", "one", "epoch", "idle"}
+    trained = 0
+    for path, module in list(_modules())[::2]:
+        trained += bool(run(module))
+    assert trained > 50
+
+
+def test_generator_passes_are_found_only_where_something_yields():
+    from distify.training import generator_passes
+
+    def passes(module):
+        col = _Collector()
+        walk(module, col)
+        found = 0
+        for fn in col.functions.values():
+            slow = generator_passes(fn, col.qualname)
+            assert generator_passes(fn, col.qualname, col.yielding) == slow
+            found += len(slow)
+        return found
+
+    assert passes(cst.parse_module(
+        "import itertools\n"
+        "def a(loader):\n    for b in loader:\n        def g():\n            yield 1\n"
+        "def b(loader):\n    yield from loader\n"
+        "def c(loader):\n    for l in itertools.repeat(loader):\n        yield from l\n"
+        "def d(loader):\n    for b in loader:\n        print(b)\n"
+    )) == 3
+    assert sum(passes(module) for path, module in list(_modules())[::2]) >= 2
