@@ -256,6 +256,65 @@ def test_inline_helpers_without_a_process_group():
     assert runtime.unwrap(model) is model
 
 
+def _same(a, b) -> bool:
+    """Equal values of the same types (tensors: same dtype and values)."""
+    import torch
+
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if torch.is_tensor(a) or torch.is_tensor(b):
+        return torch.is_tensor(a) and torch.is_tensor(b) and a.dtype == b.dtype and torch.equal(a, b)
+    return type(a) is type(b) and a == b
+
+
+def test_inline_reductions_and_guards_match_distify_runtime_in_a_process_group(monkeypatch):
+    """In a real (gloo, one-process) group: the same reductions, kinds of results, broadcast,
+    barrier, rank-0 guard and evaluation shards from the inline class as from distify.runtime, and the
+    same refusals of what cannot be reduced."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from distify import runtime as rt
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # what init_kwargs exports stays in the test
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
+                 "PMI_RANK", "HOROVOD_RANK"):
+        os.environ.pop(name, None)
+    inline = inline_runtime("ddp", {})
+    inline.init_kwargs.__globals__["os"] = os  # this group's environment, as the runtime reads it
+    assert not dist.is_initialized()
+    dist.init_process_group(**inline.init_kwargs())
+    try:
+        values = [3, 2.5, True and 7, torch.tensor([1, 2]), torch.tensor([1.5, -2.0]), torch.tensor(4)]
+        for value in values:
+            for op in ("sum", "mean", "max", "min"):
+                assert _same(inline.all_reduce(value, op), rt.all_reduce(value, op)), (value, op)
+        assert _same(inline.reduce_mean(5), rt.reduce_mean(5))
+        for args in ((2, 0.5), (torch.tensor([1.0]), 3), (4,)):
+            assert _same(inline.all_reduce_sum(*args), rt.all_reduce_sum(*args)), args
+        for bad in ((lambda r: r.all_reduce(1, "prod")), (lambda r: r.all_reduce("1")), (lambda r: r.all_reduce_sum())):
+            with pytest.raises((ValueError, TypeError)) as mine:
+                bad(inline)
+            with pytest.raises((ValueError, TypeError)) as theirs:
+                bad(rt)
+            assert (type(mine.value), str(mine.value)) == (type(theirs.value), str(theirs.value))
+        assert inline.broadcast_object({"a": [1]}) == rt.broadcast_object({"a": [1]}) == {"a": [1]}
+        inline.barrier()
+        assert (inline.rank(), inline.world_size(), inline.is_main_process()) == (
+            rt.rank(), rt.world_size(), rt.is_main_process()) == (0, 1, True)
+        for replicas, rank in ((1, 0), (3, 1), (4, 3)):
+            assert list(inline.ShardSampler(range(10), replicas, rank)) == list(rt.ShardSampler(range(10), replicas, rank))
+        model = torch.nn.Linear(2, 2)
+        mine, theirs = inline.DDP(model), rt.DDP(model)  # a group of one: the pass-through, both
+        assert type(mine).__name__ == type(theirs).__name__ == "DDP" and list(mine.state_dict()) == list(theirs.state_dict())
+        assert isinstance(mine, inline.DDP) and inline.unwrap(mine) is model and rt.unwrap(theirs) is model
+    finally:
+        inline.cleanup()
+    assert not dist.is_initialized()
+
+
 def test_every_runtime_helper_is_inlinable():
     """Everything distify.runtime exports can be written into a script: a helper added to the
     runtime needs no inline twin, and nothing in it defeats the generator."""
