@@ -50,18 +50,20 @@ def cache_root() -> str:
 
 
 def _package_dirs() -> list:
-    """The folders of distify's migration code: ``distify`` and ``distify.rules`` (separate
-    folders in an editable install), found without importing the rules (they import libcst)."""
+    """The folders of distify's migration code: ``distify``, ``distify.rules`` and
+    ``distify.runtime``, whose source ``--standalone`` writes into scripts (separate folders in an
+    editable install), found without importing them (the rules import libcst, the runtime torch)."""
     import importlib.util
 
     import distify
 
     dirs = [os.path.dirname(os.path.abspath(distify.__file__))]
-    spec = importlib.util.find_spec("distify.rules")
-    for d in (spec.submodule_search_locations or []) if spec else []:
-        d = os.path.abspath(d)
-        if not any(d == p or d.startswith(p + os.sep) for p in dirs):
-            dirs.append(d)
+    for package in ("distify.rules", "distify.runtime"):
+        spec = importlib.util.find_spec(package)
+        for d in (spec.submodule_search_locations or []) if spec else []:
+            d = os.path.abspath(d)
+            if not any(d == p or d.startswith(p + os.sep) for p in dirs):
+                dirs.append(d)
     return dirs
 
 

@@ -181,11 +181,12 @@ def test_code_fingerprint_follows_the_package_files(tmp_path, monkeypatch):
     assert code_fingerprint() != before
 
 
-def test_real_package_dirs_cover_engine_and_rules():
+def test_real_package_dirs_cover_engine_rules_and_runtime():
+    """The runtime too: --standalone writes its source into scripts (inline_helpers.py)."""
     import distify.cache as cache
 
     names = {f for d in cache._package_dirs() for _, _, files in os.walk(d) for f in files}
-    assert {"engine.py", "anatomy.py", "dst201_distributed_sampler.py"} <= names
+    assert {"engine.py", "anatomy.py", "dst201_distributed_sampler.py", "_env.py"} <= names
 
 
 # --- damage and concurrency ---------------------------------------------------------------------

@@ -561,3 +561,24 @@ def test_inline_shard_loader_matches_distify_runtime(backend):
     runtime = inline_runtime(backend, {})
     with pytest.raises(ValueError, match="custom sampler"):
         runtime.shard_loader(DataLoader(ds, sampler=[1, 0]))
+
+
+def test_writing_the_class_imports_neither_torch_nor_the_runtime():
+    """The generator reads distify.runtime's files; importing the package would import torch into
+    the CLI."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from distify.engine import migrate_source\n"
+        "from distify.options import Options\n"
+        f"src = Path({str(FIXTURES / 'scenarios' / 'module_level.in.py')!r}).read_bytes()\n"
+        "out = migrate_source(src, Options(backend='ddp', standalone=True)).output\n"
+        "assert b'standalone runtime (v' in out\n"
+        "print(sorted(m for m in ('torch', 'distify.runtime') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
