@@ -166,10 +166,10 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
         line_map = _line_map(source, module.bytes)
 
     ctx = Context(anatomy, options)
-    ctx.state["incremental"] = incremental
-    ctx.state["script_path"] = path
+    ctx.plan.incremental = incremental
+    ctx.plan.script_path = path
     if standalone_name is not None:
-        ctx.state["standalone_runtime"] = standalone_name  # the class may have gone with a conversion
+        ctx.plan.standalone_runtime = standalone_name  # the class may have gone with a conversion
     for rule in rules:
         rule.apply(ctx)
     ctx.finish()
@@ -224,7 +224,7 @@ def _standalone(module: cst.Module, ctx: Context, findings: List[Finding]) -> cs
     """--standalone: the runtime helpers the script now uses, written into it as a class."""
     from distify import standalone
 
-    name = ctx.state.get("standalone_runtime") or ctx.anatomy.local_name_for("distify.runtime")
+    name = ctx.plan.standalone_runtime or ctx.anatomy.local_name_for("distify.runtime")
     outcome = standalone.finish(module, ctx.backend, name, ctx.fresh)
     if outcome.warning:
         findings.append(Finding("DST001", 1, 1, f"--standalone: {outcome.warning}", kind="warning"))
@@ -253,7 +253,7 @@ def _notes(anatomy, options: Options, path: Optional[str], code: str) -> Tuple[F
     from distify.rules.base import Context
 
     ctx = Context(anatomy, options)
-    ctx.state["script_path"] = path
+    ctx.plan.script_path = path
     for rule in selected(options.backend, options.select, options.ignore):
         if rule.code == code:
             rule.apply(ctx)
@@ -274,8 +274,8 @@ def _audit(anatomy, options: Options, prior: Sequence[Finding], migrated: bool =
         return []
     anatomy.want_positions = options.positions
     ctx = Context(anatomy, options)
-    ctx.state["prior_warnings"] = [f for f in prior if f.kind == "warning"]
-    ctx.state["distify_output"] = migrated
+    ctx.plan.prior_warnings = [f for f in prior if f.kind == "warning"]
+    ctx.plan.distify_output = migrated
     for check in checks:
         check.apply(ctx)
     return [f for f in ctx.findings if f.kind == "warning"]

@@ -30,3 +30,17 @@ class Options:
     # from each script; `exclude` names files never read as part of it nor written
     project_root: Optional[str] = None
     exclude: Sequence[str] = ()
+
+    def selects(self, code: str) -> bool:
+        """`--select` / `--ignore` (code prefixes, any case) let the rule `code` run; whether it runs
+        with the backend is the rule's own `backends`."""
+        return code_selected(code, self.select, self.ignore)
+
+
+def code_selected(code: str, select: Sequence[str] = (), ignore: Sequence[str] = ()) -> bool:
+    """The one reading of `--select DST2` / `--ignore DST30`: prefixes of codes, any case."""
+
+    def matches(prefixes: Sequence[str]) -> bool:
+        return any(code.startswith(p.upper()) for p in prefixes)
+
+    return (not select or matches(select)) and not (ignore and matches(ignore))

@@ -9,8 +9,9 @@ recorded (the sampler names DST202 uses, the wrapped models DST102 follows).
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Dict, Iterable, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
+from distify.options import code_selected
 from distify.rules.base import Rule
 
 _MODULES = (
@@ -83,16 +84,4 @@ BY_CODE: Dict[str, Rule] = {r.code: r for r in ALL_RULES}
 def selected(backend: str, select: Sequence[str] = (), ignore: Sequence[str] = ()) -> Tuple[Rule, ...]:
     """Rules for a backend, filtered by code prefixes (``--select DST2``, ``--ignore DST30``)."""
 
-    def matches(code: str, prefixes: Iterable[str]) -> bool:
-        return any(code.startswith(p.upper()) for p in prefixes)
-
-    out = []
-    for rule in ALL_RULES:
-        if backend not in rule.backends:
-            continue
-        if select and not matches(rule.code, select):
-            continue
-        if ignore and matches(rule.code, ignore):
-            continue
-        out.append(rule)
-    return tuple(out)
+    return tuple(r for r in ALL_RULES if backend in r.backends and code_selected(r.code, select, ignore))

@@ -7,7 +7,7 @@ the tree itself; when it is unsure it edits nothing and reports a warning with a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, List, Optional
+from typing import Dict, FrozenSet, List, Optional
 
 import libcst as cst
 
@@ -17,6 +17,7 @@ from distify.facts import all_nodes
 from distify.model_state import last_within
 
 from distify.findings import Finding  # import-light, so that a cached run can report without libcst
+from distify.plan import Plan
 from distify.options import BACKENDS, DDP_BACKEND, FSDP_BACKEND, HOROVOD_BACKEND, TORCH_BACKENDS, Options
 from distify.walk import walk
 
@@ -29,7 +30,8 @@ class Context:
         self.options = options
         self.edits = EditSet()
         self.findings: List[Finding] = []
-        self.state: Dict[str, Any] = {}
+        self.plan = Plan()  # what the engine knows and the rules decided (distify.plan)
+        self._collectives: Optional[List[CallSite]] = None
         self.blocked = False
         self._taken = set(anatomy.name_bindings)
         self._names: Dict[str, str] = {}
@@ -104,14 +106,14 @@ class Context:
         if not self.options.standalone:
             return self.imported("distify", "runtime", "runtime")
         name = (
-            self.state.get("standalone_runtime")
+            self.plan.standalone_runtime
             or self.anatomy.standalone_runtime
             or self.anatomy.local_name_for("distify.runtime")  # turned standalone by finish()
         )
         if name is None:
             name = self.fresh("runtime")
         self._taken.add(name)
-        self.state["standalone_runtime"] = name
+        self.plan.standalone_runtime = name
         return name
 
     @property
@@ -148,7 +150,7 @@ class Context:
         """True when `stmt` may run before the process group / Horovod is initialised: it is at
         module level while the initialisation is in a function, or above it at the same level."""
         a = self.anatomy
-        init = self.state.get("setup_anchor")
+        init = self.plan.setup_anchor
         if init is None:
             sites = a.calls_to({"horovod.torch.init", "torch.distributed.init_process_group"})
             init = sites[0].stmt if sites else None
@@ -175,17 +177,17 @@ class Context:
     def collectives_in(self, stmt: cst.CSTNode) -> List[CallSite]:
         """Collective calls (`dist.all_reduce`, `hvd.allreduce`, `runtime.reduce_mean`...) made by
         the statement itself, in its own scope (not in functions it defines)."""
-        if "collectives" not in self.state:
-            self.state["collectives"] = self.anatomy.calls_to(COLLECTIVES)
+        if self._collectives is None:
+            self._collectives = self.anatomy.calls_to(COLLECTIVES)
         scope = self.anatomy.stmt_scope.get(stmt)
         return [
-            c for c in self.state["collectives"] if c.scope is scope and (c.stmt is stmt or stmt in c.parents)
+            c for c in self._collectives if c.scope is scope and (c.stmt is stmt or stmt in c.parents)
         ]
 
     def gains_collective(self, fn: cst.FunctionDef) -> None:
         """Record that a rule puts a collective into `fn` (DST203's metric sums): a statement calling
         it is then a collective too, for every later rule (the anatomy only knows the input)."""
-        self.state.setdefault("gains_collective", set()).add(fn)
+        self.plan.gains_collective.add(fn)
 
     def forward_in(self, stmt: cst.CSTNode, depth: int = 0) -> Optional[cst.Call]:
         """A call in `stmt` that every rank must make once the rules are done: a forward pass of a
@@ -196,9 +198,9 @@ class Context:
         broadcasts the module's buffers (BatchNorm statistics). Horovod's forward is local. A method
         DST121 registers with ``register_fsdp_forward_method`` (``model.decode(z)``) gathers too."""
         a = self.anatomy
-        sharded = {m.name for m, _ in self.state.get("wrapped", [])} if self.backend in TORCH_BACKENDS else set()
-        gaining = self.state.get("gains_collective", set())
-        registered = self.state.get("forward_methods", {})
+        sharded = {m.name for m, _ in self.plan.wrapped} if self.backend in TORCH_BACKENDS else set()
+        gaining = self.plan.gains_collective
+        registered = self.plan.forward_methods
         if not (sharded or gaining) or depth > 3:
             return None
         scope = a.stmt_scope.get(stmt)

@@ -39,7 +39,7 @@ class ProcessGroupSetup(Rule):
 
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
-        if a.entry_owner is None or ctx.state.get("incremental"):
+        if a.entry_owner is None or ctx.plan.incremental:
             return  # incremental: the process group is set up already
         anchor = first_statement(a.entry_owner, a.entry_body)
         if anchor is None:
@@ -49,7 +49,7 @@ class ProcessGroupSetup(Rule):
         else:
             line = f"{ctx.dist}.init_process_group(**{ctx.runtime}.init_kwargs())"
         ctx.edits.insert_before(anchor, ctx.stmts(line))
-        ctx.state["setup_anchor"] = anchor
+        ctx.plan.setup_anchor = anchor
         where = "module level" if isinstance(a.entry_owner, cst.Module) else (
             f"{a.entry_owner.name.value}()" if isinstance(a.entry_owner, cst.FunctionDef) else "the __main__ block"
         )

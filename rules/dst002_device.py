@@ -78,8 +78,8 @@ class LocalRankDevice(Rule):
         if not cuda_calls:
             return
         need_device_var = any(s.scope is entry_scope for s in cuda_calls) and not device_bound_in_entry
-        if need_device_var and ctx.state.get("setup_anchor") is not None:
-            ctx.edits.insert_before(ctx.state["setup_anchor"], ctx.stmts(f"device = {ctx.runtime}.device()"))
+        if need_device_var and ctx.plan.setup_anchor is not None:
+            ctx.edits.insert_before(ctx.plan.setup_anchor, ctx.stmts(f"device = {ctx.runtime}.device()"))
             dev_name, device_bound_in_entry = "device", True
         for s in cuda_calls:
             param = device_param(a, s.scope) if isinstance(s.scope, cst.FunctionDef) else None

@@ -57,7 +57,7 @@ class WrapDDP(Rule):
     summary = "wrap trained models in DistributedDataParallel"
 
     def apply(self, ctx: Context) -> None:
-        wrapped = ctx.state.setdefault("wrapped", [])
+        wrapped = ctx.plan.wrapped
         for model in ctx.anatomy.models:
             if model.value is not None and _wraps_in(ctx, model.value, DDP):
                 wrapped.append((model, model.assign))  # wrapped already (incremental run)

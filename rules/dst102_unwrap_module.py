@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import List, Tuple
-
 import libcst as cst
 
 from distify.anatomy import MODULE_API, STATE_API, dotted
@@ -42,7 +40,7 @@ class UnwrapModule(Rule):
 
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
-        for model, anchor in ctx.state.get("wrapped", []):
+        for model, anchor in ctx.plan.wrapped:
             targets = reaching_scopes(ctx, model, anchor)
             for attr, scope, cls, stmt in a.attr_uses:
                 name = dotted(attr.value)

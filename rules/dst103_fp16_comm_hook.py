@@ -38,7 +38,7 @@ class Fp16CommHook(Rule):
     def apply(self, ctx: Context) -> None:
         if not ctx.options.fp16_allreduce:
             return
-        for model, anchor in ctx.state.get("wrapped", []):
+        for model, anchor in ctx.plan.wrapped:
             if any(
                 isinstance(site.call.func, cst.Attribute)
                 and site.call.func.attr.value == "register_comm_hook"

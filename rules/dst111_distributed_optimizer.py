@@ -66,9 +66,9 @@ class DistributedOptimizer(Rule):
     summary = "average gradients: hvd.DistributedOptimizer, or one all-reduce before a GAN step"
 
     def apply(self, ctx: Context) -> None:
-        wrapped = ctx.state.setdefault("hvd_optimizers", [])
-        averaged = ctx.state.setdefault("hvd_averaged", [])
-        anchors = ctx.state.setdefault("hvd_anchor", {})
+        wrapped = ctx.plan.hvd_optimizers
+        averaged = ctx.plan.hvd_averaged
+        anchors = ctx.plan.hvd_anchor
         optimizers = [
             o for o in ctx.anatomy.optimizers
             if o.target is not None and not _already_wrapped(ctx, o) and not _already_averaged(ctx, o)

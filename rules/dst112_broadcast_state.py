@@ -48,8 +48,8 @@ class BroadcastState(Rule):
         hvd = ctx.hvd
         # wrapped in hvd.DistributedOptimizer, or averaged by an explicit all-reduce (DST111, a GAN): both
         # start from rank 0
-        for opt in [*ctx.state.get("hvd_optimizers", []), *ctx.state.get("hvd_averaged", [])]:
-            anchor = ctx.state.get("hvd_anchor", {}).get(opt, opt.call.stmt)
+        for opt in [*ctx.plan.hvd_optimizers, *ctx.plan.hvd_averaged]:
+            anchor = ctx.plan.hvd_anchor.get(opt, opt.call.stmt)
             loads_optimizer = False
             # the last statement before training that loads or re-initialises the model or loads the
             # optimizer: under a condition (`if args.resume:`) or in a function of the script it is

@@ -44,7 +44,7 @@ class HorovodAmp(Rule):
 
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
-        optimizers = {o.target for o in ctx.state.get("hvd_optimizers", []) if o.target}
+        optimizers = {o.target for o in ctx.plan.hvd_optimizers if o.target}
         scalers = set()
         for site in a.calls:
             if site.qualname in GRAD_SCALER and isinstance(site.stmt, cst.SimpleStatementLine):

@@ -108,10 +108,10 @@ class FullyShard(Rule):
                 "raises 'Sharding propagation failed'); file not migrated to FSDP (use --backend ddp)",
             )
             return
-        wrapped = ctx.state.setdefault("wrapped", [])
-        ctx.state["sharded"] = wrapped  # DST307 follows the sharded models from here
-        handled = ctx.state.setdefault("sharded_compiles", set())
-        refusals = ctx.state.setdefault("optimizer_before_shard", [])
+        wrapped = ctx.plan.wrapped
+        ctx.plan.sharding = True  # DST307 and the FSDP advisories follow the sharded models from here
+        handled = ctx.plan.sharded_compiles
+        refusals = ctx.plan.optimizer_before_shard
         done: Set[Tuple[int, str]] = set()
         for model in a.models:
             key = (id(model.scope), model.name)
@@ -153,7 +153,7 @@ class FullyShard(Rule):
             code += f"{fs}({model.name}{mp})\n"
             methods = forward_methods(ctx, model, stmt)
             if methods:
-                ctx.state.setdefault("forward_methods", {})[model.name] = set(methods)
+                ctx.plan.forward_methods[model.name] = set(methods)
                 reg = ctx.imported("torch.distributed.fsdp", "register_fsdp_forward_method", "register_fsdp_forward_method")
                 code += "".join(f'{reg}({model.name}, "{m}")\n' for m in methods)
             shard = ctx.stmts(code)

@@ -7,7 +7,7 @@ import libcst as cst
 from distify.anatomy import Loader, arg, dotted, foreign_loaders
 from distify.siblings import find_builder
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, loader_stem
-from distify.rules.dst203_shard_eval import eval_plans, shard_eval_enabled
+from distify.rules.eval_plan import eval_plans, shard_eval_enabled
 from distify.data_sources import is_iterable_dataset
 
 
@@ -53,7 +53,7 @@ class DistributedSamplerRule(Rule):
     summary = "shard training DataLoaders with DistributedSampler"
 
     def apply(self, ctx: Context) -> None:
-        samplers = ctx.state.setdefault("samplers", {})
+        samplers = ctx.plan.samplers
         self._foreign(ctx, samplers)
         plans = eval_plans(ctx)
         sharding = shard_eval_enabled(ctx)
@@ -169,7 +169,7 @@ class DistributedSamplerRule(Rule):
             done.add(key)
             module, _, func = f.builder.rpartition(".")
             # the module next to the script, where distify can read it: name the def, see its sampler
-            b = find_builder(ctx.state.get("script_path"), f.builder)
+            b = find_builder(ctx.plan.script_path, f.builder)
             where = f"{func}() in {b.where}" if b else (f"{func}() of {module}" if module else f"{func}()")
             if b is not None and b.sampler in ("sampler", "batch_sampler"):
                 ctx.warn(
@@ -206,7 +206,7 @@ class DistributedSamplerRule(Rule):
             elif not inside:
                 pseudo = Loader(call=f.call, target=f.name, dataset=None, role="train", batch_loops=[f.loop])
                 samplers[pseudo] = None  # reached through `<loader>.sampler`
-                ctx.state.setdefault("foreign_epoch_loops", {})[pseudo] = f.epochs
+                ctx.plan.foreign_epoch_loops[pseudo] = f.epochs
                 if not f.epochs:
                     ctx.warn(
                         "DST903", f.call.call,

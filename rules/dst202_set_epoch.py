@@ -46,13 +46,13 @@ class SetEpoch(Rule):
 
     def apply(self, ctx: Context) -> None:
         done = set()
-        for loader, sname in ctx.state.get("samplers", {}).items():
+        for loader, sname in ctx.plan.samplers.items():
             # a loader built in another module (DST201 re-shards it): the loops that run its passes
-            eps = ctx.anatomy.epoch_loops.get(loader) or ctx.state.get("foreign_epoch_loops", {}).get(loader, [])
+            eps = ctx.anatomy.epoch_loops.get(loader) or ctx.plan.foreign_epoch_loops.get(loader, [])
             for ep in eps:
                 if ep.counted is not None and ep.loop not in done:
                     done.add(ep.loop)
-                    self._count_passes(ctx, loader, ep, samplers=ctx.state.get("samplers", {}))
+                    self._count_passes(ctx, loader, ep, samplers=ctx.plan.samplers)
                     continue
                 if ep.var is None:
                     continue

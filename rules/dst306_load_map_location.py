@@ -78,7 +78,7 @@ class LoadMapLocation(Rule):
             positional = [x for x in site.call.args if x.keyword is None]
             if kwarg_value(site.call, "map_location") is not None or len(positional) > 1:
                 continue
-            if site in ctx.state.get("cpu_loads", ()):
+            if site in ctx.plan.cpu_loads:
                 # set_model_state_dict/set_optimizer_state_dict shard rank 0's full tensors onto each
                 # rank's device: the full copy stays on the CPU (it may not fit one GPU)
                 ctx.edits.replace(site.call, lambda n: add_kwarg(n, "map_location", cst.SimpleString('"cpu"')))
@@ -87,13 +87,12 @@ class LoadMapLocation(Rule):
             dev = f"{ctx.runtime}.device()"
             ctx.edits.replace(site.call, lambda n, dev=dev: add_kwarg(n, "map_location", cst.parse_expression(dev)))
             ctx.report(self.code, site.call, f"torch.load maps tensors onto {dev}")
-        self._barriers(ctx)
+        self._barriers(ctx, private)
 
-    def _barriers(self, ctx: Context) -> None:
+    def _barriers(self, ctx: Context, private: list) -> None:
         a = ctx.anatomy
         saves = [s for s in a.calls_to(SAVE) if _path(ctx, s.call, 1) is not None and _rank0_only(ctx, s.stmt)]
         placed = set()
-        private = _per_rank_temporary_loads(ctx)
         for load in a.calls_to(LOAD):
             if load in private:
                 continue
@@ -139,8 +138,6 @@ def _per_rank_temporary_loads(ctx: Context) -> list:
     """torch.load calls on every rank of a path inside a temporary directory the same function
     made (``with tempfile.TemporaryDirectory() as tmp:``, ``tmp = tempfile.mkdtemp()``), where a
     torch.save on rank 0 only wrote: each rank's temporary directory is its own."""
-    if "per_rank_tmp_loads" in ctx.state:
-        return ctx.state["per_rank_tmp_loads"]
     a = ctx.anatomy
     tmp_names = {}  # scope id -> names bound to a temporary directory
     for site in a.calls_to(TEMPORARY_DIRS):
@@ -177,7 +174,6 @@ def _per_rank_temporary_loads(ctx: Context) -> list:
                 continue
             if any(s.scope is load.scope for s in saved_in):
                 out.append(load)
-    ctx.state["per_rank_tmp_loads"] = out
     return out
 
 

@@ -18,12 +18,6 @@ DCP_STATE = "torch.distributed.checkpoint.state_dict"
 WRITES = SAVE | {"safetensors.torch.save_file"}
 
 
-def sharded_models(ctx: Context) -> list:
-    """(model, anchor) for every model ``fully_shard`` shards: DST121's record (none when DST121
-    did not run, ``--select DST3``: nothing is sharded then)."""
-    return ctx.state.get("sharded", [])
-
-
 class FullStateDict(Rule):
     """Save and load the full state of a sharded model and its optimizer (FSDP).
 
@@ -79,7 +73,7 @@ class FullStateDict(Rule):
 
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
-        sharded = sharded_models(ctx)
+        sharded = ctx.plan.sharded()
         if not sharded:
             return
         model_names: Dict[Tuple[int, str], Tuple] = {}  # (scope id, name) -> (after, model)
@@ -98,7 +92,7 @@ class FullStateDict(Rule):
                 for key, (after, _) in reaching_scopes(ctx, pseudo, opt.call.stmt).items():
                     optim_names.setdefault(key, (None, model))
         savers = _saving_functions(ctx)
-        cpu_loads = ctx.state.setdefault("cpu_loads", [])
+        cpu_loads = ctx.plan.cpu_loads
         for site in a.calls:
             func = site.call.func
             if not isinstance(func, cst.Attribute) or func.attr.value not in ("state_dict", "load_state_dict"):

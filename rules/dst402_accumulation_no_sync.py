@@ -71,12 +71,7 @@ class AccumulationNoSync(Rule):
 
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
-        if ctx.backend == FSDP_BACKEND:
-            from distify.rules.dst307_full_state_dict import sharded_models
-
-            wrapped = sharded_models(ctx)
-        else:
-            wrapped = ctx.state.get("wrapped", [])
+        wrapped = ctx.plan.sharded() if ctx.backend == FSDP_BACKEND else ctx.plan.wrapped
         if not wrapped:
             return
         done = set()

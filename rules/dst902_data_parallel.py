@@ -162,7 +162,7 @@ def _plan(ctx: Context, site) -> Union[_Plan, str]:
 
 
 def _checked(ctx: Context, plan: _Plan) -> Union[_Plan, str]:
-    if ctx.backend != HOROVOD_BACKEND and not any(m is plan.model for m, _ in ctx.state.get("wrapped", [])):
+    if ctx.backend != HOROVOD_BACKEND and not any(m is plan.model for m, _ in ctx.plan.wrapped):
         if ctx.backend == FSDP_BACKEND:
             return (
                 f"{plan.model.name} is not sharded with fully_shard (DST121 not selected?), so "
@@ -349,7 +349,7 @@ def _drop_module(ctx: Context, plans: List[_Plan], everywhere: bool) -> None:
     Horovod (`everywhere`): after the DataParallel, wherever the model reaches. DDP: only between
     the DataParallel and the DDP wrap (after it, DDP's own `.module` serves)."""
     a = ctx.anatomy
-    anchors = {id(m): anchor for m, anchor in ctx.state.get("wrapped", [])}
+    anchors = {id(m): anchor for m, anchor in ctx.plan.wrapped}
     done: Set[int] = set()
     for plan in plans:
         m = plan.model

@@ -33,7 +33,7 @@ class NoEpochLoop(Rule):
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
         for loader in a.loaders:
-            if loader.role != "train" or loader.call.call is None or ctx.state.get("samplers", {}).get(loader, 0) == 0:
+            if loader.role != "train" or loader.call.call is None or ctx.plan.samplers.get(loader, 0) == 0:
                 continue  # only loaders DST201 gave a sampler
             if a.epoch_loops.get(loader):
                 continue

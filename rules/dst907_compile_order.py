@@ -60,7 +60,7 @@ class CompileOrder(Rule):
         if ctx.backend != DDP_BACKEND:
             return
         a = ctx.anatomy
-        wrapped = ctx.state.get("wrapped", [])
+        wrapped = ctx.plan.wrapped
         for site in a.calls_to(COMPILE):
             if self._covered(ctx, site, wrapped):
                 continue
@@ -75,7 +75,7 @@ class CompileOrder(Rule):
     def _fsdp(self, ctx: Context) -> None:
         """FSDP: the model is sharded, then compiled (DST121 puts the shard before the compile of the
         model it shards); any other torch.compile is refused as with DDP."""
-        handled = ctx.state.get("sharded_compiles", set())
+        handled = ctx.plan.sharded_compiles
         for site in ctx.anatomy.calls_to(COMPILE):
             small = site.stmt.body[0] if isinstance(site.stmt, cst.SimpleStatementLine) else None
             if small is not None and small in handled:

@@ -34,7 +34,7 @@ class OptimizerBeforeShard(Rule):
     summary = "optimizer built before fully_shard and not movable: file not migrated"
 
     def apply(self, ctx: Context) -> None:
-        for call, why in ctx.state.get("optimizer_before_shard", []):
+        for call, why in ctx.plan.optimizer_before_shard:
             ctx.block(
                 self.code,
                 call,

@@ -44,11 +44,9 @@ class TiedAcrossBlocks(Rule):
     summary = "refuse weights tied across separately sharded blocks"
 
     def apply(self, ctx: Context) -> None:
-        from distify.rules.dst307_full_state_dict import sharded_models
-
         a = ctx.anatomy
         done = set()
-        for model, _anchor in sharded_models(ctx):
+        for model, _anchor in ctx.plan.sharded():
             cls = _model_class(ctx, model)
             if cls is None or id(cls) in done:
                 continue

@@ -43,11 +43,9 @@ class ParameterOutsideForward(Rule):
     summary = "warn on parameters of a sharded model read outside forward"
 
     def apply(self, ctx: Context) -> None:
-        from distify.rules.dst307_full_state_dict import sharded_models
-
         a = ctx.anatomy
         seen = set()
-        for model, anchor in sharded_models(ctx):
+        for model, anchor in ctx.plan.sharded():
             targets = reaching_scopes(ctx, model, anchor)
             for attr, scope, _cls, stmt in a.attr_uses:
                 if attr.attr.value not in PARAMETER_ATTRS or id(attr) in seen:

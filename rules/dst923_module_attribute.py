@@ -41,7 +41,7 @@ class ShardedModule(Rule):
         if a.flavour is not None:
             return  # a distributed script: DST003 converts its wrapper
         replaced = ctx.edits.replacements
-        for model, anchor in _sharded(ctx):
+        for model, anchor in ctx.plan.sharded():
             targets = reaching_scopes(ctx, model, anchor)
             for attr, scope, _cls, stmt in a.attr_uses:
                 if attr.attr.value != "module" or attr in replaced or attr.value in replaced:
@@ -79,12 +79,6 @@ def _tested(ctx: Context, stmt, name: str) -> bool:
         if f"hasattr({name}," in text or f"isinstance({name}," in text:
             return True
     return False
-
-
-def _sharded(ctx: Context):
-    from distify.rules.dst307_full_state_dict import sharded_models
-
-    return sharded_models(ctx)
 
 
 RULE = ShardedModule()

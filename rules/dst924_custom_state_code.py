@@ -50,10 +50,8 @@ class CustomStateCode(Rule):
     summary = "warn on custom state_dict code in a sharded model's classes"
 
     def apply(self, ctx: Context) -> None:
-        from distify.rules.dst307_full_state_dict import sharded_models
-
         a = ctx.anatomy
-        if not sharded_models(ctx):
+        if not ctx.plan.sharded():
             return
         for fn, cls in a.methods.items():
             if fn.name.value in OVERRIDES:

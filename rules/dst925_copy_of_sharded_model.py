@@ -39,7 +39,7 @@ class CopyOfShardedModel(Rule):
 
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
-        for model, anchor in ctx.state.get("wrapped", []):
+        for model, anchor in ctx.plan.wrapped:
             targets = reaching_scopes(ctx, model, anchor)
             for site in a.calls:
                 for i, x in enumerate(site.call.args):

@@ -42,7 +42,7 @@ class NotDistributed(AuditCheck):
     needs_distributed = False
 
     def check(self, ctx: Context, a: Anatomy) -> None:
-        if a.flavour is not None or ctx.state.get("prior_warnings"):
+        if a.flavour is not None or ctx.plan.prior_warnings:
             return
         if not _builds_optimizer(a):
             return

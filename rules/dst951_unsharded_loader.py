@@ -57,7 +57,7 @@ class UnshardedLoader(AuditCheck):
                 f"{name} feeds a training loop but has no distributed sampler: every rank reads "
                 "the whole dataset; pass sampler=DistributedSampler(dataset) and call its set_epoch(epoch) each epoch",
             )
-        if a.migrated_by_distify or ctx.state.get("distify_output"):
+        if a.migrated_by_distify or ctx.plan.distify_output:
             # distify's output (a Horovod one imports no runtime): what another module builds, or
             # what no fact traces, was not sharded by distify; a hand-written script may shard it there
             self._foreign(ctx, a)

@@ -35,7 +35,7 @@ class FrameworkDistributes(Rule):
     summary = "left unchanged: a training framework already distributes the script"
 
     def apply(self, ctx: Context) -> None:
-        script = os.path.basename(ctx.state.get("script_path") or "train.py")
+        script = os.path.basename(ctx.plan.script_path or "train.py")
         said = set()
         for row, site in frameworks(ctx.anatomy.calls):
             if row.title in said:

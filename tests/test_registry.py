@@ -18,7 +18,11 @@ import pytest
 
 import distify.rules
 from distify.rules import ALL_RULES, BY_CODE, selected
-from distify.rules.base import BACKENDS, DDP_BACKEND, Rule
+import libcst as cst
+
+from distify.anatomy import analyse
+from distify.options import Options
+from distify.rules.base import BACKENDS, DDP_BACKEND, Context, Rule
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 RULES_DIR = Path(distify.rules.__file__).resolve().parent
@@ -124,6 +128,38 @@ def registration_problems(registered_modules: Iterable[str], rules_dir: Path) ->
     return problems
 
 
+RULE_MODULE = re.compile(r"dst\d{3}_\w+")
+
+
+def coupling_problems(rules_dir: Path) -> List[str]:
+    """Rules share facts (the fact layer), edit builders (``distify.edits``) and decisions (the
+    declared fields of ``ctx.plan``), never each other: no module of the rules package imports a rule
+    module or the registry, and none reads or writes a free-form ``.state`` dict."""
+    import ast
+
+    problems = []
+    for path in sorted(rules_dir.glob("*.py")):
+        if path.stem == "__init__":
+            continue  # the registry itself imports every rule
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            targets: List[str] = []
+            if isinstance(node, ast.ImportFrom):
+                base = ("distify.rules" + ("." + node.module if node.module else "")) if node.level else node.module or ""
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+                if base == "distify.rules" and not any(RULE_MODULE.fullmatch(a.name) for a in node.names):
+                    problems.append(f"rules/{path.name}:{node.lineno}: imports the registry (distify.rules)")
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            for t in targets:
+                stem = t.rsplit(".", 1)[-1]
+                if t.startswith("distify.rules.") and RULE_MODULE.fullmatch(stem) and stem != path.stem:
+                    problems.append(f"rules/{path.name}:{node.lineno}: imports the rule module {stem}")
+            if isinstance(node, ast.Attribute) and node.attr == "state":
+                problems.append(f"rules/{path.name}:{node.lineno}: reads or writes `.state` (declare a field of Plan)")
+    return problems
+
+
 # the real registry -------------------------------------------------------------------------------
 
 def test_registry_is_not_empty_and_indexed_by_code() -> None:
@@ -163,6 +199,11 @@ def test_every_rule_module_is_registered() -> None:
 
 def test_every_rule_has_fixtures_and_every_fixture_folder_a_rule() -> None:
     assert fixture_problems(BY_CODE, FIXTURES) == []
+
+
+def test_rules_share_facts_not_each_other() -> None:
+    assert coupling_problems(RULES_DIR) == []
+    assert not hasattr(Context(analyse(cst.parse_module("import torch\n")), Options()), "state")
 
 
 def test_select_by_prefix() -> None:
@@ -315,3 +356,26 @@ def test_registration_check(tmp_path: Path) -> None:
     assert registration_problems(["dst001_setup", "dst201_sampler", "dst301_gone"], tmp_path) != []
     (tmp_path / "dst30_short.py").write_text("")
     assert registration_problems(["dst001_setup", "dst201_sampler", "dst30_short"], tmp_path) != []
+
+
+def test_coupling_check(tmp_path: Path) -> None:
+    (tmp_path / "__init__.py").write_text("from distify.rules.dst201_sampler import RULE\n")
+    (tmp_path / "base.py").write_text("from distify.plan import Plan\n")
+    (tmp_path / "dst201_sampler.py").write_text(
+        "from distify.rules.base import Context\nfrom distify.edits import Put\n"
+        "def apply(ctx):\n    ctx.plan.samplers[1] = 'x'\n"
+    )
+    assert coupling_problems(tmp_path) == []
+    broken = {
+        "from distify.rules.dst201_sampler import helper\n": "imports the rule module",
+        "from . import dst201_sampler\n": "imports the rule module",
+        "from .dst201_sampler import helper\n": "imports the rule module",
+        "import distify.rules.dst201_sampler\n": "imports the rule module",
+        "def f():\n    from distify.rules import selected\n": "imports the registry",
+        "def apply(ctx):\n    return ctx.state.get('wrapped')\n": "`.state`",
+        "def apply(ctx):\n    ctx.state['sharded'] = []\n": "`.state`",
+    }
+    for text, why in broken.items():
+        (tmp_path / "dst301_save.py").write_text(text)
+        found = coupling_problems(tmp_path)
+        assert len(found) == 1 and why in found[0], (text, found)
