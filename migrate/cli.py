@@ -103,7 +103,7 @@ def _launch(paths: List[str], backend: str, nproc, nodes, port, reporter) -> int
 def _rules_info(code: Optional[str]) -> int:
     import inspect
 
-    from distify.rules import ALL_RULES, BY_CODE
+    from distify.rules import BY_CODE
 
     if code:
         rule = BY_CODE.get(code.upper())
@@ -113,7 +113,7 @@ def _rules_info(code: Optional[str]) -> int:
         typer.echo(f"{rule.code} {rule.name} ({', '.join(sorted(rule.backends))})\n")
         typer.echo(inspect.cleandoc(type(rule).__doc__ or ""))
         return EXIT_OK
-    for rule in sorted(ALL_RULES, key=lambda r: r.code):
+    for rule in sorted(BY_CODE.values(), key=lambda r: r.code):
         typer.echo(f"{rule.code}  {rule.name:<22} {', '.join(sorted(rule.backends)):<12} {rule.summary}")
     return EXIT_OK
 

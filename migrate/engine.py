@@ -149,13 +149,13 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
     rules = tuple(r for r in selected(options.backend, options.select, options.ignore) if not is_audit(r))
     if anatomy.flavour is not None and not incremental:
         # written for the other backend: strip its constructs, then migrate what is left
-        from distify.rules.dst003_convert_backend import CONVERT_CODE, strip
+        from distify.convert import STAGE as convert
 
-        if not any(r.code == CONVERT_CODE for r in rules):
+        if not options.selects(convert.code):
             return MigrationResult(
                 source, source, note=f"written for {anatomy.flavour} (conversion not selected)", encoding=encoding
             )
-        module, converted = strip(anatomy, options)
+        module, converted = convert.run(anatomy, options)
         findings += converted
         if module is None:
             return MigrationResult(

@@ -35,7 +35,7 @@ def lint_source(source: bytes, select: Sequence[str] = (), ignore: Sequence[str]
     from distify.findings import Finding
     from distify.rules import selected
     from distify.rules.base import Context
-    from distify.rules.dst003_convert_backend import CONVERT_CODE
+    from distify.convert import CONVERT_CODE
 
     text, _ = decode(source)
     if _quick_skip(text):
@@ -53,7 +53,7 @@ def lint_source(source: bytes, select: Sequence[str] = (), ignore: Sequence[str]
         if getattr(rule, "checks_distributed", False):
             rule.apply(ctx)
     found = [f for f in ctx.findings if f.kind == "warning"]
-    if backend and anatomy.flavour not in (None, backend) and any(r.code == CONVERT_CODE for r in rules):
+    if backend and anatomy.flavour not in (None, backend) and options.selects(CONVERT_CODE):
         found.append(Finding(CONVERT_CODE, 1, 1, f"the script is distributed with {anatomy.flavour}, but the backend is "
                                                  f"{backend} (--backend or [tool.distify]); converting it: distify --explain DST003",
                              "warning"))

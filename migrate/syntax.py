@@ -44,6 +44,16 @@ def arg(call: cst.Call, pos: Optional[int], kw: Optional[str]) -> Optional[cst.A
     return None
 
 
+def call_statement(stmt: cst.CSTNode, call: cst.Call) -> bool:
+    """True when `stmt` is exactly the expression statement `call`."""
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and stmt.body[0].value is call
+    )
+
+
 def contains_node(tree: cst.CSTNode, target: cst.CSTNode) -> bool:
     found = []
 

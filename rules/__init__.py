@@ -3,7 +3,8 @@
 One module per rule (``dstNNN_<name>.py``) exporting ``RULE``. ``ALL_RULES`` is built from the
 modules listed here, in the order the engine applies them: setup first, then model and optimizer,
 data, rank-0 side effects, advisories. The order matters only where a rule reads what an earlier one
-recorded (the sampler names DST202 uses, the wrapped models DST102 follows).
+decided, in the run's plan (``ctx.plan``, ``distify.plan``: the sampler names DST202 uses, the
+wrapped models DST102 follows). No rule module imports another rule module or this registry.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from distify.rules.base import Rule
 
 _MODULES = (
     "dst001_process_group",
-    "dst003_convert_backend",
     "dst005_local_rank_argument",
     "dst002_device",
     "dst101_ddp_wrap",
@@ -78,7 +78,11 @@ _MODULES = (
 )
 
 ALL_RULES: Tuple[Rule, ...] = tuple(import_module(f"{__name__}.{m}").RULE for m in _MODULES)
-BY_CODE: Dict[str, Rule] = {r.code: r for r in ALL_RULES}
+# the engine's stages that keep a code of their own (findings, --select/--ignore, --explain) but are
+# no rules: the backend conversion (DST003), run before the rules on a script of another backend
+STAGES: Tuple = (import_module("distify.convert").STAGE,)
+# every code: the rules and the stages (--explain, --list-rules, the fixtures' folders)
+BY_CODE: Dict[str, object] = {r.code: r for r in (*ALL_RULES, *STAGES)}
 
 
 def selected(backend: str, select: Sequence[str] = (), ignore: Sequence[str] = ()) -> Tuple[Rule, ...]:

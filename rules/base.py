@@ -18,6 +18,7 @@ from distify.model_state import last_within
 
 from distify.findings import Finding  # import-light, so that a cached run can report without libcst
 from distify.plan import Plan
+from distify.syntax import call_statement  # noqa: F401 - the rules ask it here
 from distify.options import BACKENDS, DDP_BACKEND, FSDP_BACKEND, HOROVOD_BACKEND, TORCH_BACKENDS, Options
 from distify.walk import walk
 
@@ -356,16 +357,6 @@ def loader_stem(target: str) -> str:
         if last.lower().endswith(suffix) and len(last) > len(suffix):
             return last[: -len(suffix)].rstrip("_")
     return last
-
-
-def call_statement(stmt: cst.CSTNode, call: cst.Call) -> bool:
-    """True when `stmt` is exactly the expression statement `call`."""
-    return (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and len(stmt.body) == 1
-        and isinstance(stmt.body[0], cst.Expr)
-        and stmt.body[0].value is call
-    )
 
 
 def add_kwarg(call: cst.Call, keyword: str, value: cst.BaseExpression) -> cst.Call:

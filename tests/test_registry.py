@@ -17,7 +17,7 @@ from typing import Iterable, List
 import pytest
 
 import distify.rules
-from distify.rules import ALL_RULES, BY_CODE, selected
+from distify.rules import ALL_RULES, BY_CODE, STAGES, selected
 import libcst as cst
 
 from distify.anatomy import analyse
@@ -71,7 +71,7 @@ def attribute_problems(rule: Rule) -> List[str]:
             problems.append(f"{label}: {attr} is empty")
     if not rule.backends or not set(rule.backends) <= set(BACKENDS):
         problems.append(f"{label}: backends {sorted(rule.backends)!r} not a non-empty subset of {BACKENDS}")
-    if type(rule).apply is Rule.apply:
+    if getattr(type(rule), "apply", Rule.apply) is Rule.apply:
         problems.append(f"{label}: does not implement apply()")
     return problems
 
@@ -164,13 +164,23 @@ def coupling_problems(rules_dir: Path) -> List[str]:
 
 def test_registry_is_not_empty_and_indexed_by_code() -> None:
     assert ALL_RULES
-    assert set(BY_CODE) == {r.code for r in ALL_RULES}
-    assert all(BY_CODE[r.code] is r for r in ALL_RULES)
+    assert set(BY_CODE) == {r.code for r in (*ALL_RULES, *STAGES)}
+    assert all(BY_CODE[r.code] is r for r in (*ALL_RULES, *STAGES))
 
 
-@pytest.mark.parametrize("rule", ALL_RULES, ids=lambda r: r.code)
+@pytest.mark.parametrize("rule", (*ALL_RULES, *STAGES), ids=lambda r: r.code)
 def test_rule_docstring_has_three_parts(rule: Rule) -> None:
     assert docstring_problems(rule) == []
+
+
+@pytest.mark.parametrize("stage", STAGES, ids=lambda s: s.code)
+def test_stages_are_no_rules_and_keep_a_code(stage) -> None:
+    """An engine stage (the backend conversion) is not run as a rule, but --select/--ignore and
+    --explain know its code as they know a rule's."""
+    assert not isinstance(stage, Rule) and not hasattr(stage, "apply")
+    assert attribute_problems(stage) == [f"{stage.code}: does not implement apply()"]  # code, name, summary, backends
+    assert stage.code not in {r.code for b in BACKENDS for r in selected(b)}
+    assert stage.__module__.startswith("distify.") and not stage.__module__.startswith("distify.rules")
 
 
 @pytest.mark.parametrize("rule", ALL_RULES, ids=lambda r: r.code)
@@ -184,7 +194,7 @@ def test_rule_module_is_named_after_its_code(rule: Rule) -> None:
 
 
 def test_codes_and_names_are_unique() -> None:
-    assert collision_problems(ALL_RULES) == []
+    assert collision_problems((*ALL_RULES, *STAGES)) == []
 
 
 def test_one_rule_per_module() -> None:

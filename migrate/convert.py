@@ -1,31 +1,42 @@
-"""DST003 backend conversion between DDP, Horovod and FSDP (FSDP2), in source.
+"""The conversion stage (DST003): a script written for one backend, converted to another.
 
-A script already written for one backend is first *stripped* of what only that backend needs –
-its init call, the DDP wrapper and ``.module`` accesses, Horovod's DistributedOptimizer and
-broadcasts, or FSDP's ``fully_shard`` calls and full-state-dict collectives – and its rank queries
-are rewritten to the backend-neutral ``runtime`` helpers. What is
+The engine runs this stage before the rules (``engine._migrate``), on a script whose own code
+distributes it with another backend than the one requested. The script is first *stripped* of what
+only its backend needs – its init call, the DDP wrapper and ``.module`` accesses, Horovod's
+DistributedOptimizer and broadcasts, or FSDP's ``fully_shard`` calls and full-state-dict
+collectives – and its rank queries are rewritten to the backend-neutral ``runtime`` helpers. What is
 left is a single-process script that still has its DistributedSamplers, set_epoch calls and rank-0
-guards; the normal migration then adds the requested backend's pieces and adapts the samplers.
-The two steps are two passes over the code (each one transformer), so each rule stays simple.
+guards; the engine analyses it again and the rules add the requested backend's pieces and adapt
+the samplers. The two steps are two passes over the code (each one transformer), so each rule
+stays simple.
+
+The stage is no rule: it does not run on the rules' anatomy, it returns a new module to analyse
+again. It keeps a code, DST003, so that its findings, ``--select``/``--ignore`` and ``--explain``
+work as for a rule (``distify.rules.STAGES`` lists it beside the rules).
 """
 
 from __future__ import annotations
 
-from typing import List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, List, Optional, Set, Tuple
 
 import libcst as cst
 
 from distify.anatomy import (
     DDP, DIST_SAMPLER, FSDP1, FULLY_SHARD, INIT_PG, Anatomy, CallSite, arg, assigned_name, dotted,
 )
-from distify.edits import ApplyEdits, EditSet
-from distify.rules.base import Context, Finding, Options, Rule, call_statement
+from distify.edits import ApplyEdits
+from distify.findings import Finding
+from distify.options import BACKENDS, Options
 from distify.standalone import find_block
+from distify.syntax import call_statement
+
+if TYPE_CHECKING:  # pragma: no cover
+    from distify.rules.base import Context
 
 CONVERT_CODE = "DST003"
 
 
-class ConvertBackend(Rule):
+class ConvertBackend:
     """Convert a script written for one backend to another (DDP <-> Horovod, DDP <-> FSDP, Horovod -> FSDP).
 
     What it does:
@@ -66,12 +77,15 @@ class ConvertBackend(Rule):
     code = CONVERT_CODE
     name = "convert-backend"
     summary = "convert a script between DDP, Horovod and FSDP"
+    backends = frozenset(BACKENDS)
 
-    def apply(self, ctx: Context) -> None:
-        """Conversion runs as the engine's pre-pass (`strip`), before the other rules see the code."""
+    def run(self, anatomy: Anatomy, options: Options) -> Tuple[Optional[cst.Module], List[Finding]]:
+        """The stripped module, re-parsed (None when the script cannot be converted), and the
+        findings: what was removed or rewritten, or why nothing was."""
+        return strip(anatomy, options)
 
 
-RULE = ConvertBackend()
+STAGE = ConvertBackend()
 
 TORCH_DIST_RANK = {
     "torch.distributed.get_rank": "rank",
@@ -124,6 +138,8 @@ HVD_OPS = {"Sum": "sum", "Average": "mean", "Max": "max", "Min": "min"}
 
 def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]]:
     """Remove the other backend's constructs; return the re-parsed module and what was done."""
+    from distify.rules.base import Context  # the rules' edit and report helpers (the registry imports this module)
+
     ctx = Context(anatomy, options)
     a = anatomy
     flavour = a.flavour
