@@ -114,20 +114,16 @@ def _launch(launcher, script, workdir: Path, original: Path = None):
     Fails if a line distify wrote into `script` (compared with `original`, by default the corpus
     script of the same name) or the runtime provoked a deprecation warning in any process."""
     run_dir = workdir / "run"
-    spy = {}
-
-    def launch(attempt: int):
-        shutil.rmtree(run_dir, ignore_errors=True)
-        run_dir.mkdir(parents=True)
-        env, spy["dumps"], spy["warnings"] = _spy_env(workdir / f"spy{attempt}")
-        if launcher == "torchrun":
-            return run_torchrun(script, train_args(B), nproc=NPROC, env=env, cwd=run_dir, check=False)
-        return run_horovodrun(script, train_args(B), env=env, cwd=run_dir, check=False)
-
-    result = checked(launch(1), launcher, script.name)
-    deprecations = deprecations_by_author(spy["warnings"], original or CORPUS / f"{script.stem}.in.py", script)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    env, dumps, warnings = _spy_env(workdir / "spy")
+    if launcher == "torchrun":
+        result = run_torchrun(script, train_args(B), nproc=NPROC, env=env, cwd=run_dir, check=False)
+    else:
+        result = run_horovodrun(script, train_args(B), env=env, cwd=run_dir, check=False)
+    result = checked(result, launcher, script.name)
+    deprecations = deprecations_by_author(warnings, original or CORPUS / f"{script.stem}.in.py", script)
     assert deprecations["distify"] == [], "distify's code provoked:\n" + "\n".join(deprecations["distify"])
-    dumps = spy["dumps"]
     import torch
 
     ranks = {}

@@ -178,35 +178,29 @@ def train_args(batch):
 def _run(launcher, script, workdir: Path, batch=B):
     """Launch `script`; returns (run dir, {rank: loader records}, {rank: params}, result)."""
     run_dir = workdir / "run"
-    spy = {}
-
-    def launch(attempt: int):
-        shutil.rmtree(run_dir, ignore_errors=True)
-        run_dir.mkdir(parents=True)
-        dumps = workdir / f"dumps{attempt}"
-        dumps.mkdir(parents=True, exist_ok=True)
-        spy["dumps"] = dumps
-        env = sitecustomize_env(workdir / f"spy{attempt}", _SPY, {"DISTIFY_E2E_DATA_DIR": str(dumps)})
-        if launcher == "python":
-            return run_python(script, train_args(batch), env=env, cwd=run_dir)
-        if launcher == "torchrun":
-            return run_torchrun(script, train_args(batch), nproc=NPROC, env=env, cwd=run_dir, check=False)
-        return run_horovodrun(script, train_args(batch), env=env, cwd=run_dir, check=False)
-
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    dumps = workdir / "dumps"
+    dumps.mkdir(parents=True, exist_ok=True)
+    env = sitecustomize_env(workdir / "spy", _SPY, {"DISTIFY_E2E_DATA_DIR": str(dumps)})
     if launcher == "python":
-        result = launch(1)
+        result = run_python(script, train_args(batch), env=env, cwd=run_dir)
+    elif launcher == "torchrun":
+        result = checked(run_torchrun(script, train_args(batch), nproc=NPROC, env=env, cwd=run_dir, check=False),
+                         launcher, script.name)
     else:
-        result = checked(launch(1), launcher, script.name)
+        result = checked(run_horovodrun(script, train_args(batch), env=env, cwd=run_dir, check=False),
+                         launcher, script.name)
     import torch
 
     ranks = ["single"] if launcher == "python" else [str(r) for r in range(NPROC)]
     loaders, params = {}, {}
     for r in ranks:
-        path = spy["dumps"] / f"loaders-rank{r}.jsonl"
+        path = dumps / f"loaders-rank{r}.jsonl"
         assert path.is_file(), f"rank {r} left no loader records\n" + result.describe()
         loaders[r] = [json.loads(line) for line in path.read_text().splitlines()]
-        params[r] = torch.load(spy["dumps"] / f"params-rank{r}.pt")
-        params["initial", r] = torch.load(spy["dumps"] / f"initial-rank{r}.pt")
+        params[r] = torch.load(dumps / f"params-rank{r}.pt")
+        params["initial", r] = torch.load(dumps / f"initial-rank{r}.pt")
     return run_dir, loaders, params, result
 
 

@@ -9,7 +9,6 @@ exactly one line per epoch starting with "epoch <n>".
 """
 from __future__ import annotations
 
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,15 +110,8 @@ class Runs:
         fs_log = workdir.parent / f"{workdir.name}.fs.log"
         env = fs_spy_env(workdir.parent / f"{workdir.name}.spy", fs_log)
         if launcher == "torchrun":
-            def launch(attempt: int):
-                if attempt > 1:  # start again from a clean directory
-                    shutil.rmtree(workdir)
-                    workdir.mkdir()
-                    fs_log.unlink(missing_ok=True)
-                return run_torchrun(script, self._args(scenario, batch), nproc=NPROC, env=env, cwd=workdir,
-                                    check=False)
-
-            result = checked(launch(1), "torchrun", scenario.name)
+            result = run_torchrun(script, self._args(scenario, batch), nproc=NPROC, env=env, cwd=workdir, check=False)
+            result = checked(result, "torchrun", scenario.name)
         else:
             result = run_python(script, self._args(scenario, batch), env=env, cwd=workdir)
         checkpoint = workdir / "final.pt"

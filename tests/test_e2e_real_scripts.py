@@ -138,24 +138,19 @@ class Run:
 
 def run(script: Path, args, root: Path, how: str, extra_env=None) -> Run:
     """Run `script` ("python", "torchrun" or "horovodrun") in a fresh root/run with the spies."""
-    holder = {}
-
-    def launch(attempt: int) -> RunResult:
-        base = root / f"attempt{attempt}"
-        shutil.rmtree(base, ignore_errors=True)
-        workdir = base / "run"
-        workdir.mkdir(parents=True)
-        env, log, dumps = spy_env(base)
-        env.update(extra_env or {})
-        holder.update(workdir=workdir, log=log, dumps=dumps)
-        if how == "python":
-            return run_python(script, args, env=env, cwd=workdir, check=False)
-        if how == "torchrun":
-            return run_torchrun(script, args, nproc=NPROC, env=env, cwd=workdir, check=False)
-        return run_horovodrun(script, args, nproc=NPROC, env=env, cwd=workdir, check=False)
-
-    result = checked(launch(1), how, script.name)
-    return Run(holder["workdir"], result, holder["log"], holder["dumps"])
+    base = root / "launch"
+    shutil.rmtree(base, ignore_errors=True)
+    workdir = base / "run"
+    workdir.mkdir(parents=True)
+    env, log, dumps = spy_env(base)
+    env.update(extra_env or {})
+    if how == "python":
+        result = run_python(script, args, env=env, cwd=workdir, check=False)
+    elif how == "torchrun":
+        result = run_torchrun(script, args, nproc=NPROC, env=env, cwd=workdir, check=False)
+    else:
+        result = run_horovodrun(script, args, nproc=NPROC, env=env, cwd=workdir, check=False)
+    return Run(workdir, checked(result, how, script.name), log, dumps)
 
 
 def state_keys(path: Path):

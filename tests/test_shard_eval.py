@@ -240,20 +240,16 @@ def _spy_env(root: Path):
 
 def _launch(launcher: str, script: Path, root: Path):
     """Run `script` with `launcher`; returns (parsed metric lines, output, {rank: indices read})."""
-    spy = {}
-
-    def launch(attempt: int):
-        run_root = root / f"{launcher}-{attempt}"
-        run_root.mkdir(parents=True)
-        env, spy["seen"] = _spy_env(run_root)
-        if launcher == "python":
-            return run_python(script, ARGS, env=env, cwd=run_root)
-        if launcher == "torchrun":
-            return run_torchrun(script, ARGS, nproc=2, env=env, cwd=run_root, check=False)
-        return run_horovodrun(script, ARGS, nproc=2, env=env, cwd=run_root, check=False)
-
-    result = checked(launch(1), launcher, script.name)
-    seen = spy["seen"]
+    run_root = root / launcher
+    run_root.mkdir(parents=True)
+    env, seen = _spy_env(run_root)
+    if launcher == "python":
+        result = run_python(script, ARGS, env=env, cwd=run_root)
+    elif launcher == "torchrun":
+        result = run_torchrun(script, ARGS, nproc=2, env=env, cwd=run_root, check=False)
+    else:
+        result = run_horovodrun(script, ARGS, nproc=2, env=env, cwd=run_root, check=False)
+    result = checked(result, launcher, script.name)
     lines = [(int(e), float(loss), int(c), int(t)) for e, loss, c, t in LINE.findall(result.output)]
     reads = {p.stem[len("seen-"):]: json.loads(p.read_text()) for p in seen.glob("seen-*.json")}
     return lines, result.output, reads
