@@ -52,7 +52,7 @@ class TrainingElsewhere(Rule):
         for site in sorted(a.calls, key=lambda c: not _hands_over(a, c, loaders)):
             if _hands_over(a, site, built):
                 callee = dotted(site.call.func) or "a function"
-                there = reached(a, ctx.state.get("script_path"), ctx.options, site)
+                there = reached(a, ctx.plan.script_path, ctx.options, site)
                 if there.target is not None and program_of(a).trains(there.target):
                     t = there.target
                     ctx.report(
