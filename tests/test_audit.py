@@ -442,7 +442,7 @@ def test_a_while_loop_drawing_with_next_is_a_batch_loop() -> None:
     re-sharded where it is bound and the output's audit is clean; a DataLoader of the script's own gets
     a DistributedSampler whatever its name. Control: with draws counted only inside `for` loops (as
     before), nothing is re-sharded and this test fails."""
-    src = (FIXTURES / "DST951" / "foreign_loader_drawn_in_a_while_loop.in.py").read_text()
+    src = (FIXTURES / "DST201" / "foreign_loader_drawn_in_a_while_loop.in.py").read_text()
     result = migrate_source(src.encode(), Options(backend="ddp"))
     assert "train_loader = runtime.shard_loader(train_loader)" in result.output.decode()
     assert "DST951" not in audit_codes(result.findings)
