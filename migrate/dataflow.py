@@ -10,25 +10,12 @@ import libcst as cst
 
 from distify.facts import arg, dotted, training_call
 from distify.syntax import by_node
-from distify.walk import walk
+from distify.walk import preorder, walk
 from distify.names import row_of
 
 
 def _contains(node: cst.CSTNode, pred) -> bool:
-    found = False
-
-    class V(cst.CSTVisitor):
-        def on_visit(self, n):
-            nonlocal found
-            if found:
-                return False
-            if pred(n):
-                found = True
-                return False
-            return True
-
-    walk(node, V())
-    return found
+    return any(pred(n) for n in preorder(node))
 
 
 @by_node  # a body the rewrite left as it was is judged once for input and output

@@ -194,15 +194,6 @@ def assigned_name(stmt: cst.CSTNode, call: cst.Call) -> Optional[str]:
     return None
 
 
-# node type -> is it a statement (a dict lookup instead of an ABC isinstance check per node)
-_STMT_TYPES: Dict[type, bool] = {}
-
-
-def _is_stmt_type(t: type) -> bool:
-    s = _STMT_TYPES[t] = issubclass(t, (cst.SimpleStatementLine, cst.BaseCompoundStatement))
-    return s
-
-
 def positions(wrapper: MetadataWrapper) -> Mapping[cst.CSTNode, CodeRange]:
     """``wrapper.resolve(PositionProvider)`` from one cheap code-generation pass (distify.positions);
     where libcst's codegen internals differ (another libcst version), the public call is used."""
@@ -253,7 +244,7 @@ class _Collector(cst.CSTVisitor):
             ):
                 self.main_guard = stmt
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+    def _visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         outer = self._scope[-1]
         if isinstance(outer, cst.Module) and self._cls[-1] is None and len(self._stmts) == 1:
             self.functions[node.name.value] = node
@@ -264,12 +255,12 @@ class _Collector(cst.CSTVisitor):
         self._cls.append(self._cls[-1] if node in self.methods else None)
         self._loops.append([])
 
-    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+    def _leave_FunctionDef(self, node: cst.FunctionDef) -> None:
         self._scope.pop()
         self._cls.pop()
         self._loops.pop()
 
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+    def _visit_ClassDef(self, node: cst.ClassDef) -> bool:
         if len(self._stmts) == 1:
             self.classes[node.name.value] = node
         self.name_bindings.add(node.name.value)
@@ -281,7 +272,7 @@ class _Collector(cst.CSTVisitor):
             return False
         return True
 
-    def leave_ClassDef(self, node: cst.ClassDef) -> None:
+    def _leave_ClassDef(self, node: cst.ClassDef) -> None:
         self._cls.pop()
 
     # statements ---------------------------------------------------------------------------
@@ -292,20 +283,7 @@ class _Collector(cst.CSTVisitor):
         self.stmt_scope[node] = scope
         self._stmts.append(node)
 
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        is_stmt = _STMT_TYPES.get(type(node))
-        if is_stmt is None:
-            is_stmt = _is_stmt_type(type(node))
-        if is_stmt:
-            self._enter_stmt(node)
-        return super().on_visit(node)
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        super().on_leave(original_node)
-        if _STMT_TYPES.get(type(original_node)):
-            self._stmts.pop()
-
-    def visit_For(self, node: cst.For) -> None:
+    def _visit_For(self, node: cst.For) -> None:
         self.fors.append((node, self._scope[-1], self._cls[-1], tuple(self._loops[-1])))
 
     def visit_For_body(self, node: cst.For) -> None:
@@ -392,6 +370,34 @@ class _Collector(cst.CSTVisitor):
 
     def qualname(self, expr: cst.BaseExpression) -> Optional[str]:
         return resolve(self.aliases, expr)
+
+
+def _statement_hooks(cls: type) -> type:
+    """Give the collector a visit_/leave_ hook for every statement type: each enters (leaves) the
+    statement, then runs the class's own ``_visit_<Type>`` (``_leave_<Type>``) if it has one. Typed
+    hooks are what ``distify.walk`` dispatches cheaply (an ``on_visit`` override is called for every
+    node, and libcst's finds the hook by name each time)."""
+    kinds = [t for t in vars(cst).values() if isinstance(t, type)
+             and issubclass(t, (cst.SimpleStatementLine, cst.BaseCompoundStatement))]
+    for t in kinds:
+        own_visit = getattr(cls, f"_visit_{t.__name__}", None)
+        own_leave = getattr(cls, f"_leave_{t.__name__}", None)
+
+        def visit(self, node, own=own_visit):
+            self._enter_stmt(node)
+            return None if own is None else own(self, node)
+
+        def leave(self, node, own=own_leave):
+            if own is not None:
+                own(self, node)
+            self._stmts.pop()
+
+        setattr(cls, f"visit_{t.__name__}", visit)
+        setattr(cls, f"leave_{t.__name__}", leave)
+    return cls
+
+
+_statement_hooks(_Collector)
 
 
 def _names_in_target(t: cst.BaseExpression) -> Iterable[str]:

@@ -10,7 +10,7 @@ from typing import Iterator, List, Optional, Tuple, Union
 
 import libcst as cst
 
-from distify.walk import children, walk
+from distify.walk import children, preorder, walk
 
 
 Scope = Union[cst.Module, cst.FunctionDef]
@@ -82,16 +82,8 @@ def all_nodes(node: cst.CSTNode, skip_nested: bool = False) -> Iterator[cst.CSTN
 
 @by_node
 def _all_nodes(node: cst.CSTNode, skip_nested: bool) -> Tuple[cst.CSTNode, ...]:
-    out: List[cst.CSTNode] = []
     nested = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
-
-    class V(cst.CSTVisitor):
-        def on_visit(self, n: cst.CSTNode) -> bool:
-            out.append(n)
-            return not (skip_nested and n is not node and isinstance(n, nested))
-
-    walk(node, V())
-    return tuple(out)
+    return tuple(preorder(node, (lambda n: n is not node and isinstance(n, nested)) if skip_nested else None))
 
 
 def names(node: cst.CSTNode, how: str = "load") -> Iterator[Tuple[cst.Name, str]]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import typing
-from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Tuple
 
 import libcst as cst
 
@@ -320,3 +320,16 @@ def children(node: cst.CSTNode) -> List[cst.CSTNode]:
         elif k == _SEQUENCE:
             out += [c for c in value if type(c) not in TRIVIA]
     return out
+
+
+def preorder(node: cst.CSTNode, prune: Optional[Callable[[cst.CSTNode], bool]] = None) -> Iterator[cst.CSTNode]:
+    """`node` and every node below it but trivia, in the order ``walk`` visits them, lazily (a search
+    that stops early reads no further); below a node for which ``prune`` is true, nothing."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        if prune is None or not prune(n):
+            below = children(n)
+            below.reverse()
+            stack += below

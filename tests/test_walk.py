@@ -21,7 +21,7 @@ from distify import edits as edits_module
 from distify.anatomy import _Collector, positions
 from distify.engine import migrate_source
 from distify.rules.base import Options
-from distify.walk import TRIVIA, children, walk
+from distify.walk import TRIVIA, children, preorder, walk
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 INPUTS = sorted(FIXTURES.rglob("*.in.py"))
@@ -149,6 +149,27 @@ def test_children_are_libcsts_children_without_trivia():
 
         walk(module, V())
     assert checked > 10000
+
+
+def test_preorder_visits_what_walk_visits():
+    for path, module in list(_modules())[1::4]:
+        seen, pruned = [], []
+
+        class V(cst.CSTVisitor):
+            def on_visit(self, node):
+                seen.append(node)
+                return True
+
+        class P(cst.CSTVisitor):
+            def on_visit(self, node):
+                pruned.append(node)
+                return not isinstance(node, (cst.FunctionDef, cst.Call))
+
+        walk(module, V())
+        walk(module, P())
+        assert [id(n) for n in preorder(module)] == [id(n) for n in seen], path
+        got = preorder(module, lambda n: isinstance(n, (cst.FunctionDef, cst.Call)))
+        assert [id(n) for n in got] == [id(n) for n in pruned], path
 
 
 def test_positions_equal_the_metadata_wrapper():
