@@ -48,6 +48,9 @@ class MigrationResult:
     note: str = ""  # why nothing changed, when nothing did
     encoding: str = "utf-8"  # the source's encoding (BOM / coding cookie), for diffs
     refused: bool = False  # a rule refused the migration: the output is the source, the warnings say why
+    # the other files of the project the migration rewrites (distify.project_view): (real path,
+    # source, output, findings against that file's lines)
+    others: Tuple[Tuple[str, bytes, bytes, Tuple[Finding, ...]], ...] = ()
 
     @property
     def changed(self) -> bool:
@@ -63,6 +66,8 @@ class FileResult:
     source: bytes = b""
     output: bytes = b""
     encoding: str = "utf-8"
+    # the other files of the project this migration rewrites, or would (distify.project_view)
+    others: Tuple["FileResult", ...] = ()
 
 
 def decode(source: bytes) -> Tuple[str, str]:
@@ -119,6 +124,18 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
         raise InputError(f"cannot parse: {type(e).__name__}") from None
 
     anatomy = analyse(module)
+    project_view = None
+    if not anatomy.has_training and (anatomy.optimizers or anatomy.loaders) and path is not None and not options.standalone:
+        # the training loop may run in a function of another module of the project: the rules
+        # then see the script and that module as one (distify.project_view)
+        from distify.project_view import view
+
+        project_view = view(module, anatomy, path, options)
+        seen = analyse(project_view.module) if project_view is not None else None
+        if seen is not None and seen.has_training and (seen.flavour is None or seen.migrated_by_distify):
+            anatomy = seen
+        else:
+            project_view = None
     anatomy.want_positions = options.positions
     standalone_name = anatomy.standalone_runtime
     if standalone_name is not None and not options.standalone:
@@ -179,14 +196,24 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
     findings += ctx.findings
     findings.sort(key=lambda f: (f.line, f.col, f.code))
     if ctx.blocked:
+        warnings = [f for f in findings if f.kind == "warning"]
+        others = ()
+        if project_view is not None:  # each warning against the file and line where it was found
+            from distify.project_view import split_findings
+
+            warnings, theirs = split_findings(project_view, anatomy, warnings)
+            others = tuple((p.module.path, p.source, p.source, tuple(theirs[p.module.path])) for p in project_view.parts)
         return MigrationResult(
-            source, source, tuple(f for f in findings if f.kind == "warning"), note="not migrated: see warnings",
-            encoding=encoding, refused=True,
+            source, source, tuple(warnings), note="not migrated: see warnings", encoding=encoding, refused=True, others=others,
         )
     new_module = module.visit(ApplyEdits(ctx.edits)) if ctx.edits else module
     if options.standalone:
         new_module = _standalone(new_module, ctx, findings)
     output = new_module.bytes
+    if project_view is not None:
+        from distify.project_view import finish
+
+        return finish(project_view, anatomy, ctx, rules, source, output, findings, encoding, options)
     if output == source:
         findings += _audit(anatomy, options, findings)
         return MigrationResult(source, source, tuple(findings), encoding=encoding)
@@ -397,13 +424,19 @@ def process_file(path: str, mode: Mode, options: Options, cache=None, parse: boo
         return FileResult(path, Status.ERROR, message=str(e), source=source)
     except Exception as e:  # noqa: BLE001 - reported as an internal failure, exit 123
         return FileResult(path, Status.FAILED, message=f"internal error: {type(e).__name__}: {e}", source=source)
+    others = tuple(_other_file(o, result.encoding) for o in result.others)  # all writable, before any write
+    if others and any(o.status is Status.ERROR for o in others):
+        return FileResult(path, Status.REFUSED, result.findings, "not migrated: another file of the project cannot be written",
+                          source, source, result.encoding, others)
     if not result.changed:
-        if cache is not None and not any(f.code == "DST961" for f in result.findings):
+        if cache is not None and not any(f.code == "DST961" for f in result.findings) and not others:
             # (DST961's answer depends on the project's other modules, which the cache does not see)
             cache.put(source, result.findings, result.note, result.encoding, result.refused)
+        if mode is Mode.WRITE and not result.refused:  # the script was migrated before, its module not yet
+            others = tuple(_other_file(o, result.encoding, write=True) for o in result.others)
         return FileResult(
             path, Status.REFUSED if result.refused else Status.UNCHANGED, result.findings, message=result.note, source=source, output=source,
-            encoding=result.encoding,
+            encoding=result.encoding, others=others,
         )
     if mode is Mode.WRITE:
         try:
@@ -412,7 +445,32 @@ def process_file(path: str, mode: Mode, options: Options, cache=None, parse: boo
             return FileResult(path, Status.ERROR, result.findings, message=str(e), source=source)
         except OSError as e:
             return FileResult(path, Status.ERROR, result.findings, message=f"cannot write: {e.strerror or e}", source=source)
-    return FileResult(path, Status.CHANGED, result.findings, source=source, output=result.output, encoding=result.encoding)
+        others = tuple(_other_file(o, result.encoding, write=True) for o in result.others)
+    return FileResult(path, Status.CHANGED, result.findings, source=source, output=result.output, encoding=result.encoding,
+                      others=others)
+
+
+def _other_file(other, encoding: str, write: bool = False) -> FileResult:
+    """The FileResult of another file of the project a migration rewrites: an error when it changed
+    on disk since it was read or cannot be written (checked before the script is written), and
+    with `write`, written atomically."""
+    real, before, after, findings = other
+    shown = os.path.relpath(real) if not os.path.relpath(real).startswith("..") else real
+    if after == before:
+        return FileResult(shown, Status.UNCHANGED, findings, source=before, output=before, encoding=encoding)
+    try:
+        with open(real, "rb") as f:
+            if f.read() != before:
+                raise InputError("file changed on disk while distify was processing it; not written")
+        if not os.access(real, os.W_OK) or not os.stat(real).st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+            raise InputError("file is read-only; not written")
+        if write:
+            write_atomic(real, after)
+    except InputError as e:
+        return FileResult(shown, Status.ERROR, findings, message=str(e), source=before)
+    except OSError as e:
+        return FileResult(shown, Status.ERROR, findings, message=f"cannot write: {e.strerror or e}", source=before)
+    return FileResult(shown, Status.CHANGED, findings, source=before, output=after, encoding=encoding)
 
 
 def write_atomic(path: str, data: bytes, expect: Optional[os.stat_result] = None) -> None:

@@ -244,14 +244,38 @@ def _inside(path: str, root: str) -> bool:
         return False
 
 
+def with_others(results: Sequence) -> list:
+    """Each result followed by the other files of the project its migration rewrites; a file two
+    entry scripts rewrite is listed once, or refused when they would rewrite it differently."""
+    from dataclasses import replace
+
+    from distify.engine import Status
+
+    out, seen = [], {}
+    for r in results:
+        out.append(r)
+        for o in r.others:
+            key = os.path.realpath(o.path)
+            if key in seen:
+                first = out[seen[key]]
+                if first.output != o.output and first.status is not Status.ERROR:
+                    out[seen[key]] = replace(first, status=Status.REFUSED, output=first.source,
+                                             message="two entry scripts would rewrite it differently; not migrated")
+                continue
+            seen[key] = len(out)
+            out.append(o)
+    return out
+
+
 # the public entry point ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class ProjectResult:
     """What ``migrate_project`` did to a project: one ``distify.engine.FileResult`` per file it
-    migrated or would migrate (``source``/``output`` bytes, ``findings``, ``status``), entry
-    scripts first, and the project modules the entry scripts reach (read, for ``distify verify``
-    to copy along; a module appears in ``files`` too once distify rewrites it)."""
+    migrated or would migrate (``path``, ``status``, ``findings``, ``source``/``output`` bytes),
+    each entry script followed by the modules of the project its migration rewrites (listed once
+    even when two entry scripts share them), and ``modules``: every project module the entry
+    scripts reach (for ``distify verify`` to copy along)."""
 
     root: str
     files: Tuple[object, ...]  # distify.engine.FileResult
@@ -266,7 +290,8 @@ def migrate_project(paths: Sequence[str], options, mode=None) -> ProjectResult:
     """Migrate the entry scripts `paths` as one project (``options``: a ``distify.options.Options``;
     ``mode``: a ``distify.engine.Mode``, CHECK by default, which writes nothing; WRITE writes every
     changed file atomically). A training loop that runs in another module of the project is
-    refused today (DST961, exit 3), with that module's file and line: nothing is written then."""
+    migrated where it lives (``distify.project_view``) when the view of the two is exact, else
+    refused (DST961, exit 3) with that module's file and line: nothing is written then."""
     from distify.engine import Mode, process_file
 
     mode = mode or Mode.CHECK
@@ -280,4 +305,4 @@ def migrate_project(paths: Sequence[str], options, mode=None) -> ProjectResult:
             if mod.path not in modules:
                 modules.append(mod.path)
         files.append(process_file(path, mode, options))
-    return ProjectResult(root, tuple(files), tuple(modules))
+    return ProjectResult(root, tuple(with_others(files)), tuple(modules))

@@ -208,7 +208,9 @@ def _report_paths(paths, options: Options, mode, check: bool, reporter, strict: 
         else:
             todo.append(path)
     with reporter.progress(len(todo)) as progress:
-        results += _process_all(todo, mode, options, progress.advance, cache)
+        from distify.project import with_others
+
+        results += with_others(_process_all(todo, mode, options, progress.advance, cache))
 
     word = "would rewrite" if mode.name in ("CHECK", "DIFF") else "rewrote"
     counts = {status: 0 for status in Status}

@@ -59,6 +59,7 @@ QUICK_E2E = (
     "tests/test_e2e_fsdp.py::test_fsdp_two_ranks_match_big_batch[examples_style]",
     "tests/test_e2e_horovod.py::test_horovod_two_ranks_match_big_batch[examples_style]",
     "tests/test_warm_launcher.py::",  # the warm launcher against real torchrun/horovodrun launches
+    "tests/test_e2e_projects.py::test_loop_in_module[torchrun-ddp]",  # a training loop in another module
 )
 
 

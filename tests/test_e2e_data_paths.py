@@ -36,6 +36,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e_support import (  # noqa: E402
+    LOADER_SPY,
     REPO_ROOT,
     assert_same_weights,
     load_state,
@@ -82,93 +83,7 @@ def _tags(path: Path) -> set:
     return {t.strip() for t in m.group(1).split(",")} if m else set()
 
 
-# Loader spy: numbers DataLoaders by construction, logs each pass's indices as JSON lines to
-# <dir>/loaders-rank<R>.jsonl; optimizer spy: dumps stepped parameters to <dir>/params-rank<R>.pt.
-_SPY = '''\
-import os
-
-_DIR = os.environ.get("DISTIFY_E2E_DATA_DIR")
-
-if _DIR:
-    import atexit
-    import json
-
-    def _rank():
-        return os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or "single"
-
-    def _patch(torch):
-        from torch.utils.data import dataloader as dl
-
-        counter = [0]
-        real_init = dl.DataLoader.__init__
-
-        def __init__(self, *args, **kwargs):
-            real_init(self, *args, **kwargs)
-            self.__dict__["_spy_id"] = counter[0]
-            self.__dict__["_spy_passes"] = 0
-            counter[0] += 1
-
-        dl.DataLoader.__init__ = __init__
-        records = []
-        real_iter_init = dl._BaseDataLoaderIter.__init__
-
-        def iter_init(self, loader):
-            real_iter_init(self, loader)
-            lid = loader.__dict__.get("_spy_id", -1)
-            npass = loader.__dict__.get("_spy_passes", 0)
-            loader.__dict__["_spy_passes"] = npass + 1
-            rec = {"loader": lid, "pass": npass, "size": len(loader.dataset), "indices": []}
-            records.append(rec)
-            self._spy_record = rec
-
-        dl._BaseDataLoaderIter.__init__ = iter_init
-        real_next_index = dl._BaseDataLoaderIter._next_index
-
-        def _next_index(self):
-            index = real_next_index(self)
-            rec = getattr(self, "_spy_record", None)
-            if rec is not None:
-                rec["indices"].extend(int(i) for i in (index if isinstance(index, (list, tuple)) else [index]))
-            return index
-
-        dl._BaseDataLoaderIter._next_index = _next_index
-
-        real_randint = torch.randint
-
-        def randint(*args, **kwargs):
-            out = real_randint(*args, **kwargs)
-            if kwargs.get("generator") is None:
-                records.append({"draw": out.flatten().tolist()})
-            return out
-
-        torch.randint = randint
-
-        optimizer_cls = torch.optim.Optimizer
-        real_opt_init = optimizer_cls.__init__
-        params, seen, initial = [], set(), []
-
-        def opt_init(self, *args, **kwargs):
-            real_opt_init(self, *args, **kwargs)
-            for group in self.param_groups:
-                for p in group["params"]:
-                    if id(p) not in seen:
-                        seen.add(id(p))
-                        params.append(p)
-                        initial.append(p.detach().cpu().clone())
-
-        optimizer_cls.__init__ = opt_init
-
-        def dump():
-            with open(os.path.join(_DIR, "loaders-rank%s.jsonl" % _rank()), "w") as fh:
-                for rec in records:
-                    fh.write(json.dumps(rec) + "\\n")
-            torch.save([p.detach().cpu().clone() for p in params], os.path.join(_DIR, "params-rank%s.pt" % _rank()))
-            torch.save(initial, os.path.join(_DIR, "initial-rank%s.pt" % _rank()))
-
-        atexit.register(dump)
-
-    _after_torch_import(_patch)
-'''
+_SPY = LOADER_SPY
 
 
 def train_args(batch):

@@ -1,0 +1,232 @@
+"""The training path of a project seen as one module, so that the rules migrate it where it lives.
+
+When a script's training loop runs in a function of another module of the project
+(``from utils import train_one_epoch`` ... ``train_one_epoch(model, optimizer, loader, device,
+epoch)`` in the epoch loop), the anatomy of the script alone has no loop to migrate. ``view``
+builds one module for the analysis: the script's statements, then the imports, functions and
+classes of each project module whose function trains, as the *same* libcst nodes. The anatomy of
+that module sees the loop, the epoch loop around its call, the loader handed to it and the model it
+trains, across the files; the rules record their edits against nodes of the original trees; each
+file is then rendered from its own tree (``render``) with the edits that fall in it, and findings
+are reported against the file and line where their node lives (``locate``).
+
+The view is built only where it is exact: the script names each function or class it calls by the
+name the module defines (``from utils import train_one_epoch``, no ``as``); no name of the helper's
+top level is bound by the script otherwise; no local import name means different things in the two
+files. Anything else keeps the refusal (DST961).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import libcst as cst
+
+from distify.facts import dotted
+from distify.findings import Finding
+from distify.program import Program, program_of, reached
+from distify.project import ProjectModule
+
+
+@dataclass(eq=False)
+class Part:
+    """One project module whose code joins the view."""
+
+    module: ProjectModule
+    tree: cst.Module
+    source: bytes
+    stmts: List[cst.CSTNode]  # its top-level statements that joined the view, in order
+
+
+@dataclass(eq=False)
+class View:
+    module: cst.Module  # the script's statements, then each part's
+    parts: List[Part]
+    script_stmts: int  # how many leading statements are the script's
+    _spans: Optional[List[Tuple[int, int, Part, int]]] = None  # (first, last line in the view, part, first line there)
+
+
+def view(script: cst.Module, anatomy, path: Optional[str], options) -> Optional[View]:
+    """The one-module view of the script and the project modules where its training runs, or None
+    when its training does not run in the project or the view would not be exact."""
+    if not path:
+        return None
+    parts: Dict[str, Tuple[ProjectModule, object]] = {}
+    called: Dict[str, set] = {}
+    for site in anatomy.calls:
+        there = reached(anatomy, path, options, site)
+        t = there.target
+        if t is None:
+            continue
+        prog = program_of(anatomy)
+        if not prog.trains(t):
+            continue
+        spelled = _spelled(site.call.func, t, anatomy, site)
+        if spelled is None:
+            return None  # `utils.train(...)`, `from utils import train as fit`: not exact yet
+        parts.setdefault(t.unit.module.path, (t.unit.module, t.unit))
+        called.setdefault(t.unit.module.path, set()).add(spelled)
+    if not parts:
+        return None
+    bound = set(anatomy.name_bindings) | set(anatomy.functions) | set(anatomy.classes)
+    joined: List[Part] = []
+    aliases = dict(anatomy.aliases)
+    for key, (mod, unit) in parts.items():
+        tree = unit.anatomy.module
+        stmts = [s for s in tree.body if _joins(s)]
+        names = {s.name.value for s in stmts if isinstance(s, (cst.FunctionDef, cst.ClassDef))}
+        imported_here = {local for local, q in anatomy.aliases.items() if q.rpartition(".")[0] == mod.name}
+        if (names & bound) - imported_here:
+            return None  # a helper's function shares a name the script binds to something else
+        for local, q in unit.aliases.items():
+            if local in aliases and aliases[local] != q and local not in names:
+                return None  # `F` or `np` meaning one thing here and another there
+            aliases.setdefault(local, q)
+        if any(local in names for local in unit.aliases):
+            return None  # the helper imports a name it also defines
+        joined.append(Part(mod, tree, unit.source, stmts))
+    body = list(script.body) + [s for p in joined for s in p.stmts]
+    return View(script.with_changes(body=body), joined, len(script.body))
+
+
+def _spelled(func: cst.BaseExpression, t, anatomy, site) -> Optional[str]:
+    """The name the script calls `t` by, when it is the helper's own top-level name: a function
+    imported by its name, a class imported by its name (its ``__init__``), or a method of an
+    instance of such a class; None otherwise."""
+    top = t.cls.name.value if t.cls is not None else t.fn.name.value
+    d = dotted(func)
+    if d == top and anatomy.aliases.get(top) == f"{t.unit.module.name}.{top}":
+        return top
+    if t.cls is not None and isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+        if anatomy.aliases.get(top) == f"{t.unit.module.name}.{top}":
+            return top
+    return None
+
+
+def _joins(stmt: cst.CSTNode) -> bool:
+    """A top-level statement of a helper that joins the view: its imports, functions and classes
+    (module-level code runs at import time, before the script: it is not the training path)."""
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        return True
+    return isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
+
+
+def locate(v: View, anatomy, line: int) -> Tuple[Optional[Part], int]:
+    """The part (None: the script) and the line there of a line of the view."""
+    if v._spans is None:
+        from distify.records import positions as _positions
+        from libcst.metadata import MetadataWrapper
+
+        spans = []
+        mine = _positions(MetadataWrapper(v.module, unsafe_skip_copy=True))
+        for p in v.parts:
+            own = _positions(MetadataWrapper(p.tree, unsafe_skip_copy=True))
+            for s in p.stmts:
+                here, there = mine.get(s), own.get(s)
+                if here is not None and there is not None:
+                    spans.append((here.start.line, here.end.line, p, there.start.line))
+        v._spans = spans
+    for first, last, part, start in v._spans:
+        if first <= line <= last:
+            return part, start + line - first
+    return None, line
+
+
+def split_findings(v: View, anatomy, findings: Sequence[Finding]) -> Tuple[List[Finding], Dict[str, List[Finding]]]:
+    """The script's findings and each part's (by path), with their own lines."""
+    from dataclasses import replace
+
+    mine: List[Finding] = []
+    theirs: Dict[str, List[Finding]] = {p.module.path: [] for p in v.parts}
+    for f in findings:
+        part, line = locate(v, anatomy, f.line)
+        if part is None:
+            mine.append(f)
+        else:
+            theirs[part.module.path].append(replace(f, line=line))
+    return mine, theirs
+
+
+def render(part: Part, edits) -> bytes:
+    """The part's module with the edits that fall in it; of the imports the edits queued, only
+    those whose names the rewritten module reads."""
+    from copy import copy
+
+    from distify.edits import ApplyEdits, bound_by_import
+
+    plain = copy(edits)
+    plain.imports = []
+    tree = part.tree.visit(ApplyEdits(plain))
+    if tree.code == part.tree.code:
+        return part.source
+    read = {n.value for n in _names(tree)}
+    wanted = [line for line in edits.imports if bound_by_import(line) & read]
+    if wanted:
+        only = copy(edits)
+        only.imports = wanted
+        tree = part.tree.visit(ApplyEdits(only))
+    return tree.bytes
+
+
+def _names(tree: cst.CSTNode):
+    out = []
+
+    class _V(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            out.append(node)
+
+    tree.visit(_V())
+    return out
+
+
+def finish(v: View, anatomy, ctx, rules, source: bytes, output: bytes, findings: List[Finding], encoding: str, options):
+    """The MigrationResult of a migration seen through `v`: the script's output and findings, and
+    each part's (``others``); refused when any file would read a name it does not bind (DST962).
+    The audit runs on the view of the outputs, so it judges the training path across the files."""
+    from dataclasses import replace
+
+    from distify.anatomy import analyse
+    from distify.engine import MigrationResult, _audit, _line_map
+
+    mine, theirs = split_findings(v, anatomy, findings)
+    outputs = [render(p, ctx.edits) for p in v.parts]
+    files = [(source, output)] + [(p.source, out) for p, out in zip(v.parts, outputs)]
+    unbound: List[Finding] = []
+    for i, (before, after) in enumerate(files):
+        if before == after:
+            continue
+        compile(after, "<distify output>", "exec", dont_inherit=True)  # invalid output: distify's bug
+        found = [f for r in rules if hasattr(r, "check_output") for f in r.check_output(before.decode(encoding), after.decode(encoding))]
+        if found:
+            where = v.parts[i - 1].module.path if i else None
+            to_source = _line_map(before, after)
+            unbound += [replace(f, line=to_source(f.line), message=f"{where}: {f.message}" if where else f.message) for f in found]
+    if unbound:
+        kept = [f for f in mine if f.kind == "warning"] + unbound
+        return MigrationResult(source, source, tuple(sorted(kept, key=lambda f: (f.line, f.col, f.code))),
+                               note="not migrated: see warnings", encoding=encoding, refused=True)
+    # the audit, on the outputs seen as one module again
+    new_parts = []
+    for p, out in zip(v.parts, outputs):
+        tree = cst.parse_module(out)
+        new_parts.append(Part(p.module, tree, out, [s for s in tree.body if _joins(s)]))
+    new_script = cst.parse_module(output)
+    new_view = View(new_script.with_changes(body=list(new_script.body) + [s for p in new_parts for s in p.stmts]), new_parts,
+                    len(new_script.body))
+    seen = analyse(new_view.module)
+    seen.want_positions = options.positions
+    audited = _audit(seen, options, findings, migrated=True)
+    for f in audited:
+        part, line = locate(new_view, seen, f.line)
+        if part is None:
+            mine.append(replace(f, line=_line_map(source, output)(line)))
+        else:
+            old = next(p for p in v.parts if p.module.path == part.module.path)
+            theirs[old.module.path].append(replace(f, line=_line_map(old.source, part.source)(line)))
+    order = lambda f: (f.line, f.col, f.code)  # noqa: E731
+    others = tuple(
+        (p.module.path, p.source, out, tuple(sorted(theirs[p.module.path], key=order)))
+        for p, out in zip(v.parts, outputs)
+    )
+    return MigrationResult(source, output, tuple(sorted(mine, key=order)), encoding=encoding, others=others)

@@ -1,0 +1,103 @@
+"""Multi-file projects migrated where their training lives, run on two ranks (issue 21, item 4).
+
+For fixtures/projects/<name>: the migrated copy (tests/test_project_goldens.py) is launched with
+torchrun, horovodrun --gloo or torchrun under FSDP, with the loader spy of tests/e2e_support.py.
+Each run must show: the training loader's passes split into disjoint shards that cover the
+dataset; the same final weights on every rank; each progress line of the helper module printed
+once; the evaluation's metric (a sum in the helper, divided by the dataset's length) equal to the
+whole validation set's, computed here from the saved weights. The control puts the helper module
+back as the user wrote it: lines are printed twice and the metric covers half the set."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from e2e_support import LOADER_SPY, assert_same_weights, load_state, run_horovodrun, run_torchrun, sitecustomize_env
+from test_project_goldens import PROJECTS, migrated_copy
+
+pytestmark = pytest.mark.e2e
+NPROC = 2
+ARGS = ["--batch-size", "4", "--epochs", "2"]
+
+
+def _launch(launcher: str, project: Path, work: Path, sharded: bool = False):
+    dumps = work / "dumps"
+    dumps.mkdir(parents=True)
+    env = sitecustomize_env(work / "spy", LOADER_SPY, {"DISTIFY_E2E_DATA_DIR": str(dumps)})
+    args = ARGS + ["--checkpoint", str(work / "final.pt")]
+    run = run_horovodrun if launcher == "horovodrun" else run_torchrun
+    result = run(project / "train.py", args, nproc=NPROC, env=env, cwd=project)
+    import torch
+
+    loaders = {r: [json.loads(line) for line in (dumps / f"loaders-rank{r}.jsonl").read_text().splitlines()] for r in range(NPROC)}
+    # under FSDP each rank holds its shard of the parameters: they agree by construction
+    params = None if sharded else {r: torch.load(dumps / f"params-rank{r}.pt") for r in range(NPROC)}
+    return result, loaders, params
+
+
+def _problems(project: Path, work: Path, result, loaders, params) -> list:
+    """What the run got wrong, in words (empty: nothing)."""
+    import torch
+
+    out = []
+    train = {r: [rec for rec in loaders[r] if rec.get("loader") == 0] for r in range(NPROC)}
+    for p in range(len(train[0])):
+        shards = [set(train[r][p]["indices"]) for r in range(NPROC)]
+        if shards[0] & shards[1] or shards[0] | shards[1] != set(range(train[0][p]["size"])):
+            out.append(f"pass {p} of the training loader is not split into disjoint covering shards")
+    if not train[0]:
+        out.append("the training loader never ran")
+    if params is not None:
+        assert_same_weights({str(i): t for i, t in enumerate(params[0])}, {str(i): t for i, t in enumerate(params[1])},
+                            label="rank 0 vs rank 1")
+    lines = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
+    steps = [line.split(" loss ")[0] for line in lines if " step " in line]  # ranks print other losses
+    if not steps or len(steps) != len(set(steps)):
+        out.append("progress lines printed more than once")
+    vals = [float(m.group(1)) for line in lines if (m := re.match(r"epoch \d+ val (\S+)", line))]
+    x, y = _data(PROJECTS / "loop_in_module" / "in", 32, 2)  # the user's own code: no launcher import here
+    state = load_state(work / "final.pt")
+    whole = float(((x @ state["weight"].T + state["bias"] - y) ** 2).sum() / len(x))
+    if not vals or abs(vals[-1] - whole) > 1e-4:
+        out.append(f"the last validation metric {vals[-1:]} is not the whole set's {whole:.6f}")
+    return out
+
+
+def _data(project: Path, n: int, seed: int):
+    """The project's own ``make_data(n, seed)`` tensors (its entry script imported, not run)."""
+    import sys
+
+    sys.path.insert(0, str(project))
+    try:
+        spec = importlib.util.spec_from_file_location("project_train", project / "train.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.make_data(n, seed).tensors
+    finally:
+        sys.path.remove(str(project))
+        for name in [m for m, mod in sys.modules.items() if str(project) in str(getattr(mod, "__file__", "") or "")]:
+            del sys.modules[name]
+
+
+@pytest.mark.parametrize("launcher,backend", [
+    ("torchrun", "ddp"),
+    pytest.param("horovodrun", "horovod", marks=pytest.mark.horovod),
+    ("torchrun", "fsdp"),
+])
+def test_loop_in_module(launcher, backend, tmp_path):
+    migrated_copy("loop_in_module", backend, tmp_path / "p")
+    run = _launch(launcher, tmp_path / "p", tmp_path, sharded=backend == "fsdp")
+    assert _problems(tmp_path / "p", tmp_path, *run) == [], run[0].stdout
+
+
+def test_control_loop_in_module_without_the_helper_edits(tmp_path):
+    migrated_copy("loop_in_module", "ddp", tmp_path / "p")
+    shutil.copy(PROJECTS / "loop_in_module" / "in" / "trainlib.py", tmp_path / "p" / "trainlib.py")
+    problems = _problems(tmp_path / "p", tmp_path, *_launch("torchrun", tmp_path / "p", tmp_path))
+    assert "progress lines printed more than once" in problems
+    assert any("is not the whole set's" in p for p in problems)
