@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
@@ -69,6 +69,9 @@ class Runtime:
     defs: Dict[str, Definition]
     imports: Dict[str, Tuple[str, Optional[str]]]  # binding -> (module, name) of `from module import name`, or (module, None)
     refs: Dict[cst.Name, Tuple[str, str]]  # a name node -> ("member" | "bare" | "import", the definition or binding)
+    # (definition, class name, the spellings it reads) -> its class-level statement: the scripts of
+    # one run mostly share the class name and the spellings; libcst nodes are immutable
+    rendered: Dict[Tuple[str, str, Tuple[Tuple[str, str], ...]], cst.BaseStatement] = field(default_factory=dict, compare=False)
 
     def inlinable(self, name: str) -> bool:
         return name in self.defs and not any(self.defs[n].why_not for n in self.closure([name]))
@@ -104,13 +107,20 @@ class Runtime:
         runtime's imports spelled as `spellings` says (binding -> the script's name)."""
         out = []
         for name in names:
-            node = self.defs[name].node
-            stmt = node.visit(_Inline(self.refs, cls, spellings))
-            if isinstance(stmt, cst.FunctionDef):
-                stmt = stmt.with_changes(decorators=[cst.Decorator(cst.Name("staticmethod")), *stmt.decorators])
-            comments = [line for line in node.leading_lines if line.comment is not None and not _RULER.match(line.comment.value)]
-            out.append(stmt.with_changes(leading_lines=[cst.EmptyLine(indent=False), *comments]))
+            reads = tuple((b, spellings.get(b, b)) for b in self.defs[name].imports)
+            key = (name, cls, reads)
+            if key not in self.rendered:
+                self.rendered[key] = self._render(name, cls, dict(reads))
+            out.append(self.rendered[key])
         return out
+
+    def _render(self, name: str, cls: str, spellings: Dict[str, str]) -> cst.BaseStatement:
+        node = self.defs[name].node
+        stmt = node.visit(_Inline(self.refs, cls, spellings))
+        if isinstance(stmt, cst.FunctionDef):
+            stmt = stmt.with_changes(decorators=[cst.Decorator(cst.Name("staticmethod")), *stmt.decorators])
+        comments = [line for line in node.leading_lines if line.comment is not None and not _RULER.match(line.comment.value)]
+        return stmt.with_changes(leading_lines=[cst.EmptyLine(indent=False), *comments])
 
 
 def _runtime_dir() -> Path:

@@ -119,13 +119,83 @@ def _dotted(node: cst.BaseExpression) -> str:
 # writing it -------------------------------------------------------------------------------------
 
 
-def _module_bindings(module: cst.Module) -> FrozenSet[str]:
-    """Names the script binds at top level (where the class's code would find them before builtins)."""
+def _shadowed(module: cst.Module, builtins: FrozenSet[str]) -> List[str]:
+    """The `builtins` the script binds at top level, where the class's code would find them first.
+    A cheap pass first: a name bound nowhere (in any scope) needs no scope analysis."""
+    if not builtins & _bound_anywhere(module):
+        return []
     from libcst.metadata import GlobalScope, MetadataWrapper, ScopeProvider
 
     scopes = MetadataWrapper(module).resolve(ScopeProvider)
     glob = next((s for s in scopes.values() if isinstance(s, GlobalScope)), None)
-    return frozenset(a.name for a in glob.assignments) if glob is not None else frozenset()
+    return sorted(builtins & {a.name for a in glob.assignments}) if glob is not None else []
+
+
+def _bound_anywhere(module: cst.Module) -> FrozenSet[str]:
+    """Every name some statement binds or declares, in any scope (a superset of the module's own)."""
+    found: set = set()
+
+    def targets(node: cst.CSTNode) -> None:
+        if isinstance(node, cst.Name):
+            found.add(node.value)
+        elif isinstance(node, (cst.Tuple, cst.List)):
+            for element in node.elements:
+                targets(element.value)
+        elif isinstance(node, cst.StarredElement):
+            targets(node.value)
+
+    class Collect(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+            found.add(node.name.value)
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> None:
+            found.add(node.name.value)
+
+        def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+            local = node.asname.name if node.asname is not None else node.name
+            found.add(_dotted(local).split(".")[0])
+
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            targets(node.target)
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            targets(node.target)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            targets(node.target)
+
+        def visit_For(self, node: cst.For) -> None:
+            targets(node.target)
+
+        def visit_CompFor(self, node: cst.CompFor) -> None:
+            targets(node.target)
+
+        def visit_AsName(self, node: cst.AsName) -> None:  # with ... as x, except ... as x
+            targets(node.name)
+
+        def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+            targets(node.target)
+
+        def visit_Global(self, node: cst.Global) -> None:
+            found.update(item.name.value for item in node.names)
+
+        def visit_Del(self, node: cst.Del) -> None:
+            targets(node.target)
+
+        def visit_MatchAs(self, node: cst.MatchAs) -> None:
+            if node.name is not None:
+                found.add(node.name.value)
+
+        def visit_MatchStar(self, node: cst.MatchStar) -> None:
+            if node.name is not None:
+                found.add(node.name.value)
+
+        def visit_MatchMapping(self, node: cst.MatchMapping) -> None:
+            if node.rest is not None:
+                found.add(node.rest.value)
+
+    module.visit(Collect())
+    return frozenset(found)
 
 
 @dataclass
@@ -162,7 +232,7 @@ def finish(module: cst.Module, backend: str, name: Optional[str], fresh) -> Outc
     inside = runtime.bound_inside(wanted)
     if name in inside:
         problems.append(f"the class name {name} is a local name of the inline runtime's code")
-    shadowed = sorted(runtime.builtins_read(wanted) & _module_bindings(module)) if wanted else []
+    shadowed = _shadowed(module, runtime.builtins_read(wanted)) if wanted else []
     if shadowed:
         problems.append(f"the script binds {', '.join(shadowed)}, which the inline runtime reads as the builtin")
     if problems:

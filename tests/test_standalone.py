@@ -143,6 +143,10 @@ def test_a_script_that_shadows_a_builtin_the_class_reads_keeps_the_distify_impor
     assert "from distify import runtime" in out and "standalone runtime (v" not in out
     warnings = [f.message for f in result.findings if f.kind == "warning"]
     assert any("the script binds next" in w for w in warnings), warnings
+    # bound in a function only, or not at all: the class is written
+    for extra in ("def f(next):\n    type = next\n    return type\n", "for epoch in range(1):\n    pass\n"):
+        out = migrate_source((default + extra).encode(), Options(backend="ddp", standalone=True)).output.decode()
+        assert "from distify import runtime" not in out and "standalone runtime (v" in out, extra
 
 
 # --- the inline helpers read the environment like distify.runtime -------------------------------
