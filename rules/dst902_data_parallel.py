@@ -8,7 +8,7 @@ import libcst as cst
 
 from distify.anatomy import DATA_PARALLEL, Model, data_parallel_module, dotted
 from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, HOROVOD_BACKEND, Context, Rule, reaching_scopes
-from distify.walk import walk
+from distify.walk import children
 
 # methods that return the module itself and may follow `nn.DataParallel(...)` in a chain
 _CHAIN = {"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval"}
@@ -427,35 +427,22 @@ def _name_uses(module: cst.Module, name: str) -> int:
 def _class_references(a) -> List[Tuple[cst.CSTNode, bool]]:
     """Uses of the DataParallel class other than calling it: (node, is isinstance()'s class)."""
     out: List[Tuple[cst.CSTNode, bool]] = []
+    stack: List[cst.CSTNode] = []  # the nodes around the one visited (trivia aside)
 
-    class V(cst.CSTVisitor):
-        def __init__(self) -> None:
-            super().__init__()
-            self.stack: List[cst.CSTNode] = []
+    def visit(node: cst.CSTNode) -> None:
+        if isinstance(node, (cst.Name, cst.Attribute)) and a.qualname(node) in DATA_PARALLEL:
+            parent = stack[-1] if stack else None
+            if not (isinstance(parent, cst.Call) and parent.func is node):
+                out.append((node, _isinstance_class(stack, node)))
+            return
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            return
+        stack.append(node)
+        for child in children(node):
+            visit(child)
+        stack.pop()
 
-        def visit_Import(self, node) -> bool:
-            return False
-
-        def visit_ImportFrom(self, node) -> bool:
-            return False
-
-        def on_visit(self, node) -> bool:
-            if isinstance(node, (cst.Name, cst.Attribute)) and a.qualname(node) in DATA_PARALLEL:
-                parent = self.stack[-1] if self.stack else None
-                if not (isinstance(parent, cst.Call) and parent.func is node):
-                    out.append((node, _isinstance_class(self.stack, node)))
-                return False
-            if not super().on_visit(node):
-                return False
-            self.stack.append(node)
-            return True
-
-        def on_leave(self, original_node) -> None:
-            if self.stack and self.stack[-1] is original_node:
-                self.stack.pop()
-            super().on_leave(original_node)
-
-    walk(a.module, V())
+    visit(a.module)
     return out
 
 
