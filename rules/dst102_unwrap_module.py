@@ -6,6 +6,7 @@ import libcst as cst
 
 from distify.anatomy import MODULE_API, STATE_API, dotted
 from distify.meaning import copies_argument
+from distify.program import program_of, reached
 from distify.rules.base import DDP_BACKEND, Context, Rule, reaching_scopes
 from distify.walk import walk
 
@@ -87,15 +88,19 @@ class UnwrapModule(Rule):
                     mode = _still_wrapped(a, model, anchor, site.scope, dotted(x.value), site.stmt, mode)
                     if mode is None:
                         continue
+                    said = f"{dotted(site.call.func)}() gets the unwrapped model: it only reads or copies it"
                     if not copies_argument(a, site, i):
                         fn = _callee(a, site)
                         if fn is None:
-                            continue
-                        params = [p.name.value for p in fn.params.params]
-                        if fn in a.methods and params and params[0] == "self":
-                            params = params[1:]
-                        if i >= len(params) or not _only_reads(a, fn, params[i]):
-                            continue
+                            said = self._elsewhere(ctx, site, x)
+                            if said is None:
+                                continue
+                        else:
+                            params = [p.name.value for p in fn.params.params]
+                            if fn in a.methods and params and params[0] == "self":
+                                params = params[1:]
+                            if i >= len(params) or not _only_reads(a, fn, params[i]):
+                                continue
                     name = dotted(x.value)
                     if mode == "module":
                         new_value = lambda n: cst.Attribute(value=n, attr=cst.Name("module"))
@@ -103,7 +108,34 @@ class UnwrapModule(Rule):
                         rt = ctx.runtime
                         new_value = lambda n, rt=rt: cst.parse_expression(f"{rt}.unwrap()").with_changes(args=[cst.Arg(n)])
                     ctx.edits.replace(x.value, new_value)
-                    ctx.report(self.code, x.value, f"{dotted(site.call.func)}() gets the unwrapped model: it only reads or copies it")
+                    ctx.report(self.code, x.value, said)
+
+    def _elsewhere(self, ctx: Context, site, x: cst.Arg) -> Optional[str]:
+        """`site` hands the wrapped model to a function of another module of the project that
+        reads, on the parameter it binds, attributes the wrapper does not forward (``model.pos_emb``
+        in rasbt's ``generate_and_print_sample``): the function gets the unwrapped model when it
+        trains nothing and its result reaches no backward() (its forward passes then need no
+        gradient averaging); otherwise the file is refused, since either way would train wrong or
+        die with an AttributeError. None: nothing to do."""
+        a = ctx.anatomy
+        t = reached(a, ctx.plan.script_path, ctx.options, site).target
+        if t is None:
+            return None
+        prog = program_of(a)
+        param = next((p for p, v in prog.bind(t, site.call).items() if v is x.value), None)
+        reads = prog.attribute_reads(t, param) if param is not None else []
+        if not reads:
+            return None
+        attr = reads[0][0]
+        if prog.trains(t) or a.facts.reaches_backward(site.scope, site.stmt):
+            ctx.block(
+                self.code,
+                x.value,
+                f"{t.qualname}() at {t.where} reads .{attr} on the model DDP wraps (an AttributeError on the wrapper) "
+                "and takes part in training: not migrated; read it through runtime.unwrap() in that module",
+            )
+            return None
+        return f"{dotted(site.call.func)}() ({t.where}) reads .{attr} of the model: it gets the unwrapped model"
 
 
 def _still_wrapped(a, model, anchor, scope, name, stmt, mode):

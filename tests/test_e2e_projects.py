@@ -40,10 +40,10 @@ def _launch(launcher: str, project: Path, work: Path, sharded: bool = False):
     return result, loaders, params
 
 
-def _problems(project: Path, work: Path, result, loaders, params) -> list:
-    """What the run got wrong, in words (empty: nothing)."""
-    import torch
-
+def _sharded(loaders, params) -> list:
+    """What the run got wrong about the data and the weights: the training loader's passes (the
+    first loader built) are split into disjoint shards covering the dataset, and every rank ends
+    with the same parameters."""
     out = []
     train = {r: [rec for rec in loaders[r] if rec.get("loader") == 0] for r in range(NPROC)}
     for p in range(len(train[0])):
@@ -55,6 +55,12 @@ def _problems(project: Path, work: Path, result, loaders, params) -> list:
     if params is not None:
         assert_same_weights({str(i): t for i, t in enumerate(params[0])}, {str(i): t for i, t in enumerate(params[1])},
                             label="rank 0 vs rank 1")
+    return out
+
+
+def _problems(project: Path, work: Path, result, loaders, params) -> list:
+    """What the run of loop_in_module got wrong, in words (empty: nothing)."""
+    out = _sharded(loaders, params)
     lines = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
     steps = [line.split(" loss ")[0] for line in lines if " step " in line]  # ranks print other losses
     if not steps or len(steps) != len(set(steps)):
@@ -101,3 +107,20 @@ def test_control_loop_in_module_without_the_helper_edits(tmp_path):
     problems = _problems(tmp_path / "p", tmp_path, *_launch("torchrun", tmp_path / "p", tmp_path))
     assert "progress lines printed more than once" in problems
     assert any("is not the whole set's" in p for p in problems)
+
+
+def test_attr_read_in_module(tmp_path):
+    """The script's own loop hands the wrapped model to a helper of another module that reads
+    `model.pos_emb`: it gets the unwrapped model, and the run ends with the shards and weights right."""
+    migrated_copy("attr_read_in_module", "ddp", tmp_path / "p")
+    result, loaders, params = _launch("torchrun", tmp_path / "p", tmp_path)
+    assert _sharded(loaders, params) == [] and "sample [[1, 2, 3" in result.stdout
+
+
+def test_control_attr_read_in_module_with_the_wrapper(tmp_path):
+    """Control: the call handed the wrapper again, as the script was written: the run dies."""
+    migrated_copy("attr_read_in_module", "ddp", tmp_path / "p")
+    script = tmp_path / "p" / "train.py"
+    script.write_text(script.read_text().replace("print_sample(model.module,", "print_sample(model,"))
+    result = run_torchrun(script, ARGS, nproc=NPROC, cwd=tmp_path / "p", check=False)
+    assert result.returncode != 0 and "has no attribute 'pos_emb'" in result.stdout + result.stderr
