@@ -119,6 +119,16 @@ TABLE: Dict[str, Known] = {
 # every progress bar (DST303 turns them off on ranks other than 0)
 PROGRESS_BARS: FrozenSet[str] = frozenset(_TQDM + _TRANGE + ("tqdm.contrib.tzip",))
 
+# functions that read or rescale the gradients of the parameters (or tensors) they are handed: with
+# Horovod they must see the averaged gradients, so the optimizer synchronizes before them (DST113)
+GRADIENT_READERS: FrozenSet[str] = frozenset({
+    "torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_norm", "torch.nn.utils.clip_grad_value_",
+    "torch.nn.utils.clip_grad.clip_grad_norm_", "torch.nn.utils.clip_grad.clip_grad_norm",
+    "torch.nn.utils.clip_grad.clip_grad_value_", "torch.nn.utils.clip_grads_with_norm_",
+    "torch.nn.utils.clip_grad.clip_grads_with_norm_", "torch.nn.utils.get_total_norm",
+    "torch.nn.utils.clip_grad.get_total_norm",
+})
+
 # methods of Hugging Face's models, tokenizers, configs and processors that write them to disk (or
 # upload them): a checkpoint, one writer (rank 0); and methods of other libraries' objects that write
 # a file (matplotlib's Figure.savefig, pandas' DataFrame.to_csv, a torchvision/PIL-style save_image).

@@ -88,6 +88,7 @@ HOROVOD_DEFAULT = {
     "encoder_decoder_two_optims",
     "gan_fixed_noise",
     "grad_accumulation",
+    "grad_clip_norm",
     "local_rank_hyphen_resume",
     "param_groups_backbone",
     "vae_data_utils_alias",
