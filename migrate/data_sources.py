@@ -13,6 +13,7 @@ import libcst as cst
 from distify.facts import all_nodes, dotted
 from distify.library import known
 from distify.names import row_of, seeds_sharded, star_import
+from distify.rank import RANK_ENV
 from distify.dataflow import _data_of, _first_items, _loop_var, ref_text
 from distify.records import BatchLoop, CallSite, EpochLoop, Scope, assigned_name
 from distify.training import drawn_from, endless_loop
@@ -340,20 +341,56 @@ def iterable_classes(a: "Anatomy") -> Set[str]:
 
 def is_iterable_dataset(a: "Anatomy", loader) -> bool:
     """The loader reads a dataset of a class deriving from IterableDataset (built in the call or
-    bound to the name it is given): a stream, which takes no sampler."""
-    ds = loader.dataset
-    if ds is None:
+    bound to the name it is given), or each rank's share of one: a stream, which takes no sampler."""
+    if loader.dataset is None:
         return False
-    names = iterable_classes(a)
-    if isinstance(ds, cst.Call):
-        return dotted(ds.func) in names
-    name = dotted(ds)
+    return bool(built_classes(a, loader.dataset) & iterable_classes(a)) or reads_shared_stream(a, loader)
+
+
+def built_classes(a: "Anatomy", expr: cst.BaseExpression) -> Set[str]:
+    """What an expression is built by: the callee of ``Cls(...)``, or of every ``name = Cls(...)`` of
+    the module when it is a name (dotted, as the script spells the callee)."""
+    if isinstance(expr, cst.Call):
+        return {dotted(expr.func)} - {None}
+    name = dotted(expr)
+    out: Set[str] = set()
     if name is None:
-        return False
+        return out
     for stmt in a.stmt_parent:
         if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign):
             small = stmt.body[0]
             if any(dotted(t.target) == name for t in small.targets) and isinstance(small.value, cst.Call):
-                if dotted(small.value.func) in names:
-                    return True
+                out |= {dotted(small.value.func)} - {None}
+    return out
+
+
+# what a class asks to know which share of the data is its own
+RANK_CALLS = frozenset({
+    "torch.distributed.get_rank", "torch.distributed.get_world_size", "horovod.torch.rank", "horovod.torch.size",
+    "distify.runtime.rank", "distify.runtime.world_size",
+})
+
+
+def splits_itself(a: "Anatomy", expr: cst.BaseExpression) -> bool:
+    """The object (a sampler, a stream) is built from a class of this file that asks for the rank or
+    the world size (a call of ``RANK_CALLS`` or a launcher's rank variable): it chooses its own share,
+    and taking a share of that again would drop data."""
+    for name in built_classes(a, expr):
+        cls = a.classes.get(name)
+        if cls is None:
+            continue
+        for n in all_nodes(cls):
+            if isinstance(n, cst.Call) and a.qualname(n.func) in RANK_CALLS:
+                return True
+            if isinstance(n, cst.SimpleString) and n.value.strip("\'\"") in RANK_ENV:
+                return True
     return False
+
+
+def reads_shared_stream(a: "Anatomy", loader) -> bool:
+    """The loader reads ``runtime.ShareStream(...)`` (inline or through the name it is given): each
+    rank's share of a stream (DST910's rewrite)."""
+    return loader.dataset is not None and any(
+        a.qualname(cst.parse_expression(name)) == "distify.runtime.ShareStream"
+        for name in built_classes(a, loader.dataset)
+    )

@@ -1,42 +1,100 @@
-"""DST901 training DataLoader with its own sampler."""
+"""DST901 a training DataLoader with its own sampler: each rank draws its share of it."""
 
 from __future__ import annotations
 
-from distify.anatomy import arg
+import libcst as cst
+
+from distify.anatomy import DIST_SAMPLER, arg
+from distify.facts import all_nodes
+from distify.data_sources import built_classes, splits_itself
 from distify.rules.base import Context, Rule
+
+SHARE_SAMPLER = "distify.runtime.ShareSampler"
 
 
 class CustomSampler(Rule):
-    """Warn about a training DataLoader that already has a ``sampler`` or ``batch_sampler``.
+    """Give each rank its share of a training DataLoader's own ``sampler`` or ``batch_sampler``.
 
     What it does:
-        Reports the loader and leaves it unchanged.
+        Wraps the sampler the script chose (``WeightedRandomSampler``, ``SubsetRandomSampler``, a
+        class-balanced, curriculum or bucketing sampler of the script, a ``batch_sampler``) in
+        ``runtime.ShareSampler``: every rank draws the sampler's whole sequence from the same seed
+        and keeps every N-th index (or batch). The sequence is padded with its first elements to a
+        multiple of N, as ``DistributedSampler`` pads, so every rank makes the same number of steps.
+        The seed of each pass comes from rank 0's global torch generator (broadcast when the pass
+        starts), or from the sampler's own ``generator`` when it has one. A sampler whose class in
+        this file asks for the rank or the world size already chooses its own share: it is left as
+        it is, with a warning.
 
     Why:
-        A custom sampler (weighted, bucketing, a batch sampler) decides which samples a batch
-        holds; wrapping it in a DistributedSampler would change its meaning. It has to shard by
-        rank itself – e.g. draw indices from ``DistributedSampler(dataset)`` first, or take
-        ``rank``/``world_size`` from ``runtime`` – and call ``set_epoch`` if it shuffles.
+        Left whole, every rank draws the same samples and N processes do the work of one. Replaced
+        by a ``DistributedSampler``, the weighting or the order the script asked for would be lost.
+        Drawn from one seed and dealt out, each rank's share is an independent draw with the
+        sampler's weights, the shares are disjoint, and together they are one draw of the original.
 
     Example:
-        DataLoader(ds, batch_sampler=BucketSampler(ds, 32))   # DST901: shard it by rank yourself
+        loader = DataLoader(train_set, batch_size=32, sampler=WeightedRandomSampler(w, len(w)))
+
+        becomes
+
+        loader = DataLoader(train_set, batch_size=32, sampler=runtime.ShareSampler(WeightedRandomSampler(w, len(w))))
     """
 
     code = "DST901"
     name = "custom-sampler"
-    summary = "training loader with a custom sampler is not sharded automatically"
+    summary = "each rank draws its share of a training loader's own sampler"
 
     def apply(self, ctx: Context) -> None:
-        for loader in ctx.anatomy.loaders:
-            if loader.role != "train" or ctx.anatomy.sampler_call(loader) is not None:
+        a = ctx.anatomy
+        for loader in a.loaders:
+            if loader.role != "train" or a.sampler_call(loader) is not None:
                 continue
-            if arg(loader.call.call, 5, "sampler") is not None or arg(loader.call.call, 6, "batch_sampler") is not None:
-                ctx.warn(
-                    self.code,
-                    loader.call.call,
-                    f"{loader.target or 'training DataLoader'} has its own sampler: not sharded; "
-                    "make it draw from DistributedSampler or split indices by runtime.rank()",
+            for pos, keyword in ((5, "sampler"), (6, "batch_sampler")):
+                given = arg(loader.call.call, pos, keyword)
+                if given is None or _shared(a, given.value):
+                    continue
+                what = loader.target or "training DataLoader"
+                if not isinstance(given.value, (cst.Call, cst.Name, cst.Attribute)):
+                    ctx.warn(  # `s if phase == "train" else None`: which sampler it is cannot be read here
+                        self.code,
+                        given.value,
+                        f"{what} has a {keyword} chosen by an expression: not shared out; pass "
+                        f"{keyword}={ctx.runtime}.ShareSampler(<sampler>) where the sampler is not distributed",
+                    )
+                    continue
+                if splits_itself(a, given.value):
+                    ctx.warn(
+                        self.code,
+                        given.value,
+                        f"{what}'s {keyword} asks for the rank itself: assumed to draw this rank's share; "
+                        "left as it is",
+                    )
+                    continue
+                share = cst.parse_expression(f"{ctx.runtime}.ShareSampler(_)")
+                ctx.edits.replace(
+                    given.value,
+                    lambda n, share=share: share.with_changes(args=[share.args[0].with_changes(value=n)]),
                 )
+                ctx.report(
+                    self.code,
+                    given.value,
+                    f"{what}'s {keyword} shared out with runtime.ShareSampler: every rank draws its sequence "
+                    "from one seed and keeps every N-th element (padded to a multiple of N)",
+                )
+
+
+def _shared(a, value: cst.BaseExpression) -> bool:
+    """Already a share or distributed: a ``runtime.ShareSampler(...)`` or ``DistributedSampler(...)``
+    (an earlier run's), inline or through a name, anywhere in the expression given
+    (``sampler=train_sampler if x == "train" else None``)."""
+    done = {SHARE_SAMPLER, *DIST_SAMPLER}
+    for n in all_nodes(value):
+        if isinstance(n, cst.Call) and a.qualname(n.func) in done:
+            return True
+        if isinstance(n, (cst.Name, cst.Attribute)) and not isinstance(value, cst.Call):
+            if any(a.qualname(cst.parse_expression(name)) in done for name in built_classes(a, n)):
+                return True
+    return False
 
 
 RULE = CustomSampler()

@@ -25,12 +25,15 @@ from typing import Any, Mapping, Optional, Union
 import torch
 
 from ._env import DistifyEnvError, Environment, discover, expand_nodelist, first_host
+from ._share import ShareSampler, ShareStream
 
 __all__ = [
     "DDP",
     "DistifyEnvError",
     "Environment",
     "ShardSampler",
+    "ShareSampler",
+    "ShareStream",
     "all_reduce",
     "all_reduce_sum",
     "barrier",
