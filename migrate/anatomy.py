@@ -259,7 +259,7 @@ class Anatomy:
         """The expression's value differs between ranks because it reads a rank: a rank call or
         name, a name the script binds to one, a rank environment variable (see ``facts.reads_rank``).
         A write whose arguments read the rank goes to a per-rank file: every rank keeps it."""
-        return reads_rank(node, self.facts.rank_names)
+        return reads_rank(node, self.facts.rank_names, self.facts.rank_calls)
 
     def environ_rank(self, call: cst.Call) -> Optional[Tuple[str, Optional[cst.BaseExpression]]]:
         """``int(os.environ["LOCAL_RANK"])`` -> ("LOCAL_RANK", None); ``int(os.environ.get("RANK",
@@ -287,15 +287,11 @@ class Anatomy:
         return (key, default) if key in ENV_RANK_VARS else None
 
     def mentions_rank(self, node: cst.CSTNode) -> bool:
-        """The expression names a rank, a device index or a process-specific value: a per-rank file
-        name, a log line that says which rank speaks. Rules leave such a write or print on every
-        rank (each process has its own file or line); the audit does not count it as a duplicate."""
-        if self.reads_rank(node):
-            return True
-        return any(
-            isinstance(n, cst.Name) and any(k in n.value.lower() for k in ("gpu", "device", "worker", "pid"))
-            for n in all_nodes(node)
-        )
+        """The expression names a rank or a value made from one (a device, a path built from it): a
+        per-rank file name, a log line that says which rank speaks. Rules leave such a write or
+        print on every rank (each process has its own file or line); the audit does not count it
+        as a duplicate. Data flow from the rank sources, never the spelling (``distify.rank_flow``)."""
+        return reads_rank(node, self.facts.made_from_rank, self.facts.process_calls)
 
     def callers(self, fn: cst.FunctionDef, any_receiver: bool = False) -> List[CallSite]:
         return self.facts.callers(fn, any_receiver)

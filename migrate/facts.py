@@ -15,7 +15,8 @@ from typing import Dict, FrozenSet, Iterator, List, Optional, Set, Tuple
 import libcst as cst
 
 from distify.blocks import RepeatedBlocks, repeated_blocks  # noqa: F401 - re-exported
-from distify.rank import _rank_value_part, branch_of, rank_dependent, reads_rank
+from distify.rank import branch_of, rank_dependent, reads_rank  # noqa: F401 - reads_rank re-exported
+from distify.rank_flow import made_from_rank, process_calls, rank_flow
 from distify.syntax import Scope, _number, all_nodes, by_node, arg, contains_node, dotted, header_names, names
 from distify.walk import children
 
@@ -49,6 +50,8 @@ class Facts:
         self._callers: Dict[Tuple[int, bool], list] = {}
         self._bindings: Dict[int, Dict[str, List[Binding]]] = {}
         self._rank_names: Optional[FrozenSet[str]] = None
+        self._rank_calls: FrozenSet[int] = frozenset()
+        self._made_from_rank: Optional[FrozenSet[str]] = None
         self._trains: Dict[int, bool] = {}
         self.trainers: FrozenSet[cst.FunctionDef] = frozenset()  # functions that train (set by the anatomy)
 
@@ -80,46 +83,35 @@ class Facts:
     @property
     def rank_names(self) -> FrozenSet[str]:
         """Dotted names the script binds to a rank: ``self.gpu_id = int(os.environ["LOCAL_RANK"])``,
-        ``gpu = dist.get_rank() % torch.cuda.device_count()`` (followed through chains of them)."""
+        ``gpu = dist.get_rank() % torch.cuda.device_count()`` (followed through chains of them; see
+        ``distify.rank_flow``)."""
         if self._rank_names is None:
-            # one walk per assignment, then a fixpoint over the names each value reads
-            pending = []
-            found: Set[str] = set()
-            for a, _stmt, _scope, _cls in self.assigns:
-                name = dotted(a.targets[0].target) if len(a.targets) == 1 else None
-                if not name:
-                    continue
-                value = _rank_value_part(a.value)
-                if value is None:
-                    continue  # an object built from a rank (a sampler, a wrapped model) is no rank
-                if reads_rank(value):
-                    found.add(name)
-                else:
-                    read = {dotted(n) for n in all_nodes(value) if isinstance(n, (cst.Name, cst.Attribute))}
-                    pending.append((name, read))
-            functions = [fn for fn in self.all_functions() if self.callers(fn)]
-            changed = True
-            while changed:
-                changed = False
-                for name, read in pending:
-                    if name not in found and read & found:
-                        found.add(name)
-                        changed = True
-                # a parameter every caller passes a rank to: `Trainer(model, data, rank)` / `gpu_id`
-                for fn in functions:
-                    for p in self.params(fn):
-                        if p in found:
-                            continue
-                        values = [self.bound_value(c.call, fn, p) for c in self.callers(fn)]
-                        if all(v is not None and reads_rank(v, frozenset(found)) for v in values):
-                            found.add(p)
-                            changed = True
-            self._rank_names = frozenset(found)
+            self._rank_names, self._rank_calls = rank_flow(self)
         return self._rank_names
+
+    @property
+    def rank_calls(self) -> FrozenSet[int]:
+        """Ids of the calls whose value is a rank: ``dist.get_rank()``, ``hvd.local_rank()``, a
+        function of the script that returns one (see ``distify.rank_flow``)."""
+        if self._rank_names is None:
+            self._rank_names, self._rank_calls = rank_flow(self)
+        return self._rank_calls
+
+    @property
+    def made_from_rank(self) -> FrozenSet[str]:
+        """Dotted names bound to a value built from a rank, objects included (``distify.rank_flow``)."""
+        if self._made_from_rank is None:
+            self._made_from_rank = made_from_rank(self)
+        return self._made_from_rank
+
+    @property
+    def process_calls(self) -> FrozenSet[int]:
+        """Ids of the calls whose value is this process's (ranks, ``os.getpid()``, its device)."""
+        return process_calls(self)
 
     def rank_condition(self, test: cst.BaseExpression) -> bool:
         """A condition that is not the same on every rank (see ``rank_dependent``)."""
-        return rank_dependent(test, self.rank_names)
+        return rank_dependent(test, self.rank_names, self.rank_calls)
 
     def rank_guards(self, stmt: cst.CSTNode) -> List[Tuple[cst.If, str]]:
         """The rank conditions enclosing `stmt` in its scope, outermost first, with the branch the

@@ -15,6 +15,10 @@ Kinds of rows:
 - ``framework``: a training framework that distributes the script itself; ``launch`` says how the
   script is started on N processes. distify leaves such a script as it is and says so.
 - ``model``: builds a model in another library (its class is not in the script).
+- ``rank``: its value differs between the processes of one run (``dist.get_rank()``,
+  ``hvd.local_rank()``, ``os.getpid()``): conditions on it run on some ranks, files named from it
+  are per rank. ``process``: this process's device or id, no rank number (a file named from it is
+  per process, a condition on it is no rank condition).
 - ``print``: writes a line to the terminal as ``print`` does (``tqdm.write``, ``sys.stdout.write``,
   ``pprint.pprint``): every rank would write it, so it runs on rank 0 (DST302, DST956).
 """
@@ -28,7 +32,7 @@ from typing import Dict, FrozenSet, Iterable, Optional
 @dataclass(frozen=True)
 class Known:
     name: str  # qualified name, as distify.names resolves it
-    kind: str  # loader | wrapper | counter | framework | model | print
+    kind: str  # loader | wrapper | counter | framework | model | rank | process | print
     shard: str = ""  # loader: sampler | input_nodes | none
     items: str = ""  # wrapper: first | all
     title: str = ""  # framework: how a user names it
@@ -109,6 +113,21 @@ TABLE: Dict[str, Known] = {
         title="Ray Train", launch="python {script} (Ray starts the workers: ScalingConfig(num_workers=N))",
     ),
     **_rows("model", ("timm.create_model", "torch.hub.load")),
+    # calls whose value differs between the processes of one run: a rank, a flag made from one, this
+    # process's device or id (distify.rank_flow follows them through the script's names)
+    **_rows(
+        "rank",
+        ("torch.distributed.get_rank", "torch.distributed.distributed_c10d.get_rank", "torch.distributed.get_node_local_rank",
+         "horovod.torch.rank", "horovod.torch.local_rank", "horovod.torch.cross_rank",
+         "horovod.torch.mpi_ops.rank", "horovod.torch.mpi_ops.local_rank",
+         "distify.runtime.rank", "distify.runtime.local_rank", "distify.runtime.is_main_process",
+         "torch.cuda.current_device",
+         "torch_xla.core.xla_model.get_ordinal", "torch_xla.core.xla_model.get_local_ordinal",
+         "torch_xla.core.xla_model.is_master_ordinal"),
+    ),
+    # objects and ids of this process that are no rank number (a condition on them is not a rank
+    # condition), but a file or log line named from one is per process
+    **_rows("process", ("distify.runtime.device", "distify.runtime.device_ids", "os.getpid", "socket.gethostname")),
     # a progress bar's own print: a log line like print()'s
     **_rows("print", ("tqdm.write", *(f"{t}.write" for t in _TQDM if ".contrib." not in t))),
     # the other routes to the terminal (PyTorch-GAN's progress lines are sys.stdout.write)

@@ -5,7 +5,6 @@ layer, see facts.py).
 
 from __future__ import annotations
 
-import re
 from typing import FrozenSet, List, Optional
 
 import libcst as cst
@@ -16,17 +15,13 @@ from distify.syntax import all_nodes, contains_node, dotted
 
 # ------------------------------------------------------------------------------ rank conditions
 
-# identifiers that make a condition depend on which process evaluates it
-_RANK = re.compile(
-    r"(^|_)rank(_?0|_?zero)?$|^is_main(_process)?$|^main_process$|^is_master(_process)?$"
-    r"|^is_(global|local)_zero$|^is_rank_?(0|zero)$"
-)
-
-
-def rank_dependent(test: cst.BaseExpression, rank_names: FrozenSet[str] = frozenset()) -> bool:
+def rank_dependent(
+    test: cst.BaseExpression, rank_names: FrozenSet[str] = frozenset(), rank_calls: FrozenSet[int] = frozenset()
+) -> bool:
     """True when a condition reads the rank (or asks "am I the main process?"): the one notion of a
-    rank condition every rule and check uses (through ``Facts.rank_condition``, which also knows
-    the names the script binds to a rank: ``self.gpu_id = int(os.environ["LOCAL_RANK"])``).
+    rank condition every rule and check uses (through ``Facts.rank_condition``, which knows the
+    names the script binds to a rank, ``self.gpu_id = int(os.environ["LOCAL_RANK"])``, and the calls
+    whose value is one, ``dist.get_rank()``: see ``distify.rank_flow``).
 
     Comparisons of a rank with -1 alone (``local_rank != -1``) are skipped: they tell a
     distributed launch from a plain one and are equal on every rank."""
@@ -34,7 +29,7 @@ def rank_dependent(test: cst.BaseExpression, rank_names: FrozenSet[str] = frozen
 
     class V(cst.CSTVisitor):
         def visit_Comparison(self, node: cst.Comparison) -> Optional[bool]:
-            if (_rank_ref(node.left) or dotted(node.left) in rank_names) and all(
+            if (id(node.left) in rank_calls or dotted(node.left) in rank_names) and all(
                 isinstance(t.operator, (cst.Equal, cst.NotEqual, cst.Is, cst.IsNot)) and _is_minus_one(t.comparator)
                 for t in node.comparisons
             ):
@@ -42,8 +37,12 @@ def rank_dependent(test: cst.BaseExpression, rank_names: FrozenSet[str] = frozen
             return True
 
         def visit_Name(self, node: cst.Name) -> None:
-            if _RANK.search(node.value.lower()) or node.value in rank_names:
+            if node.value in rank_names:
                 hits.append(node.value)
+
+        def visit_Call(self, node: cst.Call) -> None:
+            if id(node) in rank_calls:
+                hits.append(dotted(node.func) or "")
 
         def visit_Attribute(self, node: cst.Attribute) -> Optional[bool]:
             if rank_names and dotted(node) in rank_names:
@@ -62,12 +61,12 @@ RANK_ENV = frozenset({
 })
 
 
-def reads_rank(expr: cst.CSTNode, rank_names: FrozenSet[str] = frozenset()) -> bool:
+def reads_rank(expr: cst.CSTNode, rank_names: FrozenSet[str] = frozenset(), rank_calls: FrozenSet[int] = frozenset()) -> bool:
     """The expression's value differs between ranks: it reads a rank (a rank call or name, a name
     bound to one, or a rank environment variable such as ``os.environ["LOCAL_RANK"]``). A
     comparison with -1 (``int(os.environ.get("RANK", -1)) != -1``: launched distributed or not) is
     the same on every rank."""
-    if rank_dependent(expr, rank_names):
+    if rank_dependent(expr, rank_names, rank_calls):
         return True
     hits: List[str] = []
 
@@ -94,27 +93,18 @@ def reads_rank(expr: cst.CSTNode, rank_names: FrozenSet[str] = frozenset()) -> b
 VALUE_CALLS = frozenset({"int", "str", "float", "bool", "min", "max", "abs", "round", "os.environ.get", "os.getenv"})
 
 
-def _rank_value_part(expr: cst.BaseExpression) -> Optional[cst.BaseExpression]:
+def _rank_value_part(expr: cst.BaseExpression, rank_calls: FrozenSet[int] = frozenset()) -> Optional[cst.BaseExpression]:
     """`expr` when its value can be a rank or a flag derived from one (names, arithmetic,
     comparisons, rank calls, `int(...)` of those), None when it is an object built by a call
     that merely takes a rank argument (`DistributedSampler(ds, rank=r)`, `DDP(m, [local_rank])`)."""
     for n in all_nodes(expr):
         if isinstance(n, cst.Call):
             d = dotted(n.func) or ""
-            last = d.rsplit(".", 1)[-1]
-            if d in VALUE_CALLS or _RANK.search(last.lower()) or d.endswith(("environ.get", "getenv")):
+            if d in VALUE_CALLS or id(n) in rank_calls or d.endswith(("environ.get", "getenv")):
                 continue
             if n.args:
                 return None
     return expr
-
-
-def _rank_ref(expr: cst.BaseExpression) -> bool:
-    """The left side of a comparison is a rank reference (name, attribute or call)."""
-    if isinstance(expr, cst.Call):
-        expr = expr.func
-    last = expr.attr if isinstance(expr, cst.Attribute) else expr
-    return isinstance(last, cst.Name) and bool(_RANK.search(last.value.lower()))
 
 
 def _is_minus_one(expr: cst.BaseExpression) -> bool:

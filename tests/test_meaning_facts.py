@@ -119,3 +119,85 @@ model.save_pretrained("out.pt")
     out = _migrate(src)
     assert "        if runtime.is_main_process():\n            torch.save(self.state_dict(), path)" in out
     assert _migrate(src.replace("save_pretrained", "dump")) == out.replace("save_pretrained", "dump")
+
+
+RANKED = """import argparse
+import os
+import torch
+import torch.distributed as d
+import torch.multiprocessing as mp
+
+
+def get_args():
+    p = argparse.ArgumentParser()
+    p.add_argument("--local-rank", type=int, default=0)
+    return p.parse_args()
+
+
+def leader():
+    return d.get_rank() == 0
+
+
+def work(i, n):
+    pass
+
+
+args = get_args()
+v1 = d.get_rank()
+v2 = int(os.environ["LOCAL_RANK"])
+v3 = torch.device("cuda", v2)
+v4 = f"out_{v2}.pt"
+v5 = f"out_{v3}.pt"
+v6 = f"log_{os.getpid()}.txt"
+rank = 3
+gpu_rank_pid = "ckpt.pt"
+worker_count = torch.cuda.device_count()
+mp.spawn(work, args=(2,), nprocs=2)
+"""
+
+
+def _facts(src: str = RANKED):
+    a = analyse(cst.parse_module(src))
+    return a, a.facts
+
+
+def _condition(test: str):
+    """The facts of RANKED with `if <test>: pass` where the test's names are bound, and that test."""
+    if test.startswith("i "):
+        src = RANKED.replace("def work(i, n):\n    pass", f"def work(i, n):\n    if {test}:\n        pass")
+    else:
+        src = RANKED + f"if {test}:\n    pass\n"
+    a, facts = _facts(src)
+    ifs = [s for s in facts.statements() if isinstance(s, cst.If)]
+    return facts, ifs[-1].test
+
+
+@pytest.mark.parametrize(
+    "test,ranked",
+    [
+        ("v1 == 0", True),  # a value of dist.get_rank()
+        ("v2 > 0", True),  # the launcher's LOCAL_RANK
+        ("leader()", True),  # a function of the script that returns a rank flag
+        ("args.local_rank == 0", True),  # --local-rank, parsed in a helper
+        ("i == 0", True),  # the process index mp.spawn hands its function
+        ("rank == 0", False),  # named rank, holds a constant
+        ("worker_count > 1", False),  # named worker, the same on every rank
+        ("v3.type == 'cuda'", False),  # a device built from the rank is no rank number
+    ],
+)
+def test_rank_conditions_by_data_flow(test, ranked) -> None:
+    """Control: with the old identifier regex back in distify.rank (`(^|_)rank$`...), `rank == 0`
+    counts and `leader()`/`i == 0` need their names; the metamorphic DST403 control covers text."""
+    facts, node = _condition(test)
+    assert facts.rank_condition(node) is ranked
+
+
+def test_per_rank_file_names_by_data_flow() -> None:
+    """A path built from the local rank names a per-rank file; one built from a device object (the
+    same on many hosts) and a string in a name spelled `gpu_rank_pid` do not; a path made from
+    os.getpid() does. Control: the old name-substring test (`gpu`, `pid`) fails the third assertion."""
+    a, _ = _facts()
+    assert a.mentions_rank(cst.parse_expression("open(v4, 'w')"))
+    assert not a.mentions_rank(cst.parse_expression("open(v5, 'w')"))
+    assert not a.mentions_rank(cst.parse_expression("open(gpu_rank_pid, 'w')"))
+    assert a.mentions_rank(cst.parse_expression("open(v6, 'w')"))
