@@ -586,3 +586,21 @@ def test_writing_the_class_imports_neither_torch_nor_the_runtime():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_a_module_spelled_like_a_local_of_the_runtime_is_imported_again():
+    """The runtime's functions bind `env` and `api` for themselves; a script that calls os `env`
+    and torch `api` must not lend the class those spellings, or `env.environ` would read the local."""
+    original = (FIXTURES / "scenarios" / "module_level.in.py").read_text()
+    script = "import os as env\nimport torch as api\n" + original + "print(env.sep, api.zeros(1))\n"
+    out = migrate_source(script.encode(), Options(backend="ddp", standalone=True)).output.decode()
+    module = cst.parse_module(out)
+    block = standalone.find_block(module)
+    head = [s for s in module.body if isinstance(s, cst.SimpleStatementLine)
+            and isinstance(s.body[0], (cst.Import, cst.ImportFrom))]
+    namespace: dict = {}
+    exec(compile(cst.Module([*head, block.node]).code, "<class>", "exec"), namespace)
+    assert namespace["env"].__name__ == "os" and namespace["api"].__name__ == "torch"
+    runtime = namespace[block.name]
+    assert (runtime.rank(), runtime.discover().world_size, runtime.discover().source) == (0, 1, "none")
+    assert runtime.device(False).type == "cpu" and runtime.is_main_process()
