@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Set, 
 
 import libcst as cst
 
-from distify.facts import arg, dotted
+from distify.facts import arg, dotted, training_call
 from distify.names import row_of
 from distify.walk import walk
 from distify.dataflow import _contains, _data_of, _is_training_body, _parameter_roots, iterated_refs, ref_text
@@ -36,19 +36,22 @@ def training_functions(functions: Mapping[str, cst.FunctionDef], methods: Mappin
     for m, k in methods.items():
         by_class.setdefault(k, {})[m.name.value] = m
     callees: Dict[cst.FunctionDef, Set[cst.FunctionDef]] = {fn: set() for fn in all_fns}
-    trains: Set[cst.FunctionDef] = {fn for fn in all_fns if _trains_directly(fn.body)}
+    trains: Set[cst.FunctionDef] = set()
     for site in calls:
         d = dotted(site.call.func)
-        if d is None:
+        direct = training_call(site.call)  # backward() / step(): the functions around it train
+        if d is None and not direct:
             continue
         fn = site.scope
         inside = site.stmt is not fn
         while isinstance(fn, cst.FunctionDef):
             if inside and fn in callees:
+                if direct:
+                    trains.add(fn)
                 own = by_class.get(methods[fn], {}) if fn in methods else {}
                 if d in functions:
                     callees[fn].add(functions[d])
-                elif d.startswith("self.") and d[5:] in own:
+                elif d is not None and d.startswith("self.") and d[5:] in own:
                     callees[fn].add(own[d[5:]])
             fn, inside = stmt_scope.get(fn), True
     changed = True
