@@ -86,6 +86,9 @@ def built_from(a, receiver: Optional[str], value: cst.BaseExpression) -> bool:
 COPIES = {
     "copy.deepcopy": 0,
     "copy.copy": 0,
+    # pickling the whole module (`torch.save(model, path)`): a pickled DDP wrapper loads only where a
+    # process group exists, and its state carries `module.` keys
+    "torch.save": 0,
     "torch.optim.swa_utils.AveragedModel": 0,
     "torch.optim.swa_utils.update_bn": 1,
     "timm.utils.ModelEma": 0,

@@ -54,12 +54,16 @@ class CopyOfShardedModel(Rule):
                     what = _copy_of(ctx, site, i)
                     if what is None:
                         continue
+                    why = (
+                        "pickles the whole module, whose parameters are this rank's shards: the file would "
+                        "hold one rank's part of the weights" if site.qualname == "torch.save" else
+                        "FSDP cannot deep-copy a sharded module (the script would crash here)"
+                    )
                     ctx.block(
                         self.code,
                         site.call,
-                        f"{what} of the sharded model {dotted(x.value)}: FSDP cannot deep-copy a sharded "
-                        "module (the script would crash here); file not migrated. Keep the copy from "
-                        "get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)) or "
+                        f"{what} of the sharded model {dotted(x.value)}: {why}; file not migrated. Keep the copy "
+                        "from get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)) or "
                         "shard it by hand",
                     )
                     return
