@@ -19,11 +19,13 @@ NOT PROVEN (3), with what would exercise the rest. 2 is a usage error, 130 an in
 
 With ``--against-original`` the original draws the training permutation the ranks' DistributedSampler
 drew (the probe reseeds its RandomSampler per pass), so the ranks' k-th batches together are its
-k-th batch and the weights can be compared on shuffled data; other randomness (dropout, augmentation
-drawing from torch, Python's random or NumPy while batches are made, torch.randint batches, draws in
-a step, unseeded draws before training) is named with its line and leaves the comparison not
-exercised: the probe sees which generators drew (``_probe/_distify_random.py``), the project's facts
-say where (``distify.verify_facts``).
+k-th batch and the weights can be compared on shuffled data. In both runs each sample of a map-style
+Dataset is fetched with torch's, Python's and NumPy's global generators seeded by its index, so
+augmentation drawn from them is the same for the same sample. Other randomness (dropout, generator
+objects or a collate drawing while batches are made, torch.randint batches, draws in a step,
+unseeded draws before training) is named with its line and leaves the comparison not exercised: the
+probe sees which generators drew (``_probe/_distify_random.py``), the project's facts say where
+(``distify.verify_facts``).
 
 The copy is migrated as ``distify`` migrates the project (``distify.project.migrate_project``): the
 script and every module of its project that distify rewrites. Where the runs happen. Each run gets

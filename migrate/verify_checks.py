@@ -614,15 +614,17 @@ def _randomness(run: Run, train: set, sources: Optional[Sources], upto: int, fac
 
     def sites_of(lib: str, phases) -> list:
         seen = [e["site"] for e in evs if e["k"] == "draw" and e["lib"] == lib and e["phase"] in phases and e.get("site")]
-        if not seen and facts is not None:
-            seen = [[d.path, d.first] for d in facts.draws if d.lib == lib]
+        if not seen and facts is not None:  # the probe sees every call of the modules' functions: a method of a generator drew
+            seen = [[d.path, d.first] for d in facts.draws if d.lib == lib and d.via]
         return seen
 
     found = []
     drops = [e.get("site") for e in evs if e["k"] == "dropout"]
     if drops:
         found.append("dropout" + lines(drops))
-    for lib in sorted({e.get("lib", "torch") for e in evs if e["k"] == "datarng" and e["loader"] in train}):
+    # (a draw in a Dataset's __getitem__ from a global generator, which the probe seeds by sample index in both
+    # runs, is "aligned": the ranks and the original draw the same numbers for the same sample)
+    for lib in sorted({e.get("lib", "torch") for e in evs if e["k"] == "datarng" and e["loader"] in train and not e.get("aligned")}):
         where = lines(sites_of(lib, ("data",))) if lib != "torch" else ""
         found.append(f"the training data pipeline draws from {_GENERATOR_TITLES.get(lib, lib)} while batches are "
                      f"made (augmentation, a random dataset){where}")
@@ -681,5 +683,7 @@ def check_weights(multi: Run, original: Run, nproc: int, batch_note: str, diff: 
                                                       "with a plain RandomSampler, or the ranks' sampler has no seed/epoch)",
                      prove="compare with shuffling off")
     shuffled = " (the original drew the ranks' shuffle)" if any(info.get("shuffle") for info in loaders.values()) else ""
+    if any(e["k"] == "datarng" and e.get("aligned") and e["loader"] in train for e in multi.events().get(0, [])):
+        shuffled += " (each sample's random augmentation drawn from generators seeded by its index, in both runs)"
     status = HELD if diff["max_abs_diff"] <= WEIGHTS_ATOL else FAILED
     return Check("weights", title, status, f"{value}{shuffled}; tolerance {WEIGHTS_ATOL:g}")

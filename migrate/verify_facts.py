@@ -76,7 +76,7 @@ def script_facts(text: str, path: str = "") -> ScriptFacts:
             value = getattr(small, "value", None)
             targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else \
                 [small.target] if isinstance(small, cst.AnnAssign) else []
-            if value is c.call:
+            if value is c.call or (isinstance(value, cst.IfExp) and c.call in (value.body, value.orelse)):
                 for t in targets:
                     if dotted(t):
                         generators[dotted(t)] = c.qualname

@@ -477,17 +477,17 @@ for loader in (DataLoader(Augmented(), batch_size=2), DataLoader(Held(), batch_s
 '''
 
 
-def _probe_run(tmp_path, text: str) -> list:
-    """The records of one plain run of `text` as train.py under the probe."""
-    run, records = tmp_path / "run", tmp_path / "records"
+def _probe_run(tmp_path, text: str, name: str = "run", **env_extra) -> list:
+    """The records of one plain run of `text` as train.py under the probe (and its stdout, last)."""
+    run, records = tmp_path / name, tmp_path / f"{name}-records"
     run.mkdir()
     records.mkdir()
     copy, workdir = verify.build_sandbox(run, tmp_path / "train.py", text.encode(), tmp_path)
     env = verify.child_env({"DISTIFY_VERIFY_SCRIPT": str(copy), "DISTIFY_VERIFY_RECORDS": str(records),
-                            "DISTIFY_VERIFY_SANDBOX": str(run), "DISTIFY_VERIFY_RANDOM": verify._RANDOM_SPEC})
+                            "DISTIFY_VERIFY_SANDBOX": str(run), "DISTIFY_VERIFY_RANDOM": verify._RANDOM_SPEC, **env_extra})
     out = subprocess.run([sys.executable, str(copy)], cwd=str(workdir), env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    return [json.loads(line) for line in (records / "rank0.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (records / "rank0.jsonl").read_text().splitlines()] + [out.stdout]
 
 
 @pytest.mark.e2e
@@ -495,7 +495,7 @@ def test_probe_sees_python_and_numpy_draws_while_batches_are_made_and_in_steps(t
     """Which generator drew while each loader made its batches (numpy's global one in __getitem__, a
     RandomState the dataset holds, Python's random in a collate), which drew in the training step (an
     unseeded default_rng), and where user code drew before training, seeded or not."""
-    events = _probe_run(tmp_path, RANDOM_PROBED)
+    events = _probe_run(tmp_path, RANDOM_PROBED)[:-1]
     assert sorted((e["loader"], e["lib"]) for e in events if e["k"] == "datarng") == [
         (0, "numpy.random"), (1, "numpy.random"), (2, "random")]
     assert {lib for e in events if e["k"] == "step" for lib in e["rngs"]} == {"numpy.random"}
@@ -528,6 +528,10 @@ def test_weights_are_not_judged_over_python_or_numpy_randomness_and_say_where(tm
     generator = ScriptFacts(draws=(Site(30, 30, "rng.random()", "train.py", "numpy.random", "numpy.random.default_rng"),))
     stepped = judged("stepped", [], generator, dict(step, rngs=["numpy.random"]))
     assert stepped.status == NOT_EXERCISED and "training step draws from numpy.random (train.py:30: line 30)" in stepped.detail
+    # a numpy function the probe never saw called is not named: it did not run (the probe sees every such call)
+    both = ScriptFacts(draws=generator.draws + (Site(31, 31, "np.random.rand()", "train.py", "numpy.random"),))
+    stepped = judged("both", [], both, dict(step, rngs=["numpy.random"]))
+    assert "line 30" in stepped.detail and "line 31" not in stepped.detail
     unseeded = judged("unseeded", [dict(k="draw", lib="random", fn="shuffle", site=["train.py", 8], phase="setup", seeded=False)])
     assert unseeded.status == NOT_EXERCISED and "does not seed" in unseeded.detail and "train.py:8" in unseeded.detail
     held = ScriptFacts(draws=(Site(20, 20, "s.randint(3)", "train.py", "numpy.random", "numpy.random.RandomState"),))
@@ -540,12 +544,13 @@ def test_weights_are_not_judged_over_python_or_numpy_randomness_and_say_where(tm
 
 def test_draw_sites_resolve_through_imports_and_generator_bindings():
     """Draw sites by what the callee is: a numpy function through any alias, a method of a generator
-    bound to default_rng/Random (in __init__, used in another method), a fresh generator's method;
+    bound to default_rng/Random (in __init__, also as one branch of a conditional expression, used in
+    another method), a fresh generator's method;
     random.seed and a method of an object that is not a generator are not draws."""
     from distify.verify_facts import script_facts
 
     text = ("import numpy as xp\nimport random as chance\nfrom numpy.random import default_rng as make\n"
-            "class Data:\n    def __init__(self):\n        self.source = make(0)\n        self.other = chance.Random(1)\n"
+            "class Data:\n    def __init__(self):\n        self.source = make(0)\n        self.other = chance.Random(1) if xp else None\n"
             "        self.plain = dict()\n"
             "    def __getitem__(self, i):\n        chance.seed(i)\n        a = self.source.normal()\n"
             "        b = self.other.random() + self.plain.get(i, 0)\n"
@@ -610,3 +615,45 @@ def test_sandbox_of_a_package_mirrors_its_project_root_and_writes_rewritten_modu
     assert workdir == run2 / "scripts" and workdir.is_dir() and not workdir.is_symlink()
     with pytest.raises(verify.VerifyError):
         verify.build_sandbox(tmp_path / "run3", proj / "pkg" / "train.py", b"m", proj, proj, {tmp_path / "outside.py": b"x"})
+
+
+ALIGNED_PROBED = '''\
+import json
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Augmented(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.tensor(np.random.normal(size=2)) + torch.rand(1)
+
+
+seen = {}
+for order in ([0, 1, 2, 3], [3, 1, 2, 0], [2, 3, 0, 1]):
+    for i, x in zip(order, DataLoader(Augmented(), batch_size=1, sampler=order)):
+        seen.setdefault(i, []).append(x.tolist())
+print(json.dumps(seen))
+'''
+
+
+@pytest.mark.e2e
+def test_probe_draws_the_same_augmentation_for_the_same_sample_against_the_original(tmp_path):
+    """With --against-original (DISTIFY_VERIFY_SNAPSHOT=1) each sample draws from torch's and numpy's
+    global generators seeded by its index: whatever the order it is fetched in, a sample gets the
+    same noise, so a run at N ranks and the original draw alike; the records say it is aligned.
+    Without it (the control), the same sample gets different noise on each pass."""
+    *events, out = _probe_run(tmp_path, ALIGNED_PROBED, "aligned", DISTIFY_VERIFY_SNAPSHOT="1")
+    seen = json.loads(out)
+    assert all(len({json.dumps(v) for v in values}) == 1 for values in seen.values()), seen
+    assert sorted({(e["lib"], e["aligned"]) for e in events if e["k"] == "datarng"}) == [("numpy.random", True), ("torch", True)]
+    *events, out = _probe_run(tmp_path, ALIGNED_PROBED, "free")
+    assert all(len({json.dumps(v) for v in values}) == 3 for values in json.loads(out).values())
+    assert sorted({(e["lib"], e["aligned"]) for e in events if e["k"] == "datarng"}) == [("numpy.random", False), ("torch", False)]
+    # the generators a Dataset keeps, and draws in a collate, are out of the seeding's reach
+    events = _probe_run(tmp_path, RANDOM_PROBED, "held", DISTIFY_VERIFY_SNAPSHOT="1")[:-1]
+    assert sorted((e["loader"], e["lib"], e["aligned"]) for e in events if e["k"] == "datarng") == [
+        (0, "numpy.random", True), (1, "numpy.random", False), (2, "random", False)]

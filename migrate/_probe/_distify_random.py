@@ -27,6 +27,9 @@ import sys
 import threading
 
 
+_GLOBAL_KEYS = ("torch", "random", "numpy.random")  # fingerprint keys of the global generators
+
+
 class Randomness:
     def __init__(self, emit, emit_once, user_site, sandbox):
         spec = json.loads(os.environ.get("DISTIFY_VERIFY_RANDOM") or "{}")
@@ -160,6 +163,86 @@ class Randomness:
             if fp is not None and old != fp:
                 out.add(name)
         return out
+
+    # --- the same numbers for the same sample in every run (--against-original) ------------------
+
+    def per_sample(self, fetcher, index):
+        """The fetcher reads a map-style dataset one integer index at a time (no batched
+        ``__getitems__`` of the dataset's own; a Subset's is followed to its dataset)."""
+        torch = sys.modules.get("torch")
+        if torch is None or not getattr(fetcher, "auto_collation", False):
+            return False
+        if not all(isinstance(i, int) or (hasattr(i, "__index__") and not isinstance(i, bool)) for i in index):
+            return False
+        dataset, subset = fetcher.dataset, torch.utils.data.Subset
+        while getattr(type(dataset), "__getitems__", None) is not None:
+            if not (isinstance(dataset, subset) and type(dataset).__getitems__ is subset.__getitems__):
+                return False
+            dataset = dataset.dataset
+        return True
+
+    def aligned_fetch(self, fetcher, index):
+        """Make a batch sample by sample, each sample drawing from torch's, Python's and numpy's
+        global generators seeded by its index, then restore the generators: a run at N
+        ranks and the original at N x batch then draw the same numbers for the same sample, whatever
+        process or order fetches it. Returns (the batch, {module: aligned}): aligned is False for a
+        module whose draws the seeding does not reach (a generator object, a draw in the collate)."""
+        if "numpy" in sys.modules and "numpy.random" not in sys.modules:
+            import numpy.random  # noqa: F401 - numpy imports it on first use of np.random: seed it before that use
+        saved = self._globals()
+        start = self.fingerprints(fetcher.dataset)
+        global_drew, data = set(), []
+        self.fetching(True)
+        try:
+            try:
+                for i in index:
+                    self._seed((0x9E3779B1 * (int(i) + 1)) % (1 << 32))
+                    seeded = self.fingerprints()
+                    data.append(fetcher.dataset[i])
+                    global_drew |= self.moved(seeded, self.fingerprints())
+                ended = self.fingerprints(fetcher.dataset)
+            finally:
+                self._restore(saved)
+            restored = self.fingerprints(fetcher.dataset)
+            batch = fetcher.collate_fn(data)
+        finally:
+            self.fetching(False)
+        objects = lambda fps: {k: v for k, v in fps.items() if k not in _GLOBAL_KEYS}  # noqa: E731
+        unaligned = self.moved(objects(start), objects(ended)) | self.moved(restored, self.fingerprints(fetcher.dataset))
+        return batch, {**{lib: True for lib in global_drew}, **{lib: False for lib in unaligned}}
+
+    def _real(self, module, fn):
+        f = getattr(module, fn)
+        return getattr(f, "__wrapped__", f)
+
+    def _globals(self):
+        out = {}
+        torch, rnd, nprandom = (sys.modules.get(m) for m in ("torch", "random", "numpy.random"))
+        if torch is not None:
+            out["torch"] = torch.random.get_rng_state()
+        if rnd is not None:
+            out["random"] = rnd.getstate()
+        if nprandom is not None:
+            out["numpy.random"] = nprandom.get_state()
+        return out
+
+    def _seed(self, seed):
+        torch, rnd, nprandom = (sys.modules.get(m) for m in ("torch", "random", "numpy.random"))
+        if torch is not None:
+            torch.random.default_generator.manual_seed(seed)
+        if rnd is not None:
+            self._real(rnd, "seed")(seed)
+        if nprandom is not None:
+            self._real(nprandom, "seed")(seed)
+
+    def _restore(self, saved):
+        torch, rnd, nprandom = (sys.modules.get(m) for m in ("torch", "random", "numpy.random"))
+        if "torch" in saved:
+            torch.random.set_rng_state(saved["torch"])
+        if "random" in saved:
+            self._real(rnd, "setstate")(saved["random"])
+        if "numpy.random" in saved:
+            self._real(nprandom, "set_state")(saved["numpy.random"])
 
     def report(self):
         """A ``gens`` record: the generator objects user code built that have drawn so far."""

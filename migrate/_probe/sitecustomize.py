@@ -522,18 +522,22 @@ if _ACTIVE:
         for fetcher in (fetchers._MapDatasetFetcher, fetchers._IterableDatasetFetcher):
             real_fetch = fetcher.fetch
 
-            def fetch(self, index, _real=real_fetch):
+            def fetch(self, index, _real=real_fetch, _by_index=fetcher is fetchers._MapDatasetFetcher):
                 """A batch made from the dataset, in this process or in a worker (forked: the probe and
                 the record file came with it): did making it draw from torch's generator (augmentation)?"""
-                before = _RANDOM.fingerprints(self.dataset)
-                _RANDOM.fetching(True)
-                try:
-                    data = _real(self, index)
-                finally:
-                    _RANDOM.fetching(False)
                 lid = _dataset_loader.get(id(self.dataset))
-                for lib in sorted(_RANDOM.moved(before, _RANDOM.fingerprints(self.dataset))):
-                    _emit_once(("datarng", lid, lib), k="datarng", loader=lid, lib=lib)
+                if _SNAPSHOT and _by_index and lid is not None and _RANDOM.per_sample(self, index):  # --against-original
+                    data, drew = _RANDOM.aligned_fetch(self, index)
+                else:
+                    before = _RANDOM.fingerprints(self.dataset)
+                    _RANDOM.fetching(True)
+                    try:
+                        data = _real(self, index)
+                    finally:
+                        _RANDOM.fetching(False)
+                    drew = dict.fromkeys(_RANDOM.moved(before, _RANDOM.fingerprints(self.dataset)), False)
+                for lib, aligned in sorted(drew.items()):
+                    _emit_once(("datarng", lid, lib, aligned), k="datarng", loader=lid, lib=lib, aligned=aligned)
                 return data
 
             fetcher.fetch = fetch

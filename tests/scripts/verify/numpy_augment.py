@@ -1,4 +1,5 @@
-"""A shuffled training loader whose Dataset adds numpy noise to each sample (augmentation)."""
+"""A shuffled training loader whose Dataset adds numpy noise to each sample (augmentation): drawn from
+numpy's global generator (--noise global), or from a generator object the Dataset keeps (--noise generator)."""
 import argparse
 
 import numpy as np
@@ -11,6 +12,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--batch-size", type=int, default=32)
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--lr", type=float, default=0.1)
+parser.add_argument("--noise", choices=["global", "generator"], default="global")
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -21,12 +23,16 @@ class Jittered(Dataset):
     def __init__(self, n):
         self.x = torch.randn(n, 12)
         self.y = (self.x[:, 0] * self.x[:, 1] > 0).long()
+        self.rng = np.random.default_rng(0) if args.noise == "generator" else None
 
     def __len__(self):
         return len(self.x)
 
     def __getitem__(self, i):
-        noise = np.random.normal(0.0, 0.05, size=12).astype("float32")
+        if self.rng is not None:
+            noise = self.rng.normal(0.0, 0.05, size=12).astype("float32")
+        else:
+            noise = np.random.normal(0.0, 0.05, size=12).astype("float32")
         return self.x[i] + torch.from_numpy(noise), self.y[i]
 
 
