@@ -403,6 +403,11 @@ def analyse(module: cst.Module) -> Anatomy:
         return facts.bound_value(site.call, fn, pname)
 
     called_functions = [fn for fn in list(col.functions.values()) + list(col.methods) if callers(fn)]
+    # by calling scope: (function, parameter, the reference a call there passes for it) (spread's index)
+    passed_from: Dict[int, List[Tuple[cst.FunctionDef, str, Optional[str]]]] = {}
+    for fn, site, pname in ((f, s, p) for f in called_functions for s in callers(f) for p in params_of(f)):
+        v = bind_param(site, fn, pname)
+        passed_from.setdefault(id(site.scope), []).append((fn, pname, ref_text(v) if v is not None else None))
 
     # which references reach a loader: (scope, reference) pairs, following function parameters,
     # plain-name aliases (`loader = loaders["train"]`) and return values bound by the callers of a
@@ -483,14 +488,9 @@ def analyse(module: cst.Module) -> Anatomy:
 
         while frontier:
             scope, name, origin = frontier.pop()
-            for fn in called_functions:
-                for site in callers(fn):
-                    if site.scope is not scope:
-                        continue
-                    for pname in params_of(fn):
-                        v = bind_param(site, fn, pname)
-                        if v is not None and ref_text(v) == name:
-                            add((fn, pname, origin))
+            for fn, pname, text in passed_from.get(id(scope), ()):
+                if text == name:
+                    add((fn, pname, origin))
             for a_node in assigns_in.get(id(scope), ()):
                 if len(a_node.targets) == 1 and isinstance(a_node.targets[0].target, cst.Name):
                     if ref_text(a_node.value) == name or (
