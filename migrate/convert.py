@@ -29,6 +29,7 @@ from distify.findings import Finding
 from distify.options import BACKENDS, Options
 from distify.standalone import find_block
 from distify.syntax import call_statement
+from distify.grad_values import gradient_value
 
 if TYPE_CHECKING:  # pragma: no cover
     from distify.rules.base import Context
@@ -280,7 +281,7 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
                 q == "horovod.torch.grouped_allreduce_"
                 and call_statement(site.stmt, call)
                 and call.args
-                and ".grad" in ctx.code(call.args[0].value)
+                and gradient_value(ctx.anatomy.facts, call.args[0].value)
                 and _hvd_op(ctx, call) == "mean"
             ):
                 # averaging gradients before a step (distify's GAN form, DST111): DDP does it in backward;

@@ -16,6 +16,7 @@ import libcst as cst
 
 from distify.blocks import RepeatedBlocks, repeated_blocks  # noqa: F401 - re-exported
 from distify.rank import branch_of, rank_dependent, reads_rank  # noqa: F401 - reads_rank re-exported
+from distify.grad_values import gradient_names
 from distify.rank_flow import made_from_rank, process_calls, rank_flow
 from distify.syntax import Scope, _number, all_nodes, by_node, arg, contains_node, dotted, header_names, names
 from distify.walk import children
@@ -52,6 +53,7 @@ class Facts:
         self._rank_names: Optional[FrozenSet[str]] = None
         self._rank_calls: FrozenSet[int] = frozenset()
         self._made_from_rank: Optional[FrozenSet[str]] = None
+        self._gradient_names: Optional[FrozenSet[str]] = None
         self._trains: Dict[int, bool] = {}
         self.trainers: FrozenSet[cst.FunctionDef] = frozenset()  # functions that train (set by the anatomy)
 
@@ -96,6 +98,13 @@ class Facts:
         if self._rank_names is None:
             self._rank_names, self._rank_calls = rank_flow(self)
         return self._rank_calls
+
+    @property
+    def gradient_names(self) -> FrozenSet[str]:
+        """Dotted names bound to gradients (``distify.grad_values``)."""
+        if self._gradient_names is None:
+            self._gradient_names = gradient_names(self)
+        return self._gradient_names
 
     @property
     def made_from_rank(self) -> FrozenSet[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.rules.base import FSDP_BACKEND, Context, Rule
+from distify.grad_values import gradient_value
 
 COLLECTIVES = {"torch.distributed.all_reduce", "torch.distributed.reduce", "horovod.torch.allreduce", "horovod.torch.allreduce_"}
 
@@ -36,7 +37,7 @@ class ManualAllreduce(Rule):
         for site in ctx.anatomy.calls:
             if site.qualname not in COLLECTIVES or not site.call.args:
                 continue
-            if "grad" in ctx.code(site.call.args[0].value):
+            if gradient_value(ctx.anatomy.facts, site.call.args[0].value):
                 if ctx.backend == FSDP_BACKEND:
                     ctx.block(
                         self.code,

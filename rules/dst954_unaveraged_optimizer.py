@@ -11,6 +11,7 @@ from distify.audit import FSDP, HVD_OPTIMIZER, _same_modules, wrapped_models
 from distify.anatomy import FULLY_SHARD
 from distify.facts import all_nodes
 from distify.rules.base import AuditCheck, Context
+from distify.grad_values import gradient_value
 
 
 class UnaveragedOptimizer(AuditCheck):
@@ -47,7 +48,7 @@ class UnaveragedOptimizer(AuditCheck):
 
     def check(self, ctx: Context, a: Anatomy) -> None:
         for c in a.calls_to(COLLECTIVES):
-            if ".grad" in ctx.code(c.call):
+            if gradient_value(a.facts, c.call):
                 return  # averaged explicitly
         stepped = _stepped(a)
         if a.flavour == "horovod":

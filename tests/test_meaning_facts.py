@@ -201,3 +201,24 @@ def test_per_rank_file_names_by_data_flow() -> None:
     assert not a.mentions_rank(cst.parse_expression("open(v5, 'w')"))
     assert not a.mentions_rank(cst.parse_expression("open(gpu_rank_pid, 'w')"))
     assert a.mentions_rank(cst.parse_expression("open(v6, 'w')"))
+
+
+def test_gradients_by_data_flow() -> None:
+    """What a hand-written all-reduce reduces (DST909, DST954, the Horovod conversion): gradients
+    are torch's `.grad` and the names bound from it, not names containing `grad`. Control: with the
+    old `"grad" in ctx.code(arg)` test, the loss total spelled grad_norm_total counts too."""
+    from distify.grad_values import gradient_value
+
+    src = """import torch
+import torch.distributed as dist
+
+model = torch.nn.Linear(2, 2)
+v1 = [p.grad for p in model.parameters()]
+for v2 in v1:
+    dist.all_reduce(v2)
+grad_norm_total = torch.tensor(0.0)
+dist.all_reduce(grad_norm_total)
+"""
+    a = analyse(cst.parse_module(src))
+    reduced = [c.call.args[0].value for c in a.calls if c.qualname == "torch.distributed.all_reduce"]
+    assert [gradient_value(a.facts, r) for r in reduced] == [True, False]
