@@ -356,6 +356,8 @@ def _short_docstring(node):
     cut = re.search(r"\n[ \t]*\n", text)
     if cut:
         text = text[: cut.start()].rstrip()
+        if text.endswith(quote[0]):  # `..."` + `"""` would close the string early
+            text += " "
     lines = text.split("\n")
     text = "\n".join([lines[0], *[("    " + line) if line.strip() or i == len(lines) - 2 else line
                                   for i, line in enumerate(lines[1:])]])

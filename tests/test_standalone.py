@@ -604,3 +604,14 @@ def test_a_module_spelled_like_a_local_of_the_runtime_is_imported_again():
     runtime = namespace[block.name]
     assert (runtime.rank(), runtime.discover().world_size, runtime.discover().source) == (0, 1, "none")
     assert runtime.device(False).type == "cpu" and runtime.is_main_process()
+
+
+def test_a_docstring_cut_after_a_quote_still_closes(tmp_path):
+    """Only a docstring's first paragraph is kept; one that ends with a quote must not run into
+    the closing quotes."""
+    from distify.inline_helpers import load
+
+    (tmp_path / "__init__.py").write_text('def hello():\n    """Say "hi"\n\n    More words.\n    """\n    return "hi"\n')
+    namespace: dict = {}
+    exec(standalone.source(["hello"], "ddp", runtime=load(tmp_path)), namespace)
+    assert namespace["runtime"].hello() == "hi" and namespace["runtime"].hello.__doc__ == 'Say "hi" '
