@@ -325,6 +325,31 @@ def test_project_helper_module_print_and_save_unguarded_fail_at_their_lines(tmp_
         (w["path"], w["source"]) for w in check(report, "writers")["where"]], explain(report)
 
 
+def test_verify_migrates_a_whole_project_and_judges_its_helper_module(tmp_path):
+    """An undistributed project whose loop, print and save live in utils.py: `distify verify train.py`
+    migrates the project as `distify train.py` does (both files), runs the rewritten modules, and
+    every check that applies holds at the default settings. The user's files are untouched."""
+    home = tmp_path / "user"
+    shutil.copytree(SCRIPTS / "project_plain", home)
+    before = snapshot(home)
+    code, report = verify("train.py", cwd=home)
+    assert code == 0 and report["verdict"] == "ok", explain(report)
+    assert "in 2 files" in check(report, "migrate")["detail"], explain(report)
+    assert {c: status(report)[c] for c in ("params", "shards", "order", "writers", "prefix", "prints")} == dict.fromkeys(
+        ("params", "shards", "order", "writers", "prefix", "prints"), "held"), explain(report)
+    assert snapshot(home) == before, "verify changed the user's project"
+
+
+def test_the_unmigrated_project_fails_in_its_helper_module(tmp_path):
+    """The control: the same project checked as it is (not migrated): every rank reads all the data,
+    prints and saves, and the failures name utils.py."""
+    home = tmp_path / "user"
+    shutil.copytree(SCRIPTS / "project_plain", home)
+    code, report = verify("train.py", "--as-is", cwd=home)
+    assert code == 1 and {"shards", "prints", "writers"} <= failed(report), explain(report)
+    assert [w["path"] for w in check(report, "prints")["where"]] == ["utils.py"], explain(report)
+
+
 FSDP_CONTROLS = [
     # the optimizer moved above fully_shard: it steps dead tensors (no error, ranks still agree)
     ("optimizer-before-shard", "module_level.fsdp.py", "fully_shard(model)\noptimizer = torch.optim.SGD(model.parameters(), lr=args.lr)\n",

@@ -657,3 +657,46 @@ def test_probe_draws_the_same_augmentation_for_the_same_sample_against_the_origi
     events = _probe_run(tmp_path, RANDOM_PROBED, "held", DISTIFY_VERIFY_SNAPSHOT="1")[:-1]
     assert sorted((e["loader"], e["lib"], e["aligned"]) for e in events if e["k"] == "datarng") == [
         (0, "numpy.random", True), (1, "numpy.random", False), (2, "random", False)]
+
+
+def _plan(script: Path, **kw) -> "verify.Plan":
+    return verify.Plan(script, [], "ddp", 20, 2, 60.0, False, False, kw.pop("against", False), kw.pop("batch", None), **kw)
+
+
+def test_verify_migrates_the_project_and_runs_the_rewritten_modules(tmp_path, monkeypatch):
+    """verify takes what distify's project migration rewrote: the script and each module of the
+    project, written into the sandboxes of the migrated runs (the original of --against-original
+    runs the user's modules); the user's files are untouched."""
+    from distify import project as project_mod
+    from distify.engine import FileResult, Status
+
+    home = tmp_path / "proj"
+    home.mkdir()
+    (home / "train.py").write_bytes(b"import helpers\n")
+    (home / "helpers.py").write_bytes(b"old = 1\n")
+    (home / "data.txt").write_text("d")
+
+    def fake_migrate_project(paths, options, mode=None):
+        return project_mod.ProjectResult(str(home), (
+            FileResult(str(home / "train.py"), Status.CHANGED, source=b"import helpers\n", output=b"import helpers  # new\n"),
+            FileResult(str(home / "helpers.py"), Status.CHANGED, source=b"old = 1\n", output=b"new = 1\n")), ())
+
+    seen = {}
+
+    def fake_execute(run, workdir, env, timeout, log):
+        seen[run.label] = {p.name: (p.read_bytes(), p.is_symlink()) for p in sorted(run.sandbox.iterdir())}
+        run.returncode = 0
+
+    monkeypatch.setattr(project_mod, "migrate_project", fake_migrate_project)
+    monkeypatch.setattr(verify, "execute", fake_execute)
+    monkeypatch.setattr(verify, "compare_weights", lambda a, b: {})
+    monkeypatch.chdir(home)
+    report = verify.verify(_plan(home / "train.py", against=True, batch="batch-size"))
+    assert "in 2 files" in report["checks"][0]["detail"], report["checks"][0]
+    plain, multi, original = (seen[label] for label in ("plain python", "2 processes", "original: 2 x the default of --batch-size"))
+    for run in (plain, multi):
+        assert run["train.py"] == (b"import helpers  # new\n", False) and run["helpers.py"] == (b"new = 1\n", False)
+        assert run["data.txt"][1] is True
+    assert original["train.py"] == (b"import helpers\n", False) and original["helpers.py"] == (b"old = 1\n", True)
+    assert (home / "helpers.py").read_bytes() == b"old = 1\n"
+
