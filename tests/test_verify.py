@@ -285,45 +285,6 @@ def test_control_image_write_unguarded(tmp_path):
 
 # --- projects: the training loop, its prints and its saves in another module -------------------------
 
-PROJECT = SCRIPTS / "project"
-
-
-def project_dir(tmp_path, *edits) -> Path:
-    """tmp_path/user: the two-module project (train.py, utils.py), with each (old, new) edit made in utils.py."""
-    home = tmp_path / "user"
-    shutil.copytree(PROJECT, home)
-    text = (home / "utils.py").read_text()
-    for old, new in edits:
-        assert text.count(old) == 1, f"{old!r} is not in utils.py exactly once"
-        text = text.replace(old, new)
-    (home / "utils.py").write_text(text)
-    return home
-
-
-def test_project_with_its_loop_in_a_helper_module_is_ok(tmp_path):
-    """The loop, the log line and the checkpoint live in utils.py, each guarded: every check that
-    applies holds at the default settings, the evidence coming from the helper module."""
-    home = project_dir(tmp_path)
-    before = snapshot(home)
-    code, report = verify("train.py", "--as-is", cwd=home)
-    assert code == 0 and report["verdict"] == "ok", explain(report)
-    assert {c: status(report)[c] for c in ("params", "shards", "order", "writers", "prefix", "prints")} == dict.fromkeys(
-        ("params", "shards", "order", "writers", "prefix", "prints"), "held"), explain(report)
-    assert snapshot(home) == before, "verify changed the user's project"
-
-
-def test_project_helper_module_print_and_save_unguarded_fail_at_their_lines(tmp_path):
-    """The control: the print and the save in utils.py run on every rank. Both checks fail and name
-    the helper module's lines."""
-    home = project_dir(tmp_path, ("    if runtime.is_main_process():\n        print(", "    if True:\n        print("),
-                       ("    if runtime.is_main_process():\n        torch.save(", "    if True:\n        torch.save("))
-    code, report = verify("train.py", "--as-is", cwd=home)
-    assert code == 1 and failed(report) == {"prints", "writers"}, explain(report)
-    assert [(w["path"], w["source"]) for w in check(report, "prints")["where"]] == [
-        ("utils.py", 'print(f"epoch {epoch} loss {loss.item():.4f}")')], explain(report)
-    assert ("utils.py", "torch.save(model.module.state_dict(), path)") in [
-        (w["path"], w["source"]) for w in check(report, "writers")["where"]], explain(report)
-
 
 def test_verify_migrates_a_whole_project_and_judges_its_helper_module(tmp_path):
     """An undistributed project whose loop, print and save live in utils.py: `distify verify train.py`
@@ -340,14 +301,24 @@ def test_verify_migrates_a_whole_project_and_judges_its_helper_module(tmp_path):
     assert snapshot(home) == before, "verify changed the user's project"
 
 
-def test_the_unmigrated_project_fails_in_its_helper_module(tmp_path):
-    """The control: the same project checked as it is (not migrated): every rank reads all the data,
-    prints and saves, and the failures name utils.py."""
+def test_project_helper_module_print_and_save_unguarded_fail_at_their_lines(tmp_path):
+    """The control: the project as distify migrates it, then the rank-0 guards of the print and the
+    save in utils.py removed: checked as it is, both checks fail and name utils.py's lines."""
     home = tmp_path / "user"
     shutil.copytree(SCRIPTS / "project_plain", home)
+    subprocess.run([sys.executable, "-m", "distify", "train.py", "--quiet"], cwd=str(home), env=clean_env(), check=False)
+    text = (home / "utils.py").read_text()
+    guards = ("    if runtime.is_main_process():\n        print(", "    if runtime.is_main_process():\n        torch.save(")
+    assert all(text.count(g) == 1 for g in guards), text
+    for guard in guards:
+        text = text.replace(guard, guard.replace("runtime.is_main_process()", "True"))
+    (home / "utils.py").write_text(text)
     code, report = verify("train.py", "--as-is", cwd=home)
-    assert code == 1 and {"shards", "prints", "writers"} <= failed(report), explain(report)
-    assert [w["path"] for w in check(report, "prints")["where"]] == ["utils.py"], explain(report)
+    assert code == 1 and failed(report) == {"prints", "writers"}, explain(report)
+    assert [(w["path"], w["source"]) for w in check(report, "prints")["where"]] == [
+        ("utils.py", 'print(f"epoch {epoch} loss {loss.item():.4f}")')], explain(report)
+    assert ("utils.py", "torch.save(runtime.unwrap(model).state_dict(), path)") in [
+        (w["path"], w["source"]) for w in check(report, "writers")["where"]], explain(report)
 
 
 FSDP_CONTROLS = [
