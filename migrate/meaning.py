@@ -8,7 +8,7 @@ testing a name's text (issue #21: no decision by spelling; tests/test_metamorphi
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import libcst as cst
 
@@ -98,6 +98,20 @@ COPIES = {
     "timm.utils.model_ema.ModelEmaV2": 0,
     "timm.utils.model_ema.ModelEmaV3": 0,
 }
+
+
+def pickled_members(site) -> List[cst.BaseExpression]:
+    """The values of a dict / list / tuple literal that ``torch.save`` is handed to pickle
+    (``torch.save({'encoder': encoder, 'epoch': epoch}, path)``): each is pickled whole, a model
+    among them as the module object itself, as in ``torch.save(model, path)``."""
+    if site.qualname != "torch.save" or not site.call.args or site.call.args[0].keyword is not None:
+        return []
+    value = site.call.args[0].value
+    if isinstance(value, cst.Dict):
+        return [e.value for e in value.elements if isinstance(e, cst.DictElement)]
+    if isinstance(value, (cst.List, cst.Tuple)):
+        return [e.value for e in value.elements if isinstance(e, cst.Element)]
+    return []
 
 
 def copies_argument(a, site, i: int) -> bool:

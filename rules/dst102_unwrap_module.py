@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.anatomy import MODULE_API, STATE_API, dotted
-from distify.meaning import copies_argument
+from distify.meaning import copies_argument, pickled_members
 from distify.program import program_of, reached
 from distify.rules.base import DDP_BACKEND, Context, Rule, reaching_scopes
 from distify.walk import walk
@@ -109,6 +109,26 @@ class UnwrapModule(Rule):
                         new_value = lambda n, rt=rt: cst.parse_expression(f"{rt}.unwrap()").with_changes(args=[cst.Arg(n)])
                     ctx.edits.replace(x.value, new_value)
                     ctx.report(self.code, x.value, said)
+            self._pickled(ctx, model, anchor, targets, site)
+
+    def _pickled(self, ctx: Context, model, anchor, targets, site) -> None:
+        """`torch.save({'decoder': decoder, ...}, path)`: a wrapped model among the values torch.save
+        pickles whole is saved as its module (a pickled wrapper loads only under a process group)."""
+        a = ctx.anatomy
+        for member in pickled_members(site):
+            name = dotted(member)
+            how = targets.get((id(site.scope), name)) if name is not None else None
+            if how is None or (how[0] is not None and not a.is_before(how[0], site.stmt)):
+                continue
+            mode = _still_wrapped(a, model, anchor, site.scope, name, site.stmt, how[1])
+            if mode is None:
+                continue
+            if mode == "module":
+                ctx.edits.replace(member, lambda n: cst.Attribute(value=n, attr=cst.Name("module")))
+            else:
+                rt = ctx.runtime
+                ctx.edits.replace(member, lambda n, rt=rt: cst.parse_expression(f"{rt}.unwrap()").with_changes(args=[cst.Arg(n)]))
+            ctx.report(self.code, member, f"torch.save() pickles the module {name} wraps, not the wrapper")
 
     def _elsewhere(self, ctx: Context, site, x: cst.Arg) -> Optional[str]:
         """`site` hands the wrapped model to a function of another module of the project that

@@ -9,7 +9,7 @@ import libcst as cst
 from distify.anatomy import dotted
 from distify.facts import all_nodes
 from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
-from distify.meaning import copies_argument
+from distify.meaning import copies_argument, pickled_members
 
 
 class CopyOfShardedModel(Rule):
@@ -42,6 +42,18 @@ class CopyOfShardedModel(Rule):
         for model, anchor in ctx.plan.wrapped:
             targets = reaching_scopes(ctx, model, anchor)
             for site in a.calls:
+                for member in pickled_members(site):
+                    how = targets.get((id(site.scope), dotted(member)))
+                    if how is not None and (how[0] is None or a.is_before(how[0], site.stmt)):
+                        ctx.block(
+                            self.code,
+                            member,
+                            f"torch.save() pickles the sharded model {dotted(member)} whole: its parameters are "
+                            "this rank's shards, so the file would hold one rank's part of the weights; file not "
+                            "migrated. Save get_model_state_dict(model, options=StateDictOptions("
+                            "full_state_dict=True)) instead",
+                        )
+                        return
                 for i, x in enumerate(site.call.args):
                     if x.keyword is not None or x.star:
                         continue
