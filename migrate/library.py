@@ -155,6 +155,15 @@ GRADIENT_READERS: FrozenSet[str] = frozenset({
 SAVE_METHODS: FrozenSet[str] = frozenset({"save_pretrained", "push_to_hub"})
 FILE_METHODS: FrozenSet[str] = frozenset({"savefig", "to_csv", "save_image"})
 
+# the number of processes of the run (an lr already scaled by one is not scaled again: DST401)
+WORLD_SIZE: FrozenSet[str] = frozenset({
+    "torch.distributed.get_world_size", "horovod.torch.size", "distify.runtime.world_size",
+})
+
+# loggers: calls of these modules, and the objects these factories return, write log records
+LOGGING_MODULES = ("logging.", "loguru.")
+LOGGER_FACTORIES: FrozenSet[str] = frozenset({"logging.getLogger", "logging.Logger", "logging.LoggerAdapter"})
+
 # model constructors known by a method name on any receiver, or by the module that holds them
 MODEL_METHODS: FrozenSet[str] = frozenset({"from_pretrained", "from_config"})
 MODEL_MODULES = ("torchvision.models.", "timm.models.", "transformers.")

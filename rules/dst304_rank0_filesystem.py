@@ -8,6 +8,7 @@ import libcst as cst
 from distify.anatomy import LOAD, arg, dotted
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, call_statement
 from distify.rank import follows_barrier
+from distify.syntax import all_nodes
 from distify.walk import walk
 
 FILE_WRITES = {
@@ -58,7 +59,7 @@ class Rank0Filesystem(Rule):
                 site.qualname is None
                 and hasattr(site.call.func, "attr")
                 and site.call.func.attr.value == "mkdir"
-                and "Path" in ctx.code(site.call.func)
+                and _pathlib_object(a, site.call.func.value)
             )
             is_fs = is_fs or site.qualname in FILE_WRITES or (
                 site.qualname is None
@@ -81,7 +82,7 @@ class Rank0Filesystem(Rule):
             path = arg(site.call, 0, "file")
             if mode is None or path is None or not isinstance(mode.value, cst.SimpleString):
                 continue
-            if not set(str(mode.value.evaluated_value)) & set("wax") or "devnull" in ctx.code(path.value):
+            if not set(str(mode.value.evaluated_value)) & set("wax") or _devnull(a, path.value):
                 continue
             if ctx.in_rank_guard(site.stmt) or a.reads_rank(path.value):
                 continue  # already on some ranks, or a per-rank file each rank writes itself
@@ -221,3 +222,25 @@ def _inside_any(ctx: Context, node, calls) -> bool:
 
 
 RULE = Rank0Filesystem()
+
+
+def _pathlib_object(a, expr: cst.BaseExpression) -> bool:
+    """`Path(out)`, `(Path(out) / "x")`, or a name bound to one: pathlib's object (its `mkdir` makes
+    a directory), known by what `Path` resolves to, not by how the source spells it."""
+    made = {id(c.call) for c in a.calls if (c.qualname or "").startswith("pathlib.")}
+
+    def builds(e: cst.CSTNode) -> bool:
+        return any(id(n) in made for n in all_nodes(e))
+
+    if builds(expr):
+        return True
+    names = {dotted(n) for n in all_nodes(expr) if isinstance(n, (cst.Name, cst.Attribute))} - {None}
+    return any(
+        len(asg.targets) == 1 and dotted(asg.targets[0].target) in names and builds(asg.value)
+        for asg, _stmt, _scope, _cls in a.facts.assigns
+    )
+
+
+def _devnull(a, expr: cst.BaseExpression) -> bool:
+    """The path is `os.devnull` (distify's own `open(path if main else os.devnull, "w")`)."""
+    return any(isinstance(n, cst.Attribute) and a.qualname(n) == "os.devnull" for n in all_nodes(expr))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.anatomy import arg
+from distify.library import WORLD_SIZE
+from distify.syntax import contains_node
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule
 
 
@@ -45,7 +47,7 @@ class ScaleLearningRate(Rule):
             if lr is None:
                 ctx.warn(self.code, opt.call.call, "--scale-lr: this optimizer uses its default lr; pass lr=... to scale it")
                 continue
-            if size in ctx.code(lr.value):
+            if any(c.qualname in WORLD_SIZE and contains_node(lr.value, c.call) for c in ctx.anatomy.calls):
                 continue
             value = lr.value
             needs_parens = isinstance(value, (cst.BinaryOperation, cst.BooleanOperation, cst.IfExp, cst.Lambda))

@@ -9,6 +9,7 @@ import libcst as cst
 from distify.anatomy import DATA_PARALLEL, Model, data_parallel_module, dotted
 from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, HOROVOD_BACKEND, Context, Rule, reaching_scopes
 from distify.walk import children
+from distify.library import LOGGER_FACTORIES, LOGGING_MODULES
 
 # methods that return the module itself and may follow `nn.DataParallel(...)` in a chain
 _CHAIN = {"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval"}
@@ -255,7 +256,7 @@ def _remove(ctx: Context, plans: List[_Plan]) -> Set[cst.CSTNode]:
     whole: Set[cst.CSTNode] = set()  # lines / suites all of whose statements go
     for holder, group in lines.items():
         rest = [s for i, s in enumerate(holder.body) if i not in {p.index for p in group}]
-        if all(_chatter_small(s) for s in rest):
+        if all(_chatter_small(a, s) for s in rest):
             # `print("using", n, "GPUs"); model = nn.DataParallel(model)`: the print goes with it
             # (left alone on its line, the next run would put it under a rank-0 guard)
             whole.add(holder)
@@ -321,19 +322,28 @@ def _removable_if(a, node) -> bool:
 
 def _chatter(a, stmt) -> bool:
     """`print(...)` / `logger.info(...)` lines: what an `if` choosing DataParallel says about it."""
-    return isinstance(stmt, cst.SimpleStatementLine) and all(_chatter_small(s) for s in stmt.body)
+    return isinstance(stmt, cst.SimpleStatementLine) and all(_chatter_small(a, s) for s in stmt.body)
 
 
-def _chatter_small(small) -> bool:
+def _chatter_small(a, small) -> bool:
     if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
         return False
     func = small.value.func
     if isinstance(func, cst.Name) and func.value == "print":
         return True
-    return (
-        isinstance(func, cst.Attribute)
-        and func.attr.value in ("info", "debug", "warning")
-        and "log" in (dotted(func.value) or "").lower()
+    return isinstance(func, cst.Attribute) and func.attr.value in ("info", "debug", "warning") and _logger(a, func)
+
+
+def _logger(a, func: cst.Attribute) -> bool:
+    """`logging.info(...)`, or a method of a logger the script got from a logging library
+    (`log = logging.getLogger(__name__)`): known by what the receiver is, not by its name."""
+    if (a.qualname(func) or "").startswith(LOGGING_MODULES):
+        return True
+    receiver = dotted(func.value)
+    return receiver is not None and any(
+        len(asg.targets) == 1 and dotted(asg.targets[0].target) == receiver and isinstance(asg.value, cst.Call)
+        and (a.qualname(asg.value.func) or "") in LOGGER_FACTORIES
+        for asg, _stmt, _scope, _cls in a.facts.assigns
     )
 
 

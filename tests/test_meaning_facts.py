@@ -222,3 +222,69 @@ dist.all_reduce(grad_norm_total)
     a = analyse(cst.parse_module(src))
     reduced = [c.call.args[0].value for c in a.calls if c.qualname == "torch.distributed.all_reduce"]
     assert [gradient_value(a.facts, r) for r in reduced] == [True, False]
+
+
+DP_CHATTER = """import logging
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+logger = logging.getLogger(__name__)
+model = nn.Linear(4, 1)
+if torch.cuda.device_count() > 1:
+    logger.info("using %d GPUs", torch.cuda.device_count())
+    model = nn.DataParallel(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=2)
+for epoch in range(2):
+    for x, y in data:
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+"""
+
+
+def test_a_logger_is_known_by_what_it_is_not_its_name() -> None:
+    """DST902 removes an `if` that only chose DataParallel and said so: a logger's line says so
+    whatever the logger is called. Control: with the old `"log" in <receiver name>` test back, the
+    renamed logger keeps a dead `if` that the original loses, and this test fails."""
+    out = _migrate(DP_CHATTER)
+    assert "DataParallel" not in out and "device_count() > 1" not in out
+    assert _migrate(DP_CHATTER.replace("logger", "v7")) == out.replace("logger", "v7")
+
+
+TRAIN = """import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+model = nn.Linear(4, 1)
+data = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=2)
+for epoch in range(2):
+    for x, y in data:
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+"""
+
+
+def test_an_lr_already_scaled_by_the_world_size_is_known_by_the_call() -> None:
+    """--scale-lr leaves an lr that already multiplies by the world size, however torch.distributed
+    is imported. Control: with the old test (the text `dist.get_world_size()` in the lr's source) the
+    aliased call is not seen and the lr is scaled twice."""
+    from distify.engine import migrate_source
+    from distify.rules.base import Options
+
+    src = "from torch.distributed import get_world_size as procs\n" + TRAIN.replace(
+        "data = DataLoader", "opt = torch.optim.SGD(model.parameters(), lr=0.1 * procs())\ndata = DataLoader")
+    out = migrate_source(src.encode(), Options(backend="ddp", scale_lr=True)).output.decode()
+    assert "lr=0.1 * procs())" in out and "get_world_size()" not in out.replace("get_world_size as procs", "")
+
+
+def test_a_pathlib_directory_is_made_on_rank_0_whatever_it_is_called() -> None:
+    """`v1 = pathlib.Path("out"); v1.mkdir(...)` makes a directory: rank 0 makes it. Control: the old
+    test (the text `Path` in the call's source) misses it and the mkdir runs on every rank."""
+    src = "import pathlib\n" + TRAIN.replace(
+        "data = DataLoader", "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nv1 = pathlib.Path('out')\nv1.mkdir(exist_ok=True)\ndata = DataLoader")
+    out = _migrate(src)
+    assert "if runtime.is_main_process():\n    v1.mkdir(exist_ok=True)" in out
