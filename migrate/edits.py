@@ -22,7 +22,7 @@ from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence
 
 import libcst as cst
 
-from distify.walk import walk
+from distify.walk import children, walk
 
 Stmt = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
 NodeFn = Callable[[cst.CSTNode], cst.CSTNode]
@@ -285,25 +285,6 @@ class ApplyEdits(cst.CSTTransformer):
         return updated_node.with_changes(body=body)
 
 
-class _Ancestors(cst.CSTVisitor):
-    def __init__(self, targets) -> None:
-        super().__init__()
-        self.targets = targets
-        self.stack: List[cst.CSTNode] = []
-        self.enter: set = set()
-        self.found = 0
-
-    def on_visit(self, node) -> bool:  # type: ignore[override]
-        self.stack.append(node)
-        if node in self.targets:
-            self.found += 1
-            self.enter.update(self.stack)
-        return True
-
-    def on_leave(self, original_node) -> None:  # type: ignore[override]
-        self.stack.pop()
-
-
 def _holding_edits(root: cst.CSTNode, edits: EditSet) -> Optional[set]:
     """The nodes under `root` (itself included) that are an edited node or an ancestor of one;
     None (enter everything) when an edited node is not found by the walk (e.g. a token)."""
@@ -311,12 +292,25 @@ def _holding_edits(root: cst.CSTNode, edits: EditSet) -> Optional[set]:
     for table in (edits.replacements, edits.before, edits.after, edits.guards, edits.removed, edits.wraps, edits.moves):
         targets.update(table)
     targets.update(last for last, _ in edits.wraps.values())
-    finder = _Ancestors(targets)
-    walk(root, finder)
-    if finder.found != len(targets):
+    enter: set = set()
+    stack: List[cst.CSTNode] = []  # the nodes around the one visited (trivia aside)
+    found = 0
+
+    def visit(node: cst.CSTNode) -> None:
+        nonlocal found
+        stack.append(node)
+        if node in targets:
+            found += 1
+            enter.update(stack)
+        for child in children(node):
+            visit(child)
+        stack.pop()
+
+    visit(root)
+    if found != len(targets):
         return None
-    finder.enter.add(root)
-    return finder.enter
+    enter.add(root)
+    return enter
 
 
 def _is_import(stmt: cst.CSTNode) -> bool:
