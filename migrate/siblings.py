@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from distify.library import names_of
+
 MAX_BYTES = 1024 * 1024  # a helper module larger than this is not read
 
 
@@ -53,27 +55,52 @@ def find_builder(script_path: Optional[str], qualname: str) -> Optional[Builder]
             return None
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == func:
-                return Builder(rel.replace(os.sep, "/"), node.lineno, _sampler_kind(node))
+                return Builder(rel.replace(os.sep, "/"), node.lineno, _sampler_kind(node, _imports(tree)))
         return None
     return None
 
 
-def _callee(node: ast.expr) -> str:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        return node.attr
-    return ""
+# what the module's calls are compared with: names as its imports resolve them (library knowledge
+# from distify.library; never how the module spells them)
+LOADERS = names_of("loader", shard="sampler")
+DISTRIBUTED_SAMPLERS = frozenset({"torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler"})
 
 
-def _sampler_kind(fn: ast.AST) -> Optional[str]:
+def _imports(tree: ast.Module) -> Dict[str, str]:
+    """Local name -> the dotted name it stands for, from the module's imports."""
+    aliases: Dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname:
+                    aliases[a.asname] = a.name
+                else:
+                    aliases[a.name.split(".")[0]] = a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+    return aliases
+
+
+def _callee(node: ast.expr, aliases: Dict[str, str]) -> str:
+    """The dotted name a call's callee resolves to through the module's imports ("" when unknown)."""
+    parts: List[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name) or node.id not in aliases:
+        return ""
+    return ".".join([aliases[node.id], *reversed(parts)])
+
+
+def _sampler_kind(fn: ast.AST, aliases: Dict[str, str]) -> Optional[str]:
     assigned: Dict[str, ast.expr] = {}
     for node in ast.walk(fn):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             assigned[node.targets[0].id] = node.value
     kinds: List[Optional[str]] = []
     for node in ast.walk(fn):
-        if not (isinstance(node, ast.Call) and _callee(node.func) == "DataLoader"):
+        if not (isinstance(node, ast.Call) and _callee(node.func, aliases) in LOADERS):
             continue
         kind = None
         for kw in node.keywords:
@@ -84,7 +111,7 @@ def _sampler_kind(fn: ast.AST) -> Optional[str]:
                 value = assigned[value.id]
             if isinstance(value, ast.Constant) and value.value is None:
                 continue
-            if kw.arg == "sampler" and isinstance(value, ast.Call) and _callee(value.func) == "DistributedSampler":
+            if kw.arg == "sampler" and isinstance(value, ast.Call) and _callee(value.func, aliases) in DISTRIBUTED_SAMPLERS:
                 kind = kind or "distributed"
             else:
                 kind = kw.arg

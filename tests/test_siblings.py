@@ -119,3 +119,21 @@ def test_cli_reads_the_module_next_to_the_file(tmp_path):
                           timeout=120)
     assert proc.returncode in (0, 1), proc.stderr
     assert "shard_loader" not in proc.stdout and "utils.py:4 builds it with its own batch_sampler=" in proc.stderr
+
+
+def test_the_helper_modules_calls_are_known_by_their_imports(tmp_path: Path) -> None:
+    """What the helper module calls is resolved through its own imports: torch's DataLoader and
+    DistributedSampler under other names are seen; a class of the module spelled DataLoader is not
+    torch's. Control: with callees compared by spelling (`== "DataLoader"`), the aliased helper reads
+    as 'nothing seen' and the module's own DataLoader class as a loader."""
+    (tmp_path / "aliased.py").write_text(
+        "from torch.utils.data import DataLoader as Batches\n"
+        "from torch.utils.data.distributed import DistributedSampler as Split\n\n\n"
+        "def build(ds):\n    return Batches(ds, batch_size=4, sampler=Split(ds))\n"
+    )
+    (tmp_path / "own.py").write_text(
+        "class DataLoader:\n    pass\n\n\ndef build(ds, s):\n    return DataLoader(ds, sampler=s)\n"
+    )
+    script = str(tmp_path / "train.py")
+    assert find_builder(script, "aliased.build").sampler == "distributed"
+    assert find_builder(script, "own.build").sampler is None
