@@ -68,6 +68,9 @@ class FileResult:
     encoding: str = "utf-8"
     # the other files of the project this migration rewrites, or would (distify.project_view)
     others: Tuple["FileResult", ...] = ()
+    # changed, to be written once every file of the run is migrated (distify.project.write_all):
+    # a migration that rewrites other files of the project writes none of them before
+    pending: bool = False
 
 
 def decode(source: bytes) -> Tuple[str, str]:
@@ -131,8 +134,19 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
         from distify.project_view import view
 
         project_view = view(module, anatomy, path, options)
+        if project_view is not None and project_view.half is not None:
+            call, where = project_view.half
+            line, col = anatomy.position(call)
+            said = Finding("DST961", line, col, f"not migrated: training runs in {where}, a module distify already migrated "
+                           "(for another entry script) while this script is not: migrating it now would add to that "
+                           "module again; run distify on the original files of every script that uses it together "
+                           "(distify a.py b.py)", kind="warning")
+            return MigrationResult(source, source, (said,), note="not migrated: see warnings", encoding=encoding, refused=True)
         seen = analyse(project_view.module) if project_view is not None else None
         if seen is not None and seen.has_training and (seen.flavour is None or seen.migrated_by_distify):
+            from distify.project_view import seen_as_script
+
+            seen_as_script(project_view, seen, anatomy)
             anatomy = seen
         else:
             project_view = None
@@ -424,7 +438,7 @@ def process_file(path: str, mode: Mode, options: Options, cache=None, parse: boo
         return FileResult(path, Status.ERROR, message=str(e), source=source)
     except Exception as e:  # noqa: BLE001 - reported as an internal failure, exit 123
         return FileResult(path, Status.FAILED, message=f"internal error: {type(e).__name__}: {e}", source=source)
-    others = tuple(_other_file(o, result.encoding) for o in result.others)  # all writable, before any write
+    others = tuple(_other_file(o, result.encoding, mode is Mode.WRITE) for o in result.others)
     if others and any(o.status is Status.ERROR for o in others):
         return FileResult(path, Status.REFUSED, result.findings, "not migrated: another file of the project cannot be written",
                           source, source, result.encoding, others)
@@ -432,28 +446,25 @@ def process_file(path: str, mode: Mode, options: Options, cache=None, parse: boo
         if cache is not None and not any(f.code == "DST961" for f in result.findings) and not others:
             # (DST961's answer depends on the project's other modules, which the cache does not see)
             cache.put(source, result.findings, result.note, result.encoding, result.refused)
-        if mode is Mode.WRITE and not result.refused:  # the script was migrated before, its module not yet
-            others = tuple(_other_file(o, result.encoding, write=True) for o in result.others)
         return FileResult(
             path, Status.REFUSED if result.refused else Status.UNCHANGED, result.findings, message=result.note, source=source, output=source,
             encoding=result.encoding, others=others,
         )
-    if mode is Mode.WRITE:
+    if mode is Mode.WRITE and not others:
         try:
             write_atomic(real, result.output, expect=st)
         except InputError as e:
             return FileResult(path, Status.ERROR, result.findings, message=str(e), source=source)
         except OSError as e:
             return FileResult(path, Status.ERROR, result.findings, message=f"cannot write: {e.strerror or e}", source=source)
-        others = tuple(_other_file(o, result.encoding, write=True) for o in result.others)
     return FileResult(path, Status.CHANGED, result.findings, source=source, output=result.output, encoding=result.encoding,
-                      others=others)
+                      others=others, pending=mode is Mode.WRITE and bool(others))
 
 
-def _other_file(other, encoding: str, write: bool = False) -> FileResult:
+def _other_file(other, encoding: str, pending: bool = False) -> FileResult:
     """The FileResult of another file of the project a migration rewrites: an error when it changed
-    on disk since it was read or cannot be written (checked before the script is written), and
-    with `write`, written atomically."""
+    on disk since it was read or cannot be written; with `pending`, to be written by
+    ``distify.project.write_all`` once every file of the run is migrated."""
     real, before, after, findings = other
     shown = os.path.relpath(real) if not os.path.relpath(real).startswith("..") else real
     if after == before:
@@ -464,13 +475,11 @@ def _other_file(other, encoding: str, write: bool = False) -> FileResult:
                 raise InputError("file changed on disk while distify was processing it; not written")
         if not os.access(real, os.W_OK) or not os.stat(real).st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
             raise InputError("file is read-only; not written")
-        if write:
-            write_atomic(real, after)
     except InputError as e:
         return FileResult(shown, Status.ERROR, findings, message=str(e), source=before)
     except OSError as e:
         return FileResult(shown, Status.ERROR, findings, message=f"cannot write: {e.strerror or e}", source=before)
-    return FileResult(shown, Status.CHANGED, findings, source=before, output=after, encoding=encoding)
+    return FileResult(shown, Status.CHANGED, findings, source=before, output=after, encoding=encoding, pending=pending)
 
 
 def write_atomic(path: str, data: bytes, expect: Optional[os.stat_result] = None) -> None:

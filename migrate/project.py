@@ -245,25 +245,64 @@ def _inside(path: str, root: str) -> bool:
 
 
 def with_others(results: Sequence) -> list:
-    """Each result followed by the other files of the project its migration rewrites; a file two
-    entry scripts rewrite is listed once, or refused when they would rewrite it differently."""
+    """Each result followed by the other files of the project its migration rewrites, every file
+    listed once: a module two entry scripts rewrite alike appears once (refused when they would
+    rewrite it differently), and a module also given as a path of its own (``distify .``), which
+    alone is left unchanged, is listed as the migration of its entry script rewrites it."""
     from dataclasses import replace
 
     from distify.engine import Status
 
-    out, seen = [], {}
+    out: list = []
+    seen: dict = {}  # real path -> (index in out, listed as another file's rewrite)
     for r in results:
-        out.append(r)
+        key = os.path.realpath(r.path)
+        if key in seen and r.status is Status.UNCHANGED:
+            pass  # already listed as rewritten for an entry script
+        else:
+            seen.setdefault(key, (len(out), False))
+            out.append(r)
         for o in r.others:
             key = os.path.realpath(o.path)
-            if key in seen:
-                first = out[seen[key]]
-                if first.output != o.output and first.status is not Status.ERROR:
-                    out[seen[key]] = replace(first, status=Status.REFUSED, output=first.source,
-                                             message="two entry scripts would rewrite it differently; not migrated")
+            if key not in seen:
+                seen[key] = (len(out), True)
+                out.append(o)
                 continue
-            seen[key] = len(out)
-            out.append(o)
+            i, other = seen[key]
+            first = out[i]
+            if not other and first.status is Status.UNCHANGED and not first.others:
+                out[i] = o  # its own run changed nothing: the entry script's migration speaks for it
+                seen[key] = (i, True)
+            elif (first.output or first.source) != (o.output or o.source) and first.status is not Status.ERROR:
+                out[i] = replace(first, status=Status.REFUSED, output=first.source,
+                                 message="two entry scripts would rewrite it differently; not migrated")
+    return out
+
+
+def write_all(results: Sequence) -> list:
+    """Write the files of a run (``with_others``' list) whose writing waited (``pending``: the
+    migrations that rewrite several files of the project), each atomically and only if it is still
+    as it was read: after every entry script was migrated against the same originals, so that a
+    module two entry scripts share is rewritten once, from its original."""
+    from dataclasses import replace
+
+    from distify.engine import InputError, Status, write_atomic
+
+    out = []
+    for r in results:
+        if r.pending and r.status is Status.CHANGED:
+            r = replace(r, pending=False)
+            real = os.path.realpath(r.path)
+            try:
+                with open(real, "rb") as fh:
+                    if fh.read() != r.source:
+                        raise InputError("file changed on disk while distify was processing it; not written")
+                write_atomic(real, r.output)
+            except InputError as e:
+                r = replace(r, status=Status.ERROR, message=str(e), output=b"")
+            except OSError as e:
+                r = replace(r, status=Status.ERROR, message=f"cannot write: {e.strerror or e}", output=b"")
+        out.append(r)
     return out
 
 
@@ -305,4 +344,5 @@ def migrate_project(paths: Sequence[str], options, mode=None) -> ProjectResult:
             if mod.path not in modules:
                 modules.append(mod.path)
         files.append(process_file(path, mode, options))
-    return ProjectResult(root, tuple(with_others(files)), tuple(modules))
+    files = with_others(files)
+    return ProjectResult(root, tuple(write_all(files)), tuple(modules))

@@ -37,6 +37,7 @@ class Part:
     tree: cst.Module
     source: bytes
     stmts: List[cst.CSTNode]  # its top-level statements that joined the view, in order
+    imported: frozenset = frozenset()  # the names its own imports bind
 
 
 @dataclass(eq=False)
@@ -44,6 +45,9 @@ class View:
     module: cst.Module  # the script's statements, then each part's
     parts: List[Part]
     script_stmts: int  # how many leading statements are the script's
+    # a call of the script into a module distify migrated already (for another entry script) while
+    # the script itself is not: the two cannot be migrated apart (see `half_migrated`)
+    half: Optional[Tuple[cst.Call, str]] = None
     _spans: Optional[List[Tuple[int, int, Part, int]]] = None  # (first, last line in the view, part, first line there)
 
 
@@ -54,6 +58,7 @@ def view(script: cst.Module, anatomy, path: Optional[str], options) -> Optional[
         return None
     parts: Dict[str, Tuple[ProjectModule, object]] = {}
     called: Dict[str, set] = {}
+    half = None
     for site in anatomy.calls:
         there = reached(anatomy, path, options, site)
         t = there.target
@@ -65,6 +70,8 @@ def view(script: cst.Module, anatomy, path: Optional[str], options) -> Optional[
         spelled = _spelled(site.call.func, t, anatomy, site)
         if spelled is None:
             return None  # `utils.train(...)`, `from utils import train as fit`: not exact yet
+        if half is None and t.unit.anatomy.migrated_by_distify and not anatomy.migrated_by_distify:
+            half = (site.call, f"{t.qualname}() at {t.where}")
         parts.setdefault(t.unit.module.path, (t.unit.module, t.unit))
         called.setdefault(t.unit.module.path, set()).add(spelled)
     if not parts:
@@ -85,9 +92,9 @@ def view(script: cst.Module, anatomy, path: Optional[str], options) -> Optional[
             aliases.setdefault(local, q)
         if any(local in names for local in unit.aliases):
             return None  # the helper imports a name it also defines
-        joined.append(Part(mod, tree, unit.source, stmts))
+        joined.append(Part(mod, tree, unit.source, stmts, frozenset(unit.anatomy.aliases)))
     body = list(script.body) + [s for p in joined for s in p.stmts]
-    return View(script.with_changes(body=body), joined, len(script.body))
+    return View(script.with_changes(body=body), joined, len(script.body), half=half)
 
 
 def _spelled(func: cst.BaseExpression, t, anatomy, site) -> Optional[str]:
@@ -133,6 +140,12 @@ def locate(v: View, anatomy, line: int) -> Tuple[Optional[Part], int]:
     return None, line
 
 
+def seen_as_script(v: View, seen, script_anatomy) -> None:
+    """The view's anatomy names the imports an edit needs as the script spells them: a name only
+    a helper imports (its `from distify import runtime`, once migrated) is not bound in the script."""
+    seen.local_name_for = script_anatomy.local_name_for
+
+
 def split_findings(v: View, anatomy, findings: Sequence[Finding]) -> Tuple[List[Finding], Dict[str, List[Finding]]]:
     """The script's findings and each part's (by path), with their own lines."""
     from dataclasses import replace
@@ -161,7 +174,7 @@ def render(part: Part, edits) -> bytes:
     if tree.code == part.tree.code:
         return part.source
     read = {n.value for n in _names(tree)}
-    wanted = [line for line in edits.imports if bound_by_import(line) & read]
+    wanted = [line for line in edits.imports if bound_by_import(line) & read and not bound_by_import(line) <= part.imported]
     if wanted:
         only = copy(edits)
         only.imports = wanted

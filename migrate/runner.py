@@ -208,9 +208,12 @@ def _report_paths(paths, options: Options, mode, check: bool, reporter, strict: 
         else:
             todo.append(path)
     with reporter.progress(len(todo)) as progress:
-        from distify.project import with_others
+        from distify.project import with_others, write_all
 
-        results += with_others(_process_all(todo, mode, options, progress.advance, cache))
+        # a migration that rewrites several files of the project writes them only once every file
+        # was migrated against the originals (write_all): a module two entry scripts share is
+        # rewritten once, from its original; a single file is written as soon as it is migrated
+        results += write_all(with_others(_process_all(todo, mode, options, progress.advance, cache)))
 
     word = "would rewrite" if mode.name in ("CHECK", "DIFF") else "rewrote"
     counts = {status: 0 for status in Status}

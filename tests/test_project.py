@@ -207,3 +207,34 @@ def test_loop_outside_the_project_is_said_with_its_file(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"outside this project (see [tool.distify] project-root and exclude)" in r.stderr
     assert str((tmp_path / "utils.py").resolve()) in r.stderr
+
+
+# a module of the project shared by entry scripts ------------------------------------------------
+
+LOOP = Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "loop_in_module"
+
+
+def test_a_module_two_scripts_share_is_rewritten_once_from_its_original(tmp_path):
+    import shutil
+
+    shutil.copytree(LOOP / "in", tmp_path / "p")
+    shutil.copy(tmp_path / "p" / "train.py", tmp_path / "p" / "train2.py")
+    r = _run(tmp_path / "p", "train.py", "train2.py")
+    assert r.returncode == 1, r.stderr  # rewritten
+    assert r.stderr.count("rewrote trainlib.py") == 1
+    assert (tmp_path / "p" / "trainlib.py").read_text() == (LOOP / "expected.ddp" / "trainlib.py").read_text()
+    assert (tmp_path / "p" / "train2.py").read_text() == (LOOP / "expected.ddp" / "train.py").read_text()
+    again = _run(tmp_path / "p", "--check", "train.py", "train2.py", ".")
+    assert again.returncode == 0 and "3 files unchanged" in again.stderr, again.stderr
+
+
+def test_a_script_of_a_module_migrated_before_is_refused(tmp_path):
+    import shutil
+
+    shutil.copytree(LOOP / "in", tmp_path / "p")
+    assert _run(tmp_path / "p", "train.py").returncode == 1  # rewritten, the module with it
+    shutil.copy(LOOP / "in" / "train.py", tmp_path / "p" / "late.py")
+    helper = (tmp_path / "p" / "trainlib.py").read_bytes()
+    r = _run(tmp_path / "p", "late.py")
+    assert r.returncode == 3 and "a module distify already migrated" in r.stderr, r.stderr
+    assert (tmp_path / "p" / "trainlib.py").read_bytes() == helper  # never migrated twice
