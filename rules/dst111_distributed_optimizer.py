@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, method_calls_in
+from distify.syntax import all_nodes, dotted
 from distify.transplant import readable_after, spell_in
 
 
@@ -255,7 +256,10 @@ def _already_averaged(ctx: Context, opt) -> bool:
     return any(
         site.qualname == "horovod.torch.grouped_allreduce_"
         and site.call.args
-        and f"{opt.target}.param_groups" in ctx.code(site.call.args[0].value)
+        and any(
+            isinstance(n, cst.Attribute) and n.attr.value == "param_groups" and dotted(n.value) == opt.target
+            for n in all_nodes(site.call.args[0].value)
+        )
         for site in ctx.anatomy.calls
     )
 

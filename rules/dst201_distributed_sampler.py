@@ -6,6 +6,7 @@ import libcst as cst
 
 from distify.anatomy import Loader, arg, dotted, foreign_loaders
 from distify.siblings import find_builder
+from distify.syntax import all_nodes
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, loader_stem
 from distify.rules.eval_plan import eval_plans, shard_eval_enabled
 from distify.data_sources import is_iterable_dataset
@@ -322,7 +323,8 @@ def _calls_set_epoch_after(ctx: Context, stmt, name: str) -> bool:
     the script's own)."""
     parents = ctx.anatomy.stmt_parent.get(stmt, ())
     block = parents[-1] if parents else ctx.anatomy.module
-    return f"{name}.sampler.set_epoch(" in ctx.code(block)
+    wanted = f"{name}.sampler.set_epoch"
+    return any(isinstance(n, cst.Call) and dotted(n.func) == wanted for n in all_nodes(block))
 
 
 def _is_assignment(stmt: cst.CSTNode, call: cst.Call) -> bool:

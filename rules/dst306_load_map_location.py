@@ -7,6 +7,7 @@ import libcst as cst
 from distify.anatomy import LOAD, SAVE, arg, assigned_name
 from distify.edits import Put
 from distify.rank import follows_barrier
+from distify.syntax import all_nodes
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, kwarg_value
 
 
@@ -53,7 +54,10 @@ class LoadMapLocation(Rule):
     def apply(self, ctx: Context) -> None:
         private = _per_rank_temporary_loads(ctx)
         for site in private:
-            if isinstance(site.stmt, cst.SimpleStatementLine) and ".broadcast_object(" in ctx.code(site.stmt):
+            if isinstance(site.stmt, cst.SimpleStatementLine) and any(
+                isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "broadcast_object"
+                for n in all_nodes(site.stmt)
+            ):
                 continue  # an earlier run's
             # rank 0 saved the file into its own temporary directory: every other rank has its own,
             # empty one. Rank 0 reads it and hands the object to the others.
