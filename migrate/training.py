@@ -200,6 +200,12 @@ class GlobalDraw:
     first_use: cst.CSTNode  # the first statement of `scope` that draws (the loop, or a prefetch before it)
 
 
+# draws that generate the data itself when no loader feeds training (a regression on batches it
+# makes, a GAN's real samples from a known distribution); beside a loader they are noise or
+# augmentation of the loader's samples, not the data
+GENERATED = {"torch.randn", "torch.rand", "torch.normal"}
+
+
 def global_draws(anatomy: "Anatomy") -> List[GlobalDraw]:
     """Training loops (a body reaching backward()/step()) that consume no DataLoader and draw their
     data with torch.randint/randperm/numpy/random calls without a `generator=`/seeded RandomState:
@@ -209,8 +215,9 @@ def global_draws(anatomy: "Anatomy") -> List[GlobalDraw]:
     loader_loops = {bl.loop for l in a.loaders for bl in l.batch_loops}
     draws_by_fn: Dict[cst.FunctionDef, CallSite] = {}
     loose: List[CallSite] = []
+    fed = any(bl.trains for loader in a.loaders for bl in loader.batch_loops)
     for c in a.calls:
-        if c.qualname not in RNG_DRAWS or arg(c.call, None, "generator") is not None:
+        if c.qualname not in RNG_DRAWS | (set() if fed else GENERATED) or arg(c.call, None, "generator") is not None:
             continue
         if isinstance(c.scope, cst.FunctionDef):
             draws_by_fn.setdefault(c.scope, c)

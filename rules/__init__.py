@@ -70,6 +70,7 @@ _MODULES = (
     "dst957_wrapper_prefix",
     "dst958_call_before_init",
     "dst959_same_random_batches",
+    "dst963_same_input_every_rank",
     # what a file left unchanged says about why
     "dst960_framework_distributes",
     "dst961_training_elsewhere",

@@ -15,7 +15,9 @@ class DataRng(Rule):
     What it does:
         Finds training loops that read no DataLoader and draw their data with ``torch.randint`` /
         ``torch.randperm`` (directly or in a function they call, like nanoGPT's ``get_batch``)
-        from the global generator. Right before the first draw – once every model and optimizer
+        from the global generator, or – when no DataLoader feeds training at all – generate the
+        data itself with ``torch.randn`` / ``torch.rand`` / ``torch.normal`` (a regression on
+        batches it makes, a GAN's real samples). Right before the first draw – once every model and optimizer
         of that function is built – it inserts
         ``torch.manual_seed(torch.initial_seed() + rank)``. Draws with ``numpy.random`` /
         ``random``, or set up in a way it cannot order, are reported instead.

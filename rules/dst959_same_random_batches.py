@@ -4,13 +4,8 @@ from __future__ import annotations
 
 from distify.anatomy import Anatomy, arg
 from distify.audit import feeding_loaders
+from distify.rank_input import INDEX_DRAWS as DRAWS, seeded_per_rank
 from distify.rules.base import AuditCheck, Context
-
-DRAWS = {
-    "torch.randint", "torch.randperm", "numpy.random.randint", "numpy.random.choice",
-    "numpy.random.permutation", "random.sample", "random.randint", "random.choice", "random.randrange",
-}
-SEEDS = {"torch.manual_seed", "torch.cuda.manual_seed", "torch.cuda.manual_seed_all", "numpy.random.seed", "random.seed"}
 
 
 class SameRandomBatches(AuditCheck):
@@ -44,7 +39,7 @@ class SameRandomBatches(AuditCheck):
     def check(self, ctx: Context, a: Anatomy) -> None:
         if feeding_loaders(a):
             return
-        if any(a.mentions_rank(c.call) for c in a.calls_to(SEEDS)):
+        if seeded_per_rank(a):
             return
         for c in a.calls_to(DRAWS):
             if arg(c.call, None, "generator") is not None or not a.on_training_path(c.stmt):
