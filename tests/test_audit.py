@@ -370,9 +370,10 @@ from torch.distributed.fsdp import fully_shard
 def train(model, steps):
     fully_shard(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.Generator().manual_seed(dist.get_rank())  # each rank its own inputs (else DST963)
     for _ in range(steps):
         optimizer.zero_grad()
-        model(torch.randn(4, 2)).sum().backward()
+        model(torch.randn(4, 2, generator=data)).sum().backward()
         optimizer.step()
     return model
 
