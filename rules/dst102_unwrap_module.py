@@ -6,7 +6,6 @@ import libcst as cst
 
 from distify.anatomy import MODULE_API, STATE_API, dotted
 from distify.meaning import copies_argument, pickled_members
-from distify.program import program_of, reached
 from distify.rules.base import DDP_BACKEND, Context, Rule, reaching_scopes
 from distify.walk import walk
 
@@ -137,6 +136,8 @@ class UnwrapModule(Rule):
         trains nothing and its result reaches no backward() (its forward passes then need no
         gradient averaging); otherwise the file is refused, since either way would train wrong or
         die with an AttributeError. None: nothing to do."""
+        from distify.program import program_of, reached  # here: most files never ask
+
         a = ctx.anatomy
         t = reached(a, ctx.plan.script_path, ctx.options, site).target
         if t is None:

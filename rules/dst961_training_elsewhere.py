@@ -10,7 +10,6 @@ from distify.anatomy import Anatomy, CallSite, dotted
 from distify.facts import all_nodes
 from distify.library import known
 from distify.names import qualified, star_import
-from distify.program import program_of, reached
 from distify.rules.base import Context, Rule
 
 
@@ -52,6 +51,8 @@ class TrainingElsewhere(Rule):
         for site in sorted(a.calls, key=lambda c: not _hands_over(a, c, loaders)):
             if _hands_over(a, site, built):
                 callee = dotted(site.call.func) or "a function"
+                from distify.program import program_of, reached  # here: most files never ask
+
                 there = reached(a, ctx.plan.script_path, ctx.options, site)
                 if there.target is not None and program_of(a).trains(there.target):
                     t = there.target
