@@ -66,6 +66,22 @@ class BroadcastState(Rule):
                 if any(isinstance(n, (cst.For, cst.While)) for n in all_nodes(stmt, skip_nested=True)):
                     break
             lines = [f"{hvd}.broadcast_parameters({m}.state_dict(), root_rank=0)" for m in opt.models]
+            if not opt.models and opt.target:
+                # the optimizer's model is not known (`optim.SGD(pg, ...)` over a list built from it):
+                # the parameters it steps still have to start equal on every rank
+                i, p, g = ctx.fresh("index"), ctx.fresh("tensor"), ctx.fresh("param_group")
+                lines.append(
+                    f"{hvd}.broadcast_parameters([(str({i}), {p}) for {i}, {p} in enumerate({p} for {g} in "
+                    f"{opt.target}.param_groups for {p} in {g}[\"params\"])], root_rank=0)"
+                )
+                ctx.warn(self.code, opt.call.call, f"rank 0's values of the parameters {opt.target} steps are broadcast, "
+                         "but distify cannot tell which model they belong to: its frozen parameters and buffers start "
+                         "as each rank built them; seed the initialisation or broadcast the model's state_dict() yourself")
+            if not lines:
+                ctx.warn(self.code, opt.call.call, "distify cannot tell which parameters this optimizer steps: "
+                         "broadcast rank 0's model with hvd.broadcast_parameters(model.state_dict(), root_rank=0) "
+                         "before training, or the ranks start from different weights")
+                continue
             if loads_optimizer:
                 # only a loaded state needs broadcasting: on a fresh optimizer Horovod creates the
                 # state with a zero-gradient step, which shifts Adam's step count and applies weight
