@@ -72,7 +72,10 @@ class SetEpoch(Rule):
                     continue
                 first = body.body[0]
                 loader_stmt = loader.call.stmt
-                line = ctx.stmts(f"{obj}.set_epoch({ep.var})")
+                var = _pass_number(ctx, ep, loader_stmt)
+                if var is None:
+                    continue  # no number counts the passes here: DST952 reports the sampler
+                line = ctx.stmts(f"{obj}.set_epoch({var})")
                 binding = _binding_in(body, obj.split(".")[0].split("[")[0]) if obj != sname else None
                 if ep.loop in ctx.anatomy.stmt_parent.get(loader_stmt, ()):
                     # the loader (and its sampler) is built inside the epoch loop: right after it
@@ -83,7 +86,7 @@ class SetEpoch(Rule):
                 else:
                     ctx.edits.insert_before(first, line)
                 done.add((ep.loop, obj))
-                ctx.report(self.code, ep.loop, f"{obj}.set_epoch({ep.var}) reshuffles the shards every epoch")
+                ctx.report(self.code, ep.loop, f"{obj}.set_epoch({var}) reshuffles the shards every epoch")
 
 
     def _count_passes(self, ctx: Context, loader, ep, samplers) -> None:
@@ -124,6 +127,20 @@ class SetEpoch(Rule):
         ctx.report(
             self.code, ep.loop, f"{obj}.set_epoch({counter}) before each pass of {fn.name.value}() reshuffles the shards"
         )
+
+
+def _pass_number(ctx: Context, ep, loader_stmt) -> Optional[str]:
+    """The number to give ``set_epoch``: the epoch loop's variable, unless the loader is built inside
+    a loop over a collection (``for text in texts: loader = DataLoader(...)``, one loader per file),
+    whose variable is an item, not a number: then the variable of the nearest enclosing loop over a
+    call (``range(epochs)``, ``tqdm(range(...))``), or None when there is none."""
+    built_inside = ep.loop in ctx.anatomy.stmt_parent.get(loader_stmt, ())
+    if not built_inside or isinstance(ep.loop.iter, cst.Call):
+        return ep.var
+    for outer in reversed(ctx.anatomy.stmt_parent.get(ep.loop, ())):
+        if isinstance(outer, cst.For) and isinstance(outer.iter, cst.Call) and isinstance(outer.target, cst.Name):
+            return outer.target.value
+    return None
 
 
 def _binding_in(body: cst.IndentedBlock, name: str):
