@@ -168,7 +168,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
         incremental = True
     if not anatomy.has_training:
         # nothing distify knows how to migrate; the audit still says when it trains all the same
-        said = tuple(_audit(anatomy, options, [])) + _notes(anatomy, options, path, "DST961")
+        said = tuple(_audit(anatomy, options, [], path=path)) + _notes(anatomy, options, path, "DST961")
         if any(f.code == "DST961" and f.kind == "warning" for f in said):
             # the training runs in another module of the project that distify cannot migrate yet
             return MigrationResult(source, source, said, note="not migrated: see warnings", encoding=encoding, refused=True)
@@ -229,7 +229,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
 
         return finish(project_view, anatomy, ctx, rules, source, output, findings, encoding, options)
     if output == source:
-        findings += _audit(anatomy, options, findings)
+        findings += _audit(anatomy, options, findings, path=path)
         return MigrationResult(source, source, tuple(findings), encoding=encoding)
     # the output must be valid Python before anything is written (CPython's compiler is the judge,
     # and ~10x faster than a second libcst parse)
@@ -253,7 +253,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
         )
     # the audit: the rewritten module, analysed afresh, must hold the invariants of a correct
     # data-parallel script; its findings are reported against the user's lines
-    audited = _audit(analyse(new_module), options, findings, migrated=True)
+    audited = _audit(analyse(new_module), options, findings, migrated=True, path=path)
     if audited:
         to_source = _line_map(source, output)
         findings += [replace(f, line=to_source(f.line)) for f in audited]
@@ -301,11 +301,12 @@ def _notes(anatomy, options: Options, path: Optional[str], code: str) -> Tuple[F
     return tuple(ctx.findings)
 
 
-def _audit(anatomy, options: Options, prior: Sequence[Finding], migrated: bool = False) -> List[Finding]:
+def _audit(anatomy, options: Options, prior: Sequence[Finding], migrated: bool = False, path: Optional[str] = None) -> List[Finding]:
     """Warnings of the audit checks (DST95x) on an analysed module: the output of a migration
     (``migrated``: checks may hold it to what distify itself writes, whichever backend), or a
     script left as it was. ``prior``: what the rules reported (DST950 speaks only when nothing else
-    explains why a training script was left undistributed)."""
+    explains why a training script was left undistributed). ``path``: the script's file, for the
+    checks that follow its calls into the project's other modules."""
     from distify.audit import is_audit
     from distify.rules import selected
     from distify.rules.base import Context
@@ -317,6 +318,7 @@ def _audit(anatomy, options: Options, prior: Sequence[Finding], migrated: bool =
     ctx = Context(anatomy, options)
     ctx.plan.prior_warnings = [f for f in prior if f.kind == "warning"]
     ctx.plan.distify_output = migrated
+    ctx.plan.script_path = path
     for check in checks:
         check.apply(ctx)
     return [f for f in ctx.findings if f.kind == "warning"]

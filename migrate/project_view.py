@@ -229,7 +229,7 @@ def finish(v: View, anatomy, ctx, rules, source: bytes, output: bytes, findings:
                     len(new_script.body))
     seen = analyse(new_view.module)
     seen.want_positions = options.positions
-    audited = _audit(seen, options, findings, migrated=True)
+    audited = _audit(seen, options, findings, migrated=True, path=ctx.plan.script_path)
     for f in audited:
         part, line = locate(new_view, seen, f.line)
         if part is None:

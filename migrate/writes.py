@@ -15,7 +15,10 @@ from typing import Collection, FrozenSet, Optional
 
 import libcst as cst
 
-from distify.library import FILE_METHODS, SAVE_METHODS
+from distify.library import FILE_METHODS, SAVE_METHODS, names_of
+from distify.syntax import arg
+
+PRINT_LIKE = names_of("print")  # tqdm.write, sys.stdout.write, pprint...: a print by another route
 
 
 def own_method_names(methods: Collection[cst.FunctionDef]) -> FrozenSet[str]:
@@ -33,3 +36,32 @@ def library_method_write(call: cst.Call, own: Collection[str], checkpoints_only:
     m = f.attr.value
     known = SAVE_METHODS if checkpoints_only else SAVE_METHODS | FILE_METHODS
     return m if m in known and m not in own else None
+
+
+def file_write(site, own: Collection[str]) -> Optional[str]:
+    """What file write the call `site` (a CallSite) is, as a reader names it (``save()``,
+    ``.savefig()``, ``open(..., 'w')``), else None: a library save (``distify.audit.SAVES``), a
+    library object's file-writing method no class of the module overrides, or ``open`` for writing."""
+    from distify.audit import SAVES  # here: distify.audit imports this module
+
+    call = site.call
+    if site.qualname in SAVES:
+        return site.qualname.rsplit(".", 1)[-1] + "()"
+    f = call.func
+    method = library_method_write(call, own, checkpoints_only=False) if site.qualname is None else None
+    if method is not None:
+        return f".{method}()"
+    if isinstance(f, cst.Name) and f.value == "open" and site.qualname is None:
+        mode = arg(call, 1, "mode")
+        if mode is not None and isinstance(mode.value, cst.SimpleString):
+            m = mode.value.evaluated_value
+            if isinstance(m, str) and any(k in m for k in "wax"):
+                return "open(..., " + repr(m) + ")"
+    return None
+
+
+def terminal_print(site) -> bool:
+    """The call `site` prints to the terminal: the builtin ``print`` or another route to it."""
+    q = site.qualname
+    return (q is None and isinstance(site.call.func, cst.Name) and site.call.func.value == "print") or q in PRINT_LIKE
+

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
-import libcst as cst
-
-from distify.anatomy import Anatomy, arg
-from distify.audit import SAVES
-from distify.writes import library_method_write, own_method_names
+from distify.anatomy import Anatomy
+from distify.helper_effects import advice, unguarded_helper_calls
+from distify.writes import file_write, own_method_names
 from distify.rules.base import AuditCheck, Context
 
 
@@ -42,7 +38,7 @@ class WriteEveryRank(AuditCheck):
     def check(self, ctx: Context, a: Anatomy) -> None:
         own = own_method_names(a.methods)
         for c in a.calls:
-            what = _writes(c, own)
+            what = file_write(c, own)
             if what is None or a.call_on_some_ranks(c) or a.mentions_rank(c.call):
                 continue
             ctx.warn(
@@ -51,23 +47,10 @@ class WriteEveryRank(AuditCheck):
                 f"{what} runs on every rank: N processes write the same file at once; write on rank 0 only "
                 "(if runtime.is_main_process(): / if rank == 0:) or give each rank its own file name",
             )
-
-
-def _writes(c, own) -> Optional[str]:
-    call = c.call
-    if c.qualname in SAVES:
-        return c.qualname.rsplit(".", 1)[-1] + "()"
-    f = call.func
-    method = library_method_write(call, own, checkpoints_only=False) if c.qualname is None else None
-    if method is not None:
-        return f".{method}()"
-    if isinstance(f, cst.Name) and f.value == "open" and c.qualname is None:
-        mode = arg(call, 1, "mode")
-        if mode is not None and isinstance(mode.value, cst.SimpleString):
-            m = mode.value.evaluated_value
-            if isinstance(m, str) and any(k in m for k in "wax"):
-                return "open(..., " + repr(m) + ")"
-    return None
+        for c, t, found in unguarded_helper_calls(a, ctx.plan.script_path, ctx.options):
+            first = next((e for e in found if e.kind == "write"), None)
+            if first is not None:
+                ctx.warn(self.code, c.call, advice(c, t, first))
 
 
 RULE = WriteEveryRank()

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-import libcst as cst
-
 from distify.anatomy import SUMMARY_WRITER, TQDM, Anatomy, arg
-from distify.library import names_of
+from distify.helper_effects import advice, unguarded_helper_calls
+from distify.writes import terminal_print
 from distify.rules.base import AuditCheck, Context
 
-PRINT_LIKE = names_of("print")  # tqdm.write, sys.stdout.write, pprint...: a print by another route
 TRACKERS = SUMMARY_WRITER | {"wandb.init", "mlflow.start_run", "comet_ml.Experiment", "neptune.init_run"}
 
 
@@ -60,12 +58,16 @@ class LogEveryRank(AuditCheck):
             else:
                 msg = "print runs on every rank, each line appears N times; print on rank 0 only"
             ctx.warn(self.code, c.call, msg)
+        for c, t, found in unguarded_helper_calls(a, ctx.plan.script_path, ctx.options):
+            first = next((e for e in found if e.kind == "print"), None)
+            if first is not None and a.on_training_path(c.stmt) and not ctx.collectives_in(c.stmt):
+                ctx.warn(self.code, c.call, advice(c, t, first))
 
 
 def _kind(a: Anatomy, c) -> Optional[str]:
     call = c.call
     q = c.qualname
-    if q is None and isinstance(call.func, cst.Name) and call.func.value == "print" or q in PRINT_LIKE:
+    if terminal_print(c):
         return "print"
     for kinds, kind, switch in ((TQDM, "tqdm", "disable"), (TRACKERS, "tracker", "mode")):
         if q in kinds:

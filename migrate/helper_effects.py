@@ -1,0 +1,139 @@
+"""What a function of the user's project does that every rank would repeat: files it writes and
+lines it prints, itself or through the project functions it calls (a bounded depth).
+
+A script migrated alone calls its project's helpers as they are (``save_checkpoint(state)`` in
+``utils.py``): distify guards the writes and prints it sees in the script, but a helper's own
+``torch.save`` or ``print`` then runs on every rank. ``effects`` is the one fact the audit
+(DST955, DST956) asks about such a call. A write or print the helper already makes on some ranks
+only (under a rank test, or saying which rank speaks) is not one. What a call reaches comes from
+the program model (``distify.program``), never from how anything is spelled.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Optional, Set, Tuple
+
+import libcst as cst
+
+from distify.facts import all_nodes
+from distify.library import TABLE, known
+from distify.records import CallSite
+from distify.writes import file_write, own_method_names, terminal_print
+
+if TYPE_CHECKING:  # the program model is loaded only when a script calls into its project
+    from distify.program import Program, Target
+
+DEPTH = 3  # project calls followed below the helper the script calls
+
+
+@dataclass(frozen=True)
+class Effect:
+    kind: str  # "write" | "print"
+    what: str  # "save()", "open(..., 'w')", "print()"
+    where: str  # the project function that makes it: "utils.save_checkpoint() at utils.py:12"
+    # the names the write or print reads (its file name, its message), as names of the function
+    # `effects` was asked about: a deeper function's parameters become what its call hands them
+    reads: frozenset = frozenset()
+
+
+def effects(prog: Program, target: Target, depth: int = DEPTH, _seen: Optional[Set[int]] = None) -> List[Effect]:
+    """The writes and prints every rank runs when `target` is called: in its own body (not in a
+    nested function's), then in the project functions it calls, `depth` levels down."""
+    seen = _seen if _seen is not None else set()
+    if id(target.fn) in seen:
+        return []
+    seen.add(id(target.fn))
+    a = target.unit.anatomy
+    own = own_method_names(a.methods)
+    here = f"{target.qualname.rsplit('.', 1)[-1]}() at {target.where}"
+    out: List[Effect] = []
+    deeper = []
+    for c in a.calls:
+        if c.scope is not target.fn or a.call_on_some_ranks(c) or a.mentions_rank(c.call):
+            continue
+        what = file_write(c, own)
+        if what is None and terminal_print(c):
+            what = "print()"
+        if what is not None:
+            reads = frozenset(n.value for n in all_nodes(c.call) if isinstance(n, cst.Name))
+            out.append(Effect("print" if what == "print()" else "write", what, here, reads))
+        elif depth > 0:
+            inner = prog.target(target.unit, c.call, c.scope, c.stmt) or _same_module(target, c)
+            if inner is not None:
+                deeper.append((inner, c.call))
+    for inner, call in deeper:
+        bound = prog.bind(inner, call)
+        handed = [x.value for x in call.args]
+        for e in effects(prog, inner, depth - 1, seen):
+            params = e.reads & set(bound) if len(bound) == len(handed) else e.reads  # *args: all it hands
+            via = [bound[p] for p in params if p in bound] if len(bound) == len(handed) else handed
+            reads = (e.reads - params) | {n.value for v in via for n in all_nodes(v) if isinstance(n, cst.Name)}
+            out.append(Effect(e.kind, e.what, e.where, frozenset(reads)))
+    return out
+
+
+_LIBRARY_ROOTS = frozenset(q.split(".", 1)[0] for q in TABLE) | frozenset(sys.stdlib_module_names)
+
+
+def unguarded_helper_calls(a, path: Optional[str], options) -> List[Tuple[CallSite, Target, List[Effect]]]:
+    """The calls of the script analysed as `a` (at `path`) into functions of its project that
+    write files or print on every rank, with what each does: the call itself runs on every rank,
+    and the function it reaches is read from disk as it is (not one `a` itself defines, which the
+    audit reads directly, and not one distify already migrated)."""
+    if not path:
+        return []
+    sites = [c for c in a.calls if c.qualname is not None and known(c.qualname) is None
+             and c.qualname.split(".", 1)[0] not in _LIBRARY_ROOTS]
+    if not sites:
+        return []  # nothing the project could define: no program model to build
+    from distify.program import program_of, reached
+
+    out = []
+    for c in sites:
+        if a.call_on_some_ranks(c):
+            continue
+        t = reached(a, path, options, c).target
+        if t is None or t.unit.anatomy.migrated_by_distify or _defined_here(a, t):
+            continue
+        prog = program_of(a)
+        ranked = [x for x in c.call.args if a.mentions_rank(x.value)]
+        bound = prog.bind(t, c.call)
+        per_rank = {p for p, v in bound.items() if any(v is x.value for x in ranked)}
+        unsure = len(per_rank) < len(ranked)  # a rank handed through *args / **kwargs
+        # a write or print that reads a parameter the call hands a rank (or a device) is the
+        # rank's own file or line
+        found = [e for e in effects(prog, t) if not (e.reads & per_rank or (ranked and unsure))]
+        if found:
+            out.append((c, t, found))
+    return out
+
+
+def _same_module(target: Target, c: CallSite) -> Optional[Target]:
+    """The function of `target`'s own module that `c` calls (``with_log(state)`` beside it)."""
+    from distify.program import Target as _Target
+
+    a = target.unit.anatomy
+    fn = a.callee(c.call, c.scope)
+    if fn is None:
+        return None
+    cls = next((k for k in a.classes.values() if any(s is fn for s in k.body.body)), None)
+    name = f"{cls.name.value}.{fn.name.value}" if cls is not None else fn.name.value
+    return _Target(target.unit, fn, cls, f"{target.unit.module.name}.{name}", target.root)
+
+
+def _defined_here(a, t: Target) -> bool:
+    """`t`'s code is part of the module audited (a project view joins the helper's functions)."""
+    if t.cls is not None:
+        return t.cls.name.value in a.classes
+    return t.fn.name.value in a.functions
+
+
+def advice(c: CallSite, t: Target, e: Effect) -> str:
+    """The one-line warning for a helper call `c` whose function does `e` on every rank."""
+    file = t.where.rsplit(":", 1)[0]
+    verb = "writes a file" if e.kind == "write" else "prints"
+    via = "" if e.where.endswith(t.where) else f" through {e.where}"
+    return (f"{t.qualname.rsplit('.', 1)[-1]}() in {t.where} {verb} ({e.what}{via}) on every rank; guard the call "
+            f"with `if runtime.is_main_process():` or let distify migrate {file}")
