@@ -4,10 +4,10 @@ Data parallelism pays only when each rank trains on its own data. A script's tra
 between ranks when a loader feeds its training loop (the rules shard every such loader, and the
 audit checks it: DST951), or when the loop draws its batches or its data from a random stream that
 differs between ranks: a seed call that reads the rank (``torch.manual_seed(seed + rank)``), or a
-draw with a ``generator=`` of its own. Otherwise every rank computes the same step on the same
+draw with a ``generator=`` of its own, or a script that never seeds (torch 2.13, ``random`` and
+NumPy seed each process from the OS). Otherwise every rank computes the same step on the same
 input: full-batch training on one graph, LBFGS over one tensor, batches generated from the global
-stream (seeded alike on every rank: torch's default seed is a constant, and scripts usually fix
-one). Read-only; the audit asks it (DST959 for index draws, DST963 for the rest).
+stream the script seeds alike on every rank (``torch.manual_seed(0)``). Read-only; the audit asks it (DST959 for index draws, DST963 for the rest).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ SEEDS = frozenset({
 @dataclass(frozen=True)
 class TrainingInput:
     varies: bool  # the input differs between ranks (or may: "unknown")
-    how: str  # loader | per-rank seed | own generator | unknown | no training loop | drawn alike | fixed
+    how: str  # loader | per-rank seed | own generator | unseeded | unknown | no training loop | drawn alike | fixed
     node: Optional[cst.CSTNode] = None  # for drawn alike: the first draw; for fixed: the first training call
 
 
@@ -69,6 +69,9 @@ def training_input(a: "Anatomy") -> TrainingInput:
         alike = [d for d in draws if arg(d, None, "generator") is None]
         if not alike:
             return TrainingInput(True, "own generator")
+        if not a.calls_to(SEEDS):
+            # never seeded: torch (2.13), random and numpy seed each process from the OS
+            return TrainingInput(True, "unseeded")
         return TrainingInput(False, "drawn alike", alike[0])
     if any(bl.trains for bl in a.batch_loops) or foreign_loaders(a) or untraced_sources(a):
         return TrainingInput(True, "unknown")  # batches from an iterable no fact traces: DST951's to report

@@ -17,8 +17,8 @@ class SameInputEveryRank(AuditCheck):
         training input differs between ranks (``distify.rank_input``): a loader feeds the training
         loop, or the loop draws its data from a random stream that differs by rank. When nothing
         does, reports the line: the whole data in every step (full-batch training on one graph,
-        LBFGS over one tensor), or data generated from the global random stream seeded alike on
-        every rank (a regression on batches it makes itself). Index draws (``torch.randint`` batch
+        LBFGS over one tensor), or data generated from the global random stream the script seeds
+        alike on every rank (a regression on batches it makes itself). Index draws (``torch.randint`` batch
         indices) are DST959's.
 
     Why:
@@ -49,7 +49,7 @@ class SameInputEveryRank(AuditCheck):
                 self.code,
                 fact.node,
                 f"{SAME}: {ctx.code(fact.node.func)}() makes the training data from the global random stream, "
-                "seeded alike on every rank; seed each rank differently once the model is built "
+                "which the script seeds alike on every rank; seed each rank differently once the model is built "
                 "(torch.manual_seed(seed + rank), or distify --seed-per-rank) or pass a per-rank generator=",
             )
             return

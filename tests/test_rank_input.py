@@ -46,6 +46,9 @@ def test_generated_batches_get_a_stream_per_rank_and_are_reported_without_one():
     # control: without DST204's per-rank seed the audit says every rank trains on the same data
     found = _dst963_without_dst204(source)
     assert len(found) == 1 and "torch.randn()" in found[0].message and SAME in found[0].message
+    # never seeded: torch 2.13 (and random, numpy) seed each process from the OS, so the ranks differ
+    unseeded = source.replace("    torch.manual_seed(0)\n", "")
+    assert unseeded != source and _dst963_without_dst204(unseeded) == []
     # and a per-rank seed or generator of the script's own is a per-rank stream too
     seeded = source.replace("    fc = nn.Linear(4, 1)\n", "    fc = nn.Linear(4, 1)\n"
                             "    torch.manual_seed(1000 + int(os.environ.get('RANK', 0)))\n").replace(
