@@ -17,6 +17,8 @@ class WriteEveryRank(AuditCheck):
         ``numpy.save*``, ``to_csv`` and ``open(path, "w"/"a"/"x")`` calls that run on every rank:
         not under a rank condition, not after an early ``return`` of the other ranks, not in a
         function called only under one, and with a path that does not depend on the rank.
+        Also a call, on every rank, of a function of another module of the project (not migrated)
+        that writes such a file itself or through the project functions it calls.
 
     Why:
         N processes writing one file at once interleave or truncate each other's bytes; a reader

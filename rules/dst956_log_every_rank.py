@@ -24,6 +24,8 @@ class LogEveryRank(AuditCheck):
         speaks (a rank or device in the message or name). A bar with a ``disable=`` that reads
         the rank, a tracker with a ``mode=`` that does, and a print whose statement also makes
         a collective (DST911 reports it) are fine.
+        Also a call on the training path, on every rank, of a function of another module of the
+        project (not migrated) that prints itself or through the project functions it calls.
 
     Why:
         Every rank runs the same loop: each epoch line is printed N times, N progress bars fight
