@@ -451,9 +451,17 @@ def canonical(text: str, known: Set[str]) -> str:
     flat = ast.unparse(_MergeGuards().visit(ast.parse(text)))
     seen: Dict[str, str] = {}
     out = []
+    def number(name: str) -> str:
+        if name in known or keyword.iskeyword(name):
+            return name
+        return seen.setdefault(name, f"_new{len(seen) + 1}")
+
     for t in tokenize.generate_tokens(io.StringIO(flat).readline):
         s = t.string
-        if t.type == tokenize.NAME and s not in known and not keyword.iskeyword(s):
-            s = seen.setdefault(s, f"_new{len(seen) + 1}")
+        if t.type == tokenize.NAME:
+            s = number(s)
+        elif t.type == tokenize.STRING and re.match(r"[rRbBuU]*[fF]", s):
+            # before Python 3.12 an f-string is one token: the names in its fields are numbered too
+            s = re.sub(r"[A-Za-z_][A-Za-z0-9_]*", lambda m: number(m.group(0)), s)
         out.append((t.type, s))
     return tokenize.untokenize(out)

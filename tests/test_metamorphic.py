@@ -29,9 +29,13 @@ from test_fixtures import BACKENDS, FIXTURES, _options
 TRANSFORMS = ("neutral", "misleading", "comments")
 
 # Cases known to fail, each with the spelling decision still behind it (issue #21, item 3); an entry
-# that starts passing fails the run (strict xfail), so the list cannot go stale. Empty: every
-# decision the fixtures meet is made from a fact.
-KNOWN_FAILURES: dict = {}  # "<group>/<case>" -> (the transformations that fail, why)
+# that starts passing fails the run (strict xfail), so the list cannot go stale.
+KNOWN_FAILURES: dict = {  # "<group>/<case>" -> (the transformations that fail, why)
+    "corpus/hf_style_local": (("neutral",), (
+        "DST121 skips methods called on the sharded model by name prefix (HOUSEKEEPING: save_, from_, ...) "
+        "also for a class of the script's own: renamed, its own save method is registered as a forward method"
+    )),
+}
 
 
 def cases():
