@@ -254,6 +254,15 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
     # the audit: the rewritten module, analysed afresh, must hold the invariants of a correct
     # data-parallel script; its findings are reported against the user's lines
     audited = _audit(analyse(new_module), options, findings, migrated=True, path=path)
+    drift = _drift(audited)
+    if drift:
+        to_source = _line_map(source, output)
+        refusal = [replace(f, line=to_source(f.line), message=f"{f.message}: file not migrated") for f in drift]
+        kept = [f for f in findings if f.kind == "warning"] + refusal
+        return MigrationResult(
+            source, source, tuple(sorted(kept, key=lambda f: (f.line, f.col, f.code))), note="not migrated: see warnings",
+            encoding=encoding, refused=True,
+        )
     if audited:
         to_source = _line_map(source, output)
         findings += [replace(f, line=to_source(f.line)) for f in audited]
@@ -322,6 +331,14 @@ def _audit(anatomy, options: Options, prior: Sequence[Finding], migrated: bool =
     for check in checks:
         check.apply(ctx)
     return [f for f in ctx.findings if f.kind == "warning"]
+
+
+def _drift(audited: Sequence[Finding]) -> List[Finding]:
+    """The audit's findings on distify's own output that mean the written script would train wrong
+    in silence (``AuditCheck.refuses_own_output``): such an output is refused, not written."""
+    from distify.rules import BY_CODE
+
+    return [f for f in audited if getattr(BY_CODE.get(f.code), "refuses_own_output", False)]
 
 
 def _line_map(old: bytes, new: bytes):

@@ -492,6 +492,10 @@ class AuditCheck(Rule):
     audit = True
     checks_distributed = True
     needs_distributed = True
+    # True for a check whose finding on distify's *own* output means the rewritten script would
+    # train wrong with no error (the replicas drift apart): the engine then refuses the file
+    # (exit 3) instead of writing it with a warning
+    refuses_own_output = False
 
     def apply(self, ctx: Context) -> None:
         if self.needs_distributed and ctx.anatomy.flavour is None:

@@ -40,7 +40,14 @@ class UnaveragedOptimizer(AuditCheck):
         optimizer = optim.SGD(head.parameters(), lr=0.1)     # DST954: head is not wrapped
 
         fix: put head inside the wrapped module (or wrap it in DDP too)
+
+        When distify's own rewrite of a script would end so (the optimizer steps a module no
+        wrapper owns), the file is refused (exit 3) rather than written with this warning.
     """
+
+    # on distify's own output this finding means the migrated script's replicas would drift apart
+    # from the first step, with no error: the migration is refused instead (exit 3)
+    refuses_own_output = True
 
     code = "DST954"
     name = "unaveraged-optimizer"
