@@ -18,35 +18,29 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper
 
-from distify.facts import (  # noqa: F401 - re-exported
-    Binding, Facts, RepeatedBlocks, all_nodes, arg, dotted, keeps_object, rank_dependent,
-    reads_rank, repeated_blocks, training_call,
+from distify.blocks import RepeatedBlocks, repeated_blocks
+from distify.dataflow import (
+    _loop_var, _parameter_roots, _returns, bound_from_return, iterated_refs, ref_text, return_slot,
 )
-from distify.walk import walk
-from distify.names import (  # noqa: F401 - re-exported
-    IMPLICIT_MODULES, resolve, row_of, seeds_sharded, star_import, unwrapped,
+from distify.facts import Binding, Facts
+from distify.model_build import (
+    _SAME_MODULE, _compiled_alias, _find_model, moves_to_device, through_compile, through_data_parallel,
+)
+from distify.names import resolve, unwrapped
+from distify.rank import reads_rank
+from distify.records import (
+    BatchLoop, CallSite, DATALOADER, DDP, DIST_SAMPLER, ENV_RANK_VARS, EpochLoop, FSDP1, FULLY_SHARD,
+    INIT_PG, Loader, Model, NOT_OPTIMIZERS, Optimizer, SAVE, Scope, Stmt, _Collector, _all_functions,
+    assigned_name, positions,
 )
 from distify.standalone import find_block
-from distify.data_sources import foreign_loaders, untraced_sources  # noqa: F401 - also re-exported
-from distify.dataflow import (  # noqa: F401 - also re-exported
-    _loop_var, _parameter_roots, _returns, bound_from_return, iterated_ref, iterated_refs, ref_text,
-    return_slot,
+from distify.syntax import arg, dotted
+from distify.training import (
+    body_trains, endless_loop, generator_passes, keyed_loop, loader_family, comprehension_consumers,
+    next_consumers, stepped_names, steps_parameters, training_functions, trains_for_key,
 )
-from distify.model_build import (  # noqa: F401 - also re-exported
-    COMPILE, _SAME_MODULE, _compiled_alias, _find_model, compiled_module, compiles_model,
-    data_parallel_module, moves_model, moves_to_device, through_compile, through_data_parallel,
-)
-from distify.records import (  # noqa: F401 - also re-exported
-    BatchLoop, COLLECTIVES, CallSite, DATALOADER, DATA_PARALLEL, DDP, DEVICE, DIST_SAMPLER,
-    ENV_RANK_VARS, EpochLoop, FSDP1, FULLY_SHARD, INIT_PG, LOAD, LOGGING_BASIC_CONFIG, Loader,
-    MAKEDIRS, MODULE_API, Model, NOT_OPTIMIZERS, Optimizer, SAVE, STATE_API,
-    SUMMARY_WRITER, Scope, Stmt, TQDM, _Collector, _all_functions, assigned_name, positions,
-)
+from distify.walk import walk
 from distify.writes import library_method_write, own_method_names
-from distify.training import (  # noqa: F401 - also re-exported
-    body_trains, endless_loop, generator_passes, global_draws, keyed_loop, loader_family,
-    comprehension_consumers, next_consumers, stepped_names, steps_parameters, training_functions, trains_for_key,
-)
 
 
 @dataclass(eq=False)
@@ -145,7 +139,7 @@ class Anatomy:
 
     def repeated_blocks(self, model: "Model") -> List[RepeatedBlocks]:
         """The repeated-block containers of a model whose class this file defines (see
-        ``distify.facts.repeated_blocks``): what FSDP shards one by one before the root."""
+        ``distify.blocks.repeated_blocks``): what FSDP shards one by one before the root."""
         cls = self.model_class(model)
         if cls is None:
             return []

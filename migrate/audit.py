@@ -18,8 +18,10 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from distify.anatomy import DDP, DIST_SAMPLER, FSDP1, FULLY_SHARD, Anatomy, CallSite, Loader, arg, dotted, ref_text
-from distify.facts import all_nodes
+from distify.anatomy import Anatomy
+from distify.dataflow import ref_text
+from distify.records import DDP, DIST_SAMPLER, FSDP1, FULLY_SHARD, CallSite, Loader
+from distify.syntax import arg, dotted, all_nodes
 
 AUDIT_CODES = tuple(f"DST95{i}" for i in range(10))
 
@@ -98,7 +100,7 @@ def _same_modules(a: Anatomy, names: Set[str]) -> Set[str]:
     """`names` and the names bound to the same module objects: `raw_model = model`,
     `model = torch.compile(raw)` (the compiled module shares the plain one's parameters),
     `model = net.to(device)`."""
-    from distify.anatomy import through_compile
+    from distify.model_build import through_compile
     from distify.facts import SELF_RETURNING
 
     pairs = []

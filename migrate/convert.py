@@ -21,14 +21,13 @@ from typing import TYPE_CHECKING, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from distify.anatomy import (
-    DDP, DIST_SAMPLER, FSDP1, FULLY_SHARD, INIT_PG, Anatomy, CallSite, arg, assigned_name, dotted,
-)
+from distify.anatomy import Anatomy
+from distify.records import DDP, DIST_SAMPLER, FSDP1, FULLY_SHARD, INIT_PG, CallSite, assigned_name
+from distify.syntax import arg, dotted, call_statement
 from distify.edits import ApplyEdits
 from distify.findings import Finding
 from distify.options import BACKENDS, Options
 from distify.standalone import find_block
-from distify.syntax import call_statement
 from distify.grad_values import gradient_value
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Set
 
 import libcst as cst
 
-from distify.facts import all_nodes, dotted
+from distify.syntax import all_nodes, dotted
 from distify.library import known
 from distify.names import row_of, seeds_sharded, star_import
 from distify.rank import RANK_ENV

@@ -8,8 +8,8 @@ from typing import List, Optional
 
 import libcst as cst
 
-from distify.facts import arg, dotted, training_call
-from distify.syntax import by_node
+from distify.facts import training_call
+from distify.syntax import arg, dotted, by_node
 from distify.walk import preorder, walk
 from distify.names import row_of
 

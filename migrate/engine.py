@@ -384,7 +384,7 @@ def _check_syntax(source: bytes) -> None:
 def _unsharded_fsdp_output(anatomy, options: Options) -> bool:
     """distify's own --backend fsdp output in which no model could be sharded (DST905 said why): it
     has a process group and samplers but no wrapper, which reads as "ddp"; it is not converted."""
-    from distify.anatomy import DDP
+    from distify.records import DDP
 
     return (
         options.backend == FSDP_BACKEND

@@ -14,8 +14,7 @@ from typing import Dict, FrozenSet, Iterator, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from distify.blocks import RepeatedBlocks, repeated_blocks  # noqa: F401 - re-exported
-from distify.rank import branch_of, rank_dependent, reads_rank  # noqa: F401 - reads_rank re-exported
+from distify.rank import branch_of, rank_dependent
 from distify.grad_values import gradient_names
 from distify.rank_flow import made_from_rank, process_calls, rank_flow
 from distify.syntax import Scope, _number, all_nodes, by_node, arg, contains_node, dotted, header_names, names
@@ -584,7 +583,4 @@ def uses(scope: Scope, name: str) -> Iterator[Tuple[cst.CSTNode, Tuple[cst.CSTNo
     yield from visit(scope, (), False)
 
 
-__all__ = [
-    "Binding", "Facts", "all_nodes", "arg", "branch_of", "contains_node", "dotted", "header_names",
-    "keeps_object", "names", "rank_dependent", "stmt_bindings", "uses",
-]
+__all__ = ["Binding", "Facts", "keeps_object", "stmt_bindings", "uses"]

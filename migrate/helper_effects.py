@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from distify.facts import all_nodes
+from distify.syntax import all_nodes
 from distify.library import TABLE, known
 from distify.records import CallSite
 from distify.writes import file_write, own_method_names, terminal_print

@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import libcst as cst
 
-from distify.facts import all_nodes, dotted
+from distify.syntax import all_nodes, dotted
 
 
 DEVICE_CALLS = frozenset({"torch.device"})

@@ -8,7 +8,7 @@ from typing import Optional
 
 import libcst as cst
 
-from distify.facts import arg, dotted
+from distify.syntax import arg, dotted
 from distify.model_state import final_place
 from distify.records import DATA_PARALLEL, Model, Optimizer, _Collector
 

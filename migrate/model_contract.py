@@ -25,7 +25,8 @@ from typing import Dict, List, Optional, Set
 
 import libcst as cst
 
-from distify.facts import Facts, all_nodes, dotted, training_call
+from distify.facts import Facts, training_call
+from distify.syntax import all_nodes, dotted
 from distify.walk import children
 
 CHECKPOINTS = frozenset({

@@ -27,7 +27,8 @@ from typing import Callable, Iterable, List, Optional, Sequence
 
 import libcst as cst
 
-from distify.facts import Facts, all_nodes, dotted, training_call
+from distify.facts import Facts, training_call
+from distify.syntax import all_nodes, dotted
 
 # nn.Module methods that rewrite the parameters they are called on (or below)
 INIT_METHODS = frozenset({"apply", "reset_parameters", "to_empty"})
@@ -63,7 +64,7 @@ def changes_in(
     """What `stmt` (with the statements nested in it, not the functions it defines) does to the
     modules or optimizers named `roots`, including through the script's own functions it calls
     with one of them as an argument."""
-    from distify.anatomy import compiles_model, moves_model  # noqa: E402 - the anatomy imports this module
+    from distify.model_build import compiles_model, moves_model  # model_build imports this module: import it late
 
     out: List[Change] = []
     scope = facts.stmt_scope.get(stmt)

@@ -16,7 +16,7 @@ from typing import Callable, Collection, Dict, Optional, Sequence
 
 import libcst as cst
 
-from distify.facts import arg, dotted
+from distify.syntax import arg, dotted
 from distify.library import Known, known
 
 # modules distify may import into a script that uses them without importing them

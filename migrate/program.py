@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 
 import libcst as cst
 
-from distify.facts import dotted
+from distify.syntax import dotted
 from distify.library import known
 from distify.names import resolve
 from distify.project import MAX_BYTES, Project, ProjectModule, read_ast

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import libcst as cst
 
-from distify.facts import dotted
+from distify.syntax import dotted
 from distify.findings import Finding
 from distify.program import Program, program_of, reached
 from distify.project import ProjectModule

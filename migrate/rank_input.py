@@ -19,8 +19,8 @@ import libcst as cst
 
 from distify.audit import feeding_loaders
 from distify.data_sources import foreign_loaders, untraced_sources
-from distify.facts import all_nodes, training_call
-from distify.syntax import arg
+from distify.facts import training_call
+from distify.syntax import all_nodes, arg
 
 if TYPE_CHECKING:
     from distify.anatomy import Anatomy

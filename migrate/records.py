@@ -11,7 +11,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from distify.facts import dotted
+from distify.syntax import dotted
 from distify.library import PROGRESS_BARS, names_of
 from distify.names import resolve
 from distify.positions import ranges

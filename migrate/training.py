@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Set, 
 
 import libcst as cst
 
-from distify.facts import arg, dotted, training_call
+from distify.facts import training_call
+from distify.syntax import arg, dotted
 from distify.names import row_of
 from distify.walk import walk
 from distify.dataflow import _contains, _data_of, _is_training_body, _parameter_roots, iterated_refs, ref_text

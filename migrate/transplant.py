@@ -24,7 +24,7 @@ from typing import Dict, Optional
 
 import libcst as cst
 
-from distify.facts import names
+from distify.syntax import names
 
 
 def spell_in(a, expr: cst.BaseExpression, where: cst.CSTNode, target) -> Optional[cst.BaseExpression]:

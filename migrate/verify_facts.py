@@ -48,8 +48,9 @@ class ScriptFacts:
 def script_facts(text: str, path: str = "") -> ScriptFacts:
     import libcst as cst
 
-    from distify.anatomy import analyse, positions
-    from distify.facts import dotted
+    from distify.anatomy import analyse
+    from distify.records import positions
+    from distify.syntax import dotted
 
     try:
         module = cst.parse_module(text)

@@ -11,9 +11,11 @@ from typing import Dict, FrozenSet, List, Optional
 
 import libcst as cst
 
-from distify.anatomy import COLLECTIVES, Anatomy, CallSite, arg, dotted
+from distify.anatomy import Anatomy
+from distify.records import COLLECTIVES, CallSite
+from distify.syntax import arg, dotted
 from distify.edits import EditSet, parse_stmts
-from distify.facts import all_nodes
+from distify.syntax import all_nodes
 from distify.model_state import last_within
 
 from distify.findings import Finding  # import-light, so that a cached run can report without libcst
@@ -168,7 +170,7 @@ class Context:
     # tree helpers ---------------------------------------------------------------------------
     def in_rank_guard(self, stmt: cst.CSTNode) -> bool:
         """True when the statement already sits under an `if` that tests the rank (the anatomy's
-        one notion of a rank condition, ``distify.facts.rank_dependent``)."""
+        one notion of a rank condition, ``distify.rank.rank_dependent``)."""
         return self.anatomy.in_rank_guard(stmt)
 
     def enclosing_if(self, stmt: cst.CSTNode) -> Optional[cst.If]:

@@ -6,7 +6,8 @@ from typing import Optional
 
 import libcst as cst
 
-from distify.anatomy import DEVICE, arg
+from distify.records import DEVICE
+from distify.syntax import arg
 from distify.meaning import device_name, device_param
 from distify.rules.base import Context, Rule, binds_locally
 

@@ -6,7 +6,9 @@ from typing import Optional
 
 import libcst as cst
 
-from distify.anatomy import DDP, assigned_name, dotted, moves_to_device, through_compile, through_data_parallel
+from distify.model_build import moves_to_device, through_compile, through_data_parallel
+from distify.records import DDP, assigned_name
+from distify.syntax import dotted
 from distify.model_contract import forward_gaps, training_freezes
 from distify.model_state import moved
 from distify.rules.base import DDP_BACKEND, Context, Rule

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import MODULE_API, STATE_API, dotted
+from distify.records import MODULE_API, STATE_API
+from distify.syntax import dotted
 from distify.meaning import copies_argument, pickled_members
 from distify.rules.base import DDP_BACKEND, Context, Rule, reaching_scopes
 from distify.walk import walk

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.facts import all_nodes, contains_node
+from distify.syntax import all_nodes, contains_node
 from distify.model_state import INIT, LOAD, before_training, changes_in
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule
 

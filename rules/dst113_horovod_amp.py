@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import dotted
+from distify.syntax import dotted
 from distify.gradients import gradient_reads_before, reads_gradients
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, call_statement
 

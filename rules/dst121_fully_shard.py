@@ -6,8 +6,10 @@ from typing import List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
-from distify.anatomy import COMPILE, Model, assigned_name, compiled_module, compiles_model, dotted
-from distify.facts import all_nodes, names, stmt_bindings
+from distify.model_build import COMPILE, compiled_module, compiles_model
+from distify.records import Model, assigned_name
+from distify.syntax import dotted, all_nodes, names
+from distify.facts import stmt_bindings
 from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
 
 # FSDP2's sharding call (public since torch 2.6; `_composable.fsdp` is where it lived before)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import Loader, arg, dotted, foreign_loaders
+from distify.data_sources import foreign_loaders, is_iterable_dataset
+from distify.records import Loader
+from distify.syntax import arg, dotted, all_nodes
 from distify.siblings import find_builder
-from distify.syntax import all_nodes
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, loader_stem
 from distify.rules.eval_plan import eval_plans, shard_eval_enabled
-from distify.data_sources import is_iterable_dataset
 
 
 class DistributedSamplerRule(Rule):

@@ -6,7 +6,8 @@ from typing import Optional
 
 import libcst as cst
 
-from distify.anatomy import dotted, endless_loop
+from distify.syntax import dotted
+from distify.training import endless_loop
 from distify.rules.base import Context, Rule
 from distify.walk import walk
 

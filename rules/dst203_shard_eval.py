@@ -6,7 +6,8 @@ from typing import Set
 
 import libcst as cst
 
-from distify.anatomy import Loader, assigned_name, dotted
+from distify.records import Loader, assigned_name
+from distify.syntax import dotted
 from distify.rules.base import Context, Rule, add_kwarg, loader_stem
 from distify.rules.eval_plan import CODE, eval_plans
 

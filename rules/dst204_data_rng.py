@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import dotted, global_draws
+from distify.syntax import dotted
+from distify.training import global_draws
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule
 from distify.walk import walk
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import Anatomy, CallSite, arg, assigned_name
+from distify.anatomy import Anatomy
+from distify.records import CallSite, assigned_name
+from distify.syntax import arg
 from distify.names import library_calls, seeds_sharded
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule
 

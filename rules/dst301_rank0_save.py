@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from distify.anatomy import SAVE
+from distify.records import SAVE
 from distify.rules.base import Context, Rule, call_statement
 
 

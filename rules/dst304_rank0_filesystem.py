@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from distify.anatomy import MAKEDIRS
+from distify.records import MAKEDIRS, LOAD
 import libcst as cst
 
-from distify.anatomy import LOAD, arg, dotted
+from distify.syntax import arg, dotted, all_nodes
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, call_statement
 from distify.rank import follows_barrier
-from distify.syntax import all_nodes
 from distify.walk import walk
 
 FILE_WRITES = {

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import LOGGING_BASIC_CONFIG, SUMMARY_WRITER, dotted
-from distify.facts import all_nodes
+from distify.records import LOGGING_BASIC_CONFIG, SUMMARY_WRITER
+from distify.syntax import dotted, all_nodes
 from distify.rules.base import Context, Rule, add_kwarg, call_statement, kwarg_value
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import LOAD, SAVE, arg, assigned_name
+from distify.records import LOAD, SAVE, assigned_name
+from distify.syntax import arg, all_nodes
 from distify.edits import Put
 from distify.rank import follows_barrier
-from distify.syntax import all_nodes
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, kwarg_value
 
 

@@ -7,7 +7,9 @@ from typing import Dict, List, Optional, Tuple
 
 import libcst as cst
 
-from distify.anatomy import COMPILE, LOAD, SAVE, assigned_name, dotted
+from distify.model_build import COMPILE
+from distify.records import LOAD, SAVE, assigned_name
+from distify.syntax import dotted
 from distify.edits import Put
 from distify.rules.base import FSDP_BACKEND, Context, Rule, kwarg_value, reaching_scopes
 from distify.facts import optimizer_keeps_tensors

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import arg
+from distify.syntax import arg, contains_node
 from distify.library import WORLD_SIZE
-from distify.syntax import contains_node
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule
 
 

@@ -6,8 +6,7 @@ from typing import List, Optional, Tuple
 
 import libcst as cst
 
-from distify.anatomy import dotted
-from distify.facts import all_nodes
+from distify.syntax import dotted, all_nodes
 from distify.names import row_of
 from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, Context, Rule, method_calls_in, names_in, reaching_scopes
 from distify.walk import walk

@@ -7,7 +7,8 @@ from typing import List, Optional
 
 import libcst as cst
 
-from distify.anatomy import CallSite, EpochLoop, arg
+from distify.records import CallSite, EpochLoop
+from distify.syntax import arg
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, call_statement
 
 SEEDERS = {"torch.manual_seed"}

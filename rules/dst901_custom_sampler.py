@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import DIST_SAMPLER, arg
-from distify.facts import all_nodes
+from distify.records import DIST_SAMPLER
+from distify.syntax import arg, all_nodes
 from distify.data_sources import built_classes, splits_itself
 from distify.rules.base import Context, Rule
 

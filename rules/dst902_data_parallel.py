@@ -6,7 +6,9 @@ from typing import Dict, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
-from distify.anatomy import DATA_PARALLEL, Model, data_parallel_module, dotted
+from distify.model_build import data_parallel_module
+from distify.records import DATA_PARALLEL, Model
+from distify.syntax import dotted
 from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, HOROVOD_BACKEND, Context, Rule, reaching_scopes
 from distify.walk import children
 from distify.library import LOGGER_FACTORIES, LOGGING_MODULES

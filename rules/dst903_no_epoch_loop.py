@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import arg
+from distify.syntax import arg
 from distify.rules.base import Context, Rule
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import DEVICE
+from distify.records import DEVICE
 from distify.rules.base import Context, Rule
 from distify.walk import walk
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from distify.anatomy import arg
+from distify.syntax import arg
 from distify.rules.base import Context, Rule
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import COMPILE, assigned_name, compiled_module, dotted
+from distify.model_build import COMPILE, compiled_module
+from distify.records import assigned_name
+from distify.syntax import dotted
 from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, Context, Rule
 
 

@@ -6,9 +6,11 @@ from typing import Dict, List, Set
 
 import libcst as cst
 
-from distify.anatomy import COLLECTIVES, FSDP1, Anatomy, dotted
+from distify.anatomy import Anatomy
+from distify.records import COLLECTIVES, FSDP1
+from distify.syntax import dotted
 from distify.audit import assigned_to, sharded_models
-from distify.facts import branch_of
+from distify.rank import branch_of
 from distify.rules.base import Context, Rule
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import dotted
+from distify.syntax import dotted
 from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
 
 PARAMETER_ATTRS = frozenset({"weight", "bias"})
@@ -108,7 +108,7 @@ def _root_gathered(a, model, name: str, attr: cst.Attribute, scope, stmt) -> boo
 
 def _called_first(call: cst.Call, attr: cst.Attribute, stmt) -> bool:
     """The model call comes before the parameter read in the statement's evaluation (left to right)."""
-    from distify.facts import all_nodes
+    from distify.syntax import all_nodes
 
     order = [n for n in all_nodes(stmt) if n is call or n is attr]
     return bool(order) and order[0] is call

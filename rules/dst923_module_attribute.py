@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import dotted
+from distify.syntax import dotted
 from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
 
 

@@ -6,8 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from distify.anatomy import dotted
-from distify.facts import all_nodes
+from distify.syntax import dotted, all_nodes
 from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
 from distify.meaning import copies_argument, pickled_members
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.anatomy import Anatomy
-from distify.facts import all_nodes, training_call
+from distify.facts import training_call
+from distify.syntax import all_nodes
 from distify.rules.base import AuditCheck, Context
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import Anatomy, dotted, foreign_loaders, untraced_sources
+from distify.anatomy import Anatomy
+from distify.data_sources import foreign_loaders, untraced_sources, is_iterable_dataset
+from distify.syntax import dotted
 from distify.audit import feeding_loaders, sampler_of
 from distify.rules.base import AuditCheck, Context
-from distify.data_sources import is_iterable_dataset
 
 
 class UnshardedLoader(AuditCheck):

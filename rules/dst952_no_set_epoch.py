@@ -6,7 +6,9 @@ from typing import Set
 
 import libcst as cst
 
-from distify.anatomy import Anatomy, arg, ref_text
+from distify.anatomy import Anatomy
+from distify.dataflow import ref_text
+from distify.syntax import arg
 from distify.audit import assigned_to, feeding_loaders, sampler_of
 from distify.rules.base import AuditCheck, Context
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import Anatomy, arg, dotted
+from distify.anatomy import Anatomy
+from distify.syntax import arg, dotted
 from distify.audit import loader_loops, sampler_of, sharded_models
 from distify.rules.base import AuditCheck, Context
 

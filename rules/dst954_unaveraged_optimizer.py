@@ -6,10 +6,10 @@ from typing import Set
 
 import libcst as cst
 
-from distify.anatomy import COLLECTIVES, DDP, Anatomy, arg, dotted
+from distify.anatomy import Anatomy
+from distify.records import COLLECTIVES, DDP, FULLY_SHARD
+from distify.syntax import arg, dotted, all_nodes
 from distify.audit import FSDP, HVD_OPTIMIZER, _same_modules, wrapped_models
-from distify.anatomy import FULLY_SHARD
-from distify.facts import all_nodes
 from distify.rules.base import AuditCheck, Context
 from distify.grad_values import gradient_value
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from distify.anatomy import SUMMARY_WRITER, TQDM, Anatomy, arg
+from distify.anatomy import Anatomy
+from distify.records import SUMMARY_WRITER, TQDM
+from distify.syntax import arg
 from distify.helper_effects import advice, unguarded_helper_calls
 from distify.writes import terminal_print
 from distify.rules.base import AuditCheck, Context

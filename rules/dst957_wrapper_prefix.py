@@ -6,9 +6,10 @@ from typing import Dict, List, Set, Tuple
 
 import libcst as cst
 
-from distify.anatomy import DDP, FULLY_SHARD, SAVE, Anatomy, arg, dotted
+from distify.anatomy import Anatomy
+from distify.records import DDP, FULLY_SHARD, SAVE
+from distify.syntax import arg, dotted, all_nodes
 from distify.audit import assigned_to, sharded_models
-from distify.facts import all_nodes
 from distify.rules.base import AuditCheck, Context
 
 

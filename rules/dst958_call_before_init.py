@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.anatomy import INIT_PG, Anatomy
+from distify.anatomy import Anatomy
+from distify.records import INIT_PG
 from distify.rules.base import AuditCheck, Context
 
 HVD_INIT = {"horovod.torch.init"}

@@ -6,8 +6,9 @@ from typing import List, Set, Tuple
 
 import libcst as cst
 
-from distify.anatomy import Anatomy, CallSite, dotted
-from distify.facts import all_nodes
+from distify.anatomy import Anatomy
+from distify.records import CallSite
+from distify.syntax import dotted, all_nodes
 from distify.library import known
 from distify.names import qualified, star_import
 from distify.rules.base import Context, Rule

@@ -13,8 +13,10 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
-from distify.anatomy import CallSite, Loader, arg, assigned_name, dotted, iterated_ref
-from distify.facts import all_nodes, header_names, names, uses
+from distify.dataflow import iterated_ref
+from distify.records import CallSite, Loader, assigned_name
+from distify.syntax import arg, dotted, all_nodes, header_names, names
+from distify.facts import uses
 from distify.library import names_of
 from distify.rules.base import FSDP_BACKEND, HOROVOD_BACKEND, Context, binds_locally, hoistable_argument
 from distify.data_sources import is_iterable_dataset

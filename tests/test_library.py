@@ -198,7 +198,8 @@ def test_control_an_unpadded_split_is_caught():
 def test_endless_loop_is_the_library_iterable_not_the_spelling(code, endless):
     """`for batches in again(loader):` is a loop around passes only when `again` is itertools'
     repeat/count/cycle; a function of the script's own that merely shares a name is not."""
-    from distify.anatomy import analyse, endless_loop
+    from distify.anatomy import analyse
+    from distify.training import endless_loop
 
     module = cst.parse_module(code + "for batches in again(loader):\n    pass\n")
     a = analyse(module)

@@ -18,7 +18,7 @@ import pytest
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from distify import edits as edits_module
-from distify.anatomy import _Collector, positions
+from distify.records import _Collector, positions
 from distify.engine import migrate_source
 from distify.rules.base import Options
 from distify.walk import TRIVIA, children, preorder, walk
