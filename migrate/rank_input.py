@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import libcst as cst
 
-from distify.audit import feeding_loaders
+from distify.parallel import feeding_loaders
 from distify.data_sources import foreign_loaders, untraced_sources
 from distify.facts import training_call
 from distify.syntax import all_nodes, arg

@@ -9,7 +9,7 @@ import libcst as cst
 from distify.anatomy import Anatomy
 from distify.records import COLLECTIVES, FSDP1
 from distify.syntax import dotted
-from distify.audit import assigned_to, sharded_models
+from distify.parallel import assigned_to, sharded_models
 from distify.rank import branch_of
 from distify.rules.base import Context, Rule
 

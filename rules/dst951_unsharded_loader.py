@@ -7,7 +7,7 @@ import libcst as cst
 from distify.anatomy import Anatomy
 from distify.data_sources import foreign_loaders, untraced_sources, is_iterable_dataset
 from distify.syntax import dotted
-from distify.audit import feeding_loaders, sampler_of
+from distify.parallel import feeding_loaders, sampler_of
 from distify.rules.base import AuditCheck, Context
 
 

@@ -9,7 +9,7 @@ import libcst as cst
 from distify.anatomy import Anatomy
 from distify.dataflow import ref_text
 from distify.syntax import arg
-from distify.audit import assigned_to, feeding_loaders, sampler_of
+from distify.parallel import assigned_to, feeding_loaders, sampler_of
 from distify.rules.base import AuditCheck, Context
 
 

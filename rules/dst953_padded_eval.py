@@ -6,7 +6,7 @@ import libcst as cst
 
 from distify.anatomy import Anatomy
 from distify.syntax import arg, dotted
-from distify.audit import loader_loops, sampler_of, sharded_models
+from distify.parallel import loader_loops, sampler_of, sharded_models
 from distify.rules.base import AuditCheck, Context
 
 

@@ -9,7 +9,7 @@ import libcst as cst
 from distify.anatomy import Anatomy
 from distify.records import DDP, FULLY_SHARD, SAVE
 from distify.syntax import arg, dotted, all_nodes
-from distify.audit import assigned_to, sharded_models
+from distify.parallel import assigned_to, sharded_models
 from distify.rules.base import AuditCheck, Context
 
 

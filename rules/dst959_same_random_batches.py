@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from distify.anatomy import Anatomy
 from distify.syntax import arg
-from distify.audit import feeding_loaders
+from distify.parallel import feeding_loaders
 from distify.rank_input import INDEX_DRAWS as DRAWS, seeded_per_rank
 from distify.rules.base import AuditCheck, Context
 
