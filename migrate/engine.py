@@ -254,7 +254,8 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
     # the audit: the rewritten module, analysed afresh, must hold the invariants of a correct
     # data-parallel script; its findings are reported against the user's lines
     audited = _audit(analyse(new_module), options, findings, migrated=True, path=path)
-    drift = _drift(audited)
+    # a partial migration the user asked for (--select / --ignore) is written with its warnings
+    drift = _drift(audited) if not (options.select or options.ignore) else []
     if drift:
         to_source = _line_map(source, output)
         refusal = [replace(f, line=to_source(f.line), message=f"{f.message}: file not migrated") for f in drift]

@@ -20,6 +20,7 @@ import libcst as cst
 from distify.syntax import all_nodes
 from distify.library import TABLE, known
 from distify.records import CallSite
+from distify.syntax import dotted
 from distify.writes import file_write, own_method_names, terminal_print
 
 if TYPE_CHECKING:  # the program model is loaded only when a script calls into its project
@@ -137,3 +138,32 @@ def advice(c: CallSite, t: Target, e: Effect) -> str:
     via = "" if e.where.endswith(t.where) else f" through {e.where}"
     return (f"{t.qualname.rsplit('.', 1)[-1]}() in {t.where} {verb} ({e.what}{via}) on every rank; guard the call "
             f"with `if runtime.is_main_process():` or let distify migrate {file}")
+
+
+def loaders_handed_to_training(a, path: Optional[str], options) -> List[Tuple[object, CallSite, Target]]:
+    """Loaders of the script analysed as `a` (at `path`) that a call hands, as an argument, to a
+    function of the user's project that trains (``simclr.train(train_loader)``): their batches
+    reach training in code this analysis did not join, so a missing sampler is not seen by the
+    loops of this module."""
+    if not path or not a.loaders:
+        return []
+    refs = {}
+    for loader in a.loaders:
+        for scope, ref in loader.refs or [(loader.call.scope, loader.target)]:
+            if ref:
+                refs[(id(scope), ref)] = loader
+    from distify.program import program_of, reached
+
+    out = []
+    for c in a.calls:
+        if c.qualname is not None and (known(c.qualname) is not None or c.qualname.split(".", 1)[0] in _LIBRARY_ROOTS):
+            continue
+        handed = [refs.get((id(c.scope), dotted(x.value))) for x in c.call.args]
+        handed = [l for l in handed if l is not None]
+        if not handed:
+            continue
+        t = reached(a, path, options, c).target
+        if t is None or not program_of(a).trains(t):
+            continue
+        out += [(l, c, t) for l in handed]
+    return out

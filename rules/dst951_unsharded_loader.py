@@ -9,6 +9,7 @@ from distify.data_sources import foreign_loaders, untraced_sources, is_iterable_
 from distify.syntax import dotted
 from distify.parallel import feeding_loaders, sampler_of
 from distify.rules.base import AuditCheck, Context
+from distify.helper_effects import loaders_handed_to_training
 
 
 class UnshardedLoader(AuditCheck):
@@ -45,7 +46,8 @@ class UnshardedLoader(AuditCheck):
     summary = "audit: a training loader every rank reads whole"
 
     def check(self, ctx: Context, a: Anatomy) -> None:
-        for loader in feeding_loaders(a):
+        feeding = feeding_loaders(a)
+        for loader in feeding:
             has_sampler, _ = sampler_of(a, loader)
             if has_sampler or is_iterable_dataset(ctx.anatomy, loader):
                 continue
@@ -63,6 +65,24 @@ class UnshardedLoader(AuditCheck):
             # what no fact traces, was not sharded by distify; a hand-written script may shard it there
             self._foreign(ctx, a)
             self._untraced(ctx, a)
+            self._handed(ctx, a, feeding)
+
+    def _handed(self, ctx: Context, a: Anatomy, feeding) -> None:
+        """distify's output: a loader of the script handed to a function of the project that
+        trains (``simclr.train(train_loader)``, read through the program model) must be sharded
+        like one the script's own loops read."""
+        seen = set()
+        for loader, call, target in loaders_handed_to_training(a, ctx.plan.script_path, ctx.options):
+            if loader in feeding or id(loader) in seen or sampler_of(a, loader)[0] or is_iterable_dataset(a, loader):
+                continue
+            seen.add(id(loader))
+            ctx.warn(
+                self.code,
+                loader.call.call,
+                f"{loader.target or 'this DataLoader'} is handed to {target.qualname.rsplit('.', 1)[-1]}() "
+                f"({target.where}), which trains on it, but has no distributed sampler: every rank reads "
+                "the whole dataset; pass sampler=DistributedSampler(dataset) and call its set_epoch(epoch) each epoch",
+            )
 
     def _untraced(self, ctx: Context, a: Anatomy) -> None:
         """distify's output: a training loop whose batches no fact traces to a loader (a call of an

@@ -43,7 +43,8 @@ class UnaveragedOptimizer(AuditCheck):
         fix: put head inside the wrapped module (or wrap it in DDP too)
 
         When distify's own rewrite of a script would end so (the optimizer steps a module no
-        wrapper owns), the file is refused (exit 3) rather than written with this warning.
+        wrapper owns), the file is refused (exit 3) rather than written with this warning, unless
+        the user asked for a partial migration (``--select`` / ``--ignore``).
     """
 
     # on distify's own output this finding means the migrated script's replicas would drift apart

@@ -95,3 +95,22 @@ def test_a_rank_handed_to_the_write_makes_it_the_ranks_own_file(tmp_path):
                             'keep({"m": model.state_dict()}, f"ck{torch.distributed.get_rank()}.pt")')
     found = _warnings(tmp_path, script=script)
     assert not [f for f in found if "keep() in" in f[2] and "nested" not in f[2]]
+
+
+@pytest.mark.parametrize("backend", ["ddp", "horovod"])
+def test_a_loader_handed_to_a_project_method_that_trains_is_audited(tmp_path, backend):
+    """SimCLR's layout: the script builds the loader and hands it to `simclr.train(train_loader)`, a
+    method of a project class that owns the epoch loop. Its batches reach training in code the
+    script's loops do not show; left without a sampler, every rank reads all of it: DST951 says so
+    with the method's file and line, instead of a migration that looks complete."""
+    import shutil
+    import subprocess
+    import sys
+
+    home = tmp_path / "proj"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "fixtures" / "corpus" / "projects" / "simclr_trainer_fit", home)
+    done = subprocess.run([sys.executable, "-m", "distify", "train.py", "--backend", backend, "--diff", "--no-cache"],
+                          cwd=home, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr  # --diff previews: nothing written, no refusal
+    said = [l for l in done.stderr.splitlines() if "DST951" in l]
+    assert any("train_loader is handed to train() (simclr.py:" in l and "no distributed sampler" in l for l in said), done.stderr
