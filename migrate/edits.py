@@ -47,6 +47,12 @@ class EditSet:
     def replace(self, node: cst.CSTNode, fn: NodeFn) -> None:
         self.replacements.setdefault(node, []).append(fn)
 
+    def call_around(self, node: cst.BaseExpression, func: str) -> None:
+        """Replace the expression `node` by `func(node)` (`runtime.ShareSampler(sampler)`), the
+        expression as the other edits rewrite it."""
+        call = cst.parse_expression(f"{func}(_)")
+        self.replace(node, lambda n, call=call: call.with_changes(args=[call.args[0].with_changes(value=n)]))
+
     def insert_before(self, stmt: cst.CSTNode, stmts: Sequence[Stmt]) -> None:
         self.before.setdefault(stmt, []).extend(stmts)
 

@@ -70,11 +70,7 @@ class CustomSampler(Rule):
                         "left as it is",
                     )
                     continue
-                share = cst.parse_expression(f"{ctx.runtime}.ShareSampler(_)")
-                ctx.edits.replace(
-                    given.value,
-                    lambda n, share=share: share.with_changes(args=[share.args[0].with_changes(value=n)]),
-                )
+                ctx.edits.call_around(given.value, f"{ctx.runtime}.ShareSampler")
                 ctx.report(
                     self.code,
                     given.value,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import libcst as cst
-
 from distify.data_sources import is_iterable_dataset, reads_shared_stream, splits_itself
 from distify.rules.base import Context, Rule
 
@@ -51,11 +49,7 @@ class IterableDatasetShare(Rule):
                     "the IterableDataset asks for the rank itself: assumed to yield this rank's share; left as it is",
                 )
                 continue
-            share = cst.parse_expression(f"{ctx.runtime}.ShareStream(_)")
-            ctx.edits.replace(
-                loader.dataset,
-                lambda n, share=share: share.with_changes(args=[share.args[0].with_changes(value=n)]),
-            )
+            ctx.edits.call_around(loader.dataset, f"{ctx.runtime}.ShareStream")
             ctx.report(
                 self.code,
                 loader.call.call,
