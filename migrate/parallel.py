@@ -114,12 +114,13 @@ def _root_name(expr: cst.BaseExpression) -> Optional[str]:
 def assigned_to(c: CallSite) -> Optional[str]:
     """The name a statement binds the call's value to, when the call is the whole value."""
     stmt = c.stmt
-    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
-        small = stmt.body[0]
-        if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is c.call:
-            targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
-            if len(targets) == 1:
-                return dotted(targets[0])
+    if isinstance(stmt, cst.SimpleStatementLine):
+        # any statement of the line (`device = ...; model = DDP(net)`), not only a line's only one
+        for small in stmt.body:
+            if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is c.call:
+                targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+                if len(targets) == 1:
+                    return dotted(targets[0])
     return None
 
 
