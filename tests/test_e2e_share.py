@@ -50,7 +50,7 @@ if _SHARE_DIR:
 
         data.BatchSampler.__iter__ = __iter__
         try:
-            from distify.runtime import _share
+            from distify import runtime as _share
         except ImportError:
             _share = None
         if _share is not None:
