@@ -245,12 +245,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
     unbound = [f for r in rules if hasattr(r, "check_output") for f in r.check_output(before, after)]
     if unbound:
         to_source = _line_map(source, output)
-        refusal = [replace(f, line=to_source(f.line)) for f in unbound]
-        kept = [f for f in findings if f.kind == "warning"] + refusal
-        return MigrationResult(
-            source, source, tuple(sorted(kept, key=lambda f: (f.line, f.col, f.code))), note="not migrated: see warnings",
-            encoding=encoding, refused=True,
-        )
+        return _refusal(source, findings, [replace(f, line=to_source(f.line)) for f in unbound], encoding)
     # the audit: the rewritten module, analysed afresh, must hold the invariants of a correct
     # data-parallel script; its findings are reported against the user's lines
     audited = _audit(analyse(new_module), options, findings, migrated=True, path=path)
@@ -258,12 +253,8 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
     drift = _drift(audited) if not (options.select or options.ignore) else []
     if drift:
         to_source = _line_map(source, output)
-        refusal = [replace(f, line=to_source(f.line), message=f"{f.message}: file not migrated") for f in drift]
-        kept = [f for f in findings if f.kind == "warning"] + refusal
-        return MigrationResult(
-            source, source, tuple(sorted(kept, key=lambda f: (f.line, f.col, f.code))), note="not migrated: see warnings",
-            encoding=encoding, refused=True,
-        )
+        return _refusal(source, findings, [replace(f, line=to_source(f.line), message=f"{f.message}: file not migrated")
+                                           for f in drift], encoding)
     if audited:
         to_source = _line_map(source, output)
         findings += [replace(f, line=to_source(f.line)) for f in audited]
@@ -332,6 +323,14 @@ def _audit(anatomy, options: Options, prior: Sequence[Finding], migrated: bool =
     for check in checks:
         check.apply(ctx)
     return [f for f in ctx.findings if f.kind == "warning"]
+
+
+def _refusal(source: bytes, findings: Sequence[Finding], why: Sequence[Finding], encoding: str) -> MigrationResult:
+    """The script left as it was: the rules' warnings and `why` (found on the output that was not
+    written, already against the user's lines), in line order."""
+    kept = [f for f in findings if f.kind == "warning"] + list(why)
+    return MigrationResult(source, source, tuple(sorted(kept, key=lambda f: (f.line, f.col, f.code))),
+                           note="not migrated: see warnings", encoding=encoding, refused=True)
 
 
 def _drift(audited: Sequence[Finding]) -> List[Finding]:

@@ -200,7 +200,7 @@ def finish(v: View, anatomy, ctx, rules, source: bytes, output: bytes, findings:
     from dataclasses import replace
 
     from distify.anatomy import analyse
-    from distify.engine import MigrationResult, _audit, _line_map
+    from distify.engine import MigrationResult, _audit, _line_map, _refusal
 
     mine, theirs = split_findings(v, anatomy, findings)
     outputs = [render(p, ctx.edits) for p in v.parts]
@@ -216,9 +216,7 @@ def finish(v: View, anatomy, ctx, rules, source: bytes, output: bytes, findings:
             to_source = _line_map(before, after)
             unbound += [replace(f, line=to_source(f.line), message=f"{where}: {f.message}" if where else f.message) for f in found]
     if unbound:
-        kept = [f for f in mine if f.kind == "warning"] + unbound
-        return MigrationResult(source, source, tuple(sorted(kept, key=lambda f: (f.line, f.col, f.code))),
-                               note="not migrated: see warnings", encoding=encoding, refused=True)
+        return _refusal(source, mine, unbound, encoding)
     # the audit, on the outputs seen as one module again
     new_parts = []
     for p, out in zip(v.parts, outputs):
