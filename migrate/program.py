@@ -102,6 +102,15 @@ class Program:
                 return self._named(f"{cls_q}.{func.attr.value}", _DEPTH)
         return None
 
+    def function_value(self, unit: Unit, expr: cst.BaseExpression) -> Optional[Target]:
+        """The project function an expression names as a value, not a call: the ``train`` of
+        ``Process(target=train)``, ``mp.spawn(train, ...)`` or ``pool.map(utils.step, ...)``."""
+        if not isinstance(expr, (cst.Name, cst.Attribute)):
+            return None
+        q = resolve(unit.aliases, expr)
+        found = self._named(q, _DEPTH) if q is not None else None
+        return found if isinstance(found, Target) else None
+
     def _instance_of(self, unit: Unit, scope: Scope, name: str, stmt: cst.CSTNode) -> Optional[str]:
         """The qualified name of the project class whose instance `name` holds at `stmt`."""
         b = unit.anatomy.facts.reaching_binding(scope, name, stmt)
@@ -263,16 +272,31 @@ def reached(anatomy, path: Optional[str], options, site: CallSite) -> Reached:
     (``options.project_root`` / ``options.exclude`` bound it); an empty answer without a path."""
     if not path:
         return Reached()
-    cache = anatomy.__dict__.setdefault("_program", {})
-    if "model" not in cache:
-        prog, mod = for_script(path, getattr(options, "project_root", None), tuple(getattr(options, "exclude", ())))
-        cache["model"] = (prog, prog.adopt(mod, anatomy))
-    prog, unit = cache["model"]
+    prog, unit = _model(anatomy, path, options)
     target = prog.target(unit, site.call, site.scope, site.stmt)
     if target is not None:
         return Reached(target=target)
     q = resolve(unit.aliases, site.call.func)
     return Reached(outside=prog.project.outside(q)) if q else Reached()
+
+
+def handed_functions(anatomy, path: Optional[str], options, site: CallSite) -> List[Target]:
+    """The project functions `site` is handed as values (``Process(target=train)``): code that the
+    callee runs, found through the same program model as `reached`; empty without a path."""
+    values = [a.value for a in site.call.args if isinstance(a.value, (cst.Name, cst.Attribute))]
+    if not path or not values:
+        return []
+    prog, unit = _model(anatomy, path, options)
+    return [t for t in (prog.function_value(unit, v) for v in values) if t is not None]
+
+
+def _model(anatomy, path: str, options) -> Tuple[Program, Unit]:
+    """The program model around the script at `path`, built once per anatomy."""
+    cache = anatomy.__dict__.setdefault("_program", {})
+    if "model" not in cache:
+        prog, mod = for_script(path, getattr(options, "project_root", None), tuple(getattr(options, "exclude", ())))
+        cache["model"] = (prog, prog.adopt(mod, anatomy))
+    return cache["model"]
 
 
 def program_of(anatomy) -> Optional[Program]:

@@ -46,7 +46,10 @@ class TrainingElsewhere(Rule):
         backward = any(isinstance(c.call.func, cst.Attribute) and c.call.func.attr.value == "backward" for c in a.calls)
         optimizers = [c for c in a.calls if _builds_optimizer(c)]
         if not optimizers and not backward:
-            return  # a data or evaluation script: nothing says it trains
+            # a data or evaluation script, unless it hands a training function of the project to
+            # code that runs it (hogwild's `mp.Process(target=train, args=(...))`)
+            self._started_elsewhere(ctx)
+            return
         loaders, built = _training_objects(a)
         # the call handed a loader first (`simclr.train(train_loader)`), else one handed an optimizer
         for site in sorted(a.calls, key=lambda c: not _hands_over(a, c, loaders)):
@@ -86,6 +89,8 @@ class TrainingElsewhere(Rule):
                     kind="note",
                 )
                 return
+        if self._started_elsewhere(ctx):
+            return
         what = "an optimizer" if optimizers else "backward()"
         ctx.report(
             self.code,
@@ -93,6 +98,28 @@ class TrainingElsewhere(Rule):
             f"left unchanged: this file uses {what} but distify found no training loop in it; nothing was changed",
             kind="note",
         )
+
+    def _started_elsewhere(self, ctx: Context) -> bool:
+        """Say so when a call hands a project function that trains to other code as a value
+        (``Process(target=train)``, ``mp.spawn(train)``, ``pool.map(step, ...)``): the training
+        runs there, started from this file, in a shape distify does not migrate."""
+        from distify.program import handed_functions, program_of  # here: most files never ask
+
+        a = ctx.anatomy
+        for site in a.calls:
+            for t in handed_functions(a, ctx.plan.script_path, ctx.options, site):
+                if program_of(a).trains(t):
+                    starter = dotted(site.call.func) or "a call"
+                    ctx.report(
+                        self.code,
+                        site.call,
+                        f"left unchanged: no training loop in this file; it hands {t.qualname}() ({t.where}), which "
+                        f"trains, to {starter}(), which runs it: distify does not migrate training started this way; "
+                        "launched on N processes, every rank would run that training on all the data",
+                        kind="note",
+                    )
+                    return True
+        return False
 
 
 def _training_objects(a: Anatomy) -> Tuple[Set[str], Set[str]]:

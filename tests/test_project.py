@@ -238,3 +238,63 @@ def test_a_script_of_a_module_migrated_before_is_refused(tmp_path):
     r = _run(tmp_path / "p", "late.py")
     assert r.returncode == 3 and "a module distify already migrated" in r.stderr, r.stderr
     assert (tmp_path / "p" / "trainlib.py").read_bytes() == helper  # never migrated twice
+
+
+# training started from the script as a value (hogwild's `mp.Process(target=train, ...)`) ----------
+
+HOGWILD = {
+    "main.py": """\
+        import torch
+        import torch.multiprocessing as mp
+        from worker import fit as work
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(4, 2)
+
+            def forward(self, x):
+                return self.fc(x)
+
+        if __name__ == "__main__":
+            model = Net()
+            model.share_memory()
+            procs = []
+            for r in range(2):
+                p = mp.Process(target=work, args=(r, model))
+                p.start()
+                procs.append(p)
+            for p in procs:
+                p.join()
+        """,
+    "worker.py": """\
+        import torch
+
+        def fit(r, model):
+            data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,)))
+            loader = torch.utils.data.DataLoader(data, batch_size=4)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x, y in loader:
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+        """,
+}
+
+
+@pytest.mark.parametrize("started", ["mp.Process(target=work, args=(r, model))", "mp.Process(None, work, None, (r, model))"])
+def test_training_started_as_a_process_is_said_not_silent(tmp_path, started):
+    """A script that hands a project function that trains to code that runs it says where the
+    training runs (exit 0, nothing written); control: the same script whose handed function does
+    not train stays quiet."""
+    files = dict(HOGWILD)
+    files["main.py"] = files["main.py"].replace("mp.Process(target=work, args=(r, model))", started)
+    write(tmp_path, files)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*.py")}
+    r = _run(tmp_path, "--check", "main.py")
+    assert r.returncode == 0, r.stderr
+    assert "DST961 left unchanged: no training loop in this file; it hands worker.fit() (worker.py:3), which trains" in r.stderr
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*.py")} == before
+    (tmp_path / "worker.py").write_text("def fit(r, model):\n    return model\n")
+    quiet = _run(tmp_path, "--check", "main.py")
+    assert quiet.returncode == 0 and "DST961" not in quiet.stderr, quiet.stderr
