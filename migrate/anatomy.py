@@ -24,7 +24,7 @@ from distify.dataflow import (
 )
 from distify.facts import Binding, Facts
 from distify.model_build import (
-    _SAME_MODULE, _compiled_alias, _find_model, moves_to_device, through_compile, through_data_parallel,
+    _compiled_alias, _find_model, constructor, moves_to_device,
 )
 from distify.names import resolve, unwrapped
 from distify.rank import reads_rank
@@ -124,13 +124,7 @@ class Anatomy:
         """The class of this file a model is built from (``GPT(cfg).to(device)``, also through
         DataParallel, torch.compile and ``.to``/``.cuda``/``.train`` chains), None for a model of
         another module (torchvision, ``from_pretrained``) or one that arrives as a parameter."""
-        expr = model.value
-        while expr is not None:
-            expr = through_compile(self.qualname, through_data_parallel(self.qualname, expr))
-            if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _SAME_MODULE:
-                expr = expr.func.value
-                continue
-            break
+        expr = constructor(self.qualname, model.value)
         if isinstance(expr, cst.Call):
             name = dotted(expr.func)
             if name in self.classes:

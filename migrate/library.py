@@ -15,6 +15,10 @@ Kinds of rows:
 - ``framework``: a training framework that distributes the script itself; ``launch`` says how the
   script is started on N processes. distify leaves such a script as it is and says so.
 - ``model``: builds a model in another library (its class is not in the script).
+- ``container``: a module that only holds other modules and has no forward of its own (torch's
+  ``ModuleList``, ``ModuleDict``); ``modules`` says how its modules are reached: ``iter`` (iterating
+  it), ``values`` (its ``.values()``). FSDP's ``fully_shard`` refuses such a module: what it holds is
+  sharded instead.
 - ``rank``: its value differs between the processes of one run (``dist.get_rank()``,
   ``hvd.local_rank()``, ``os.getpid()``): conditions on it run on some ranks, files named from it
   are per rank. ``process``: this process's device or id, no rank number (a file named from it is
@@ -32,12 +36,13 @@ from typing import Dict, FrozenSet, Iterable, Optional
 @dataclass(frozen=True)
 class Known:
     name: str  # qualified name, as distify.names resolves it
-    kind: str  # loader | wrapper | counter | framework | model | rank | process | print
+    kind: str  # loader | wrapper | counter | framework | model | container | rank | process | print
     shard: str = ""  # loader: sampler | input_nodes | none
     items: str = ""  # wrapper: first | all
     title: str = ""  # framework: how a user names it
     launch: str = ""  # framework: the command that starts the script on N processes
     endless: bool = False  # wrapper/counter: iterating it never ends (a loop over it is a loop around passes)
+    modules: str = ""  # container: iter | values
 
 
 def _rows(kind: str, names: Iterable[str], **kw) -> Dict[str, Known]:
@@ -113,6 +118,8 @@ TABLE: Dict[str, Known] = {
         title="Ray Train", launch="python {script} (Ray starts the workers: ScalingConfig(num_workers=N))",
     ),
     **_rows("model", ("timm.create_model", "torch.hub.load")),
+    **_rows("container", ("torch.nn.ModuleList", "torch.nn.modules.container.ModuleList"), modules="iter"),
+    **_rows("container", ("torch.nn.ModuleDict", "torch.nn.modules.container.ModuleDict"), modules="values"),
     # calls whose value differs between the processes of one run: a rank, a flag made from one, this
     # process's device or id (distify.rank_flow follows them through the script's names)
     **_rows(

@@ -8,6 +8,7 @@ from typing import Optional
 
 import libcst as cst
 
+from distify.library import Known, known
 from distify.syntax import arg, dotted
 from distify.model_state import final_place
 from distify.records import DATA_PARALLEL, Model, Optimizer, _Collector
@@ -62,6 +63,27 @@ def through_compile(qualname, expr: cst.BaseExpression) -> cst.BaseExpression:
     """`expr` with a `torch.compile(...)` around it looked through (the module it compiles)."""
     inner = compiled_module(qualname, expr)
     return inner if inner is not None else expr
+
+
+def constructor(qualname, expr: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
+    """The call that builds the module `expr` evaluates to, looked through DataParallel, torch.compile
+    and the methods that return the module they are called on (``GPT(cfg).to(device)`` -> ``GPT(cfg)``);
+    `expr` itself when it is none of those."""
+    while expr is not None:
+        expr = through_compile(qualname, through_data_parallel(qualname, expr))
+        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _SAME_MODULE:
+            expr = expr.func.value
+            continue
+        break
+    return expr
+
+
+def module_container(qualname, expr: Optional[cst.BaseExpression]) -> Optional[Known]:
+    """The library row of the container a model is (``nn.ModuleList([...])``, ``nn.ModuleDict(...)``):
+    a module with no forward of its own, which only holds other modules; None for any other model."""
+    built = constructor(qualname, expr)
+    row = known(qualname(built.func)) if isinstance(built, cst.Call) else None
+    return row if row is not None and row.kind == "container" else None
 
 
 def compiles_model(qualname, expr: cst.BaseExpression, root: str) -> bool:

@@ -16,7 +16,7 @@ import libcst as cst
 
 from distify.dataflow import ref_text
 from distify.facts import SELF_RETURNING
-from distify.model_build import through_compile
+from distify.model_build import module_container, through_compile
 from distify.records import DDP, FSDP1, FULLY_SHARD, CallSite, Loader
 from distify.syntax import all_nodes, arg, dotted
 
@@ -24,6 +24,31 @@ if TYPE_CHECKING:  # pragma: no cover
     from distify.anatomy import Anatomy
 
 FSDP = FULLY_SHARD | FSDP1
+
+
+def sharded_root(a: Anatomy, c: CallSite) -> Optional[str]:
+    """The name of the module a ``fully_shard`` call shards: its argument (``fully_shard(model)``,
+    ``fully_shard(model.to(d))``), or, in a loop over the modules a container holds
+    (``for layer in model: fully_shard(layer)``, ``model.values()``), the container ``model`` when
+    it is bound to an ``nn.ModuleList`` / ``nn.ModuleDict``: a module with no parameter of its own."""
+    m = arg(c.call, 0, "module")
+    root = _root_name(m.value) if m is not None else None
+    loop = next((s for s in reversed(a.stmt_parent.get(c.stmt, ())) if isinstance(s, cst.For)), None)
+    if root is None or loop is None or dotted(loop.target) != root:
+        return root
+    held = held_modules(loop.iter)
+    b = a.reaching_binding(c.scope, held, loop) if held else None
+    small = b.stmt.body[0] if b is not None and isinstance(b.stmt, cst.SimpleStatementLine) else None
+    if isinstance(small, cst.Assign) and module_container(a.qualname, small.value) is not None:
+        return held
+    return root
+
+
+def held_modules(expr: cst.BaseExpression) -> Optional[str]:
+    """`model` for the modules of a container as they are iterated: `model`, `model.values()`."""
+    if isinstance(expr, cst.Call) and not expr.args and isinstance(expr.func, cst.Attribute) and expr.func.attr.value == "values":
+        expr = expr.func.value
+    return dotted(expr)
 
 
 def wrapped_models(a: Anatomy) -> Tuple[Set[str], Set[str]]:
@@ -34,8 +59,7 @@ def wrapped_models(a: Anatomy) -> Tuple[Set[str], Set[str]]:
     for c in a.calls:
         if c.qualname not in DDP and c.qualname not in FSDP:
             continue
-        m = arg(c.call, 0, "module")
-        root = _root_name(m.value) if m is not None else None
+        root = sharded_root(a, c)
         if root:
             inner.add(root)
         target = assigned_to(c)
@@ -55,8 +79,11 @@ def sharded_models(a: Anatomy) -> Set[str]:
         return cached
     names: Set[str] = set()
     for c in a.calls_to(FSDP):
-        m = arg(c.call, 0, "module")
-        root = dotted(m.value) if m is not None else None
+        if c.qualname in FULLY_SHARD:
+            root = sharded_root(a, c)
+        else:
+            m = arg(c.call, 0, "module")
+            root = dotted(m.value) if m is not None else None
         target = assigned_to(c)
         if target:
             names.add(target)

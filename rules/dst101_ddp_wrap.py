@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from distify.model_build import moves_to_device, through_compile, through_data_parallel
+from distify.model_build import module_container, moves_to_device, through_compile, through_data_parallel
 from distify.records import DDP, assigned_name
 from distify.syntax import dotted
 from distify.model_contract import forward_gaps, training_freezes
@@ -67,6 +67,17 @@ class WrapDDP(Rule):
             rewrap = _rewrapped(ctx, model)
             if rewrap is not None:
                 wrapped.append((model, rewrap))  # `model = runtime.DDP(model, ...)` below (an earlier run's)
+                continue
+            container = module_container(ctx.anatomy.qualname, model.value)
+            if container is not None:
+                ctx.block(
+                    self.code,
+                    model.assign,
+                    f"{model.name} is a {container.name}, which has no forward of its own: DDP averages gradients only "
+                    "when its forward runs, and the script calls the modules it holds, so every rank would step on its "
+                    "own gradients and the replicas drift apart with no error; file not migrated to DDP (use --backend "
+                    "fsdp or horovod, or give the model a class whose forward calls these modules)",
+                )
                 continue
             ddp = ctx.ddp
             # a model that is never moved to a device stays on the CPU: no device_ids then

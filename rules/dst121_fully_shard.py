@@ -6,7 +6,8 @@ from typing import List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
-from distify.model_build import COMPILE, compiled_module, compiles_model
+from distify.model_build import COMPILE, compiled_module, compiles_model, module_container
+from distify.parallel import sharded_root
 from distify.records import Model, assigned_name
 from distify.syntax import dotted, all_nodes, names
 from distify.facts import stmt_bindings
@@ -56,7 +57,10 @@ class FullyShard(Rule):
         repetition, ``[Block(...) for _ in range(n)]`` or ``*[...]``, or holding two or more
         instances of one module class of this file), then ``fully_shard(model)`` for the root. A
         model whose class is not defined in the file (torchvision, ``from_pretrained``) or has no
-        repeated blocks is sharded as one unit (the root only). A compiled model is sharded first
+        repeated blocks is sharded as one unit (the root only). A model that is a container with no
+        forward of its own (``nn.ModuleList``, ``nn.ModuleDict``: ``fully_shard`` refuses it) has
+        each module it holds sharded instead (``for layer in model: fully_shard(layer)``); its
+        modules own all its parameters. A compiled model is sharded first
         and compiled after (``model = torch.compile(Net())`` becomes ``model = Net()``, the shard,
         then ``model = torch.compile(model)``): its ``state_dict`` keys stay the original's. An
         optimizer built before the shard point is moved after it, with the LR schedulers built from
@@ -141,6 +145,7 @@ class FullyShard(Rule):
             if compiled is not None:
                 handled.add(compiled)
             blocks = a.repeated_blocks(model)
+            container = module_container(a.qualname, model.value)
             fs = ctx.imported("torch.distributed.fsdp", "fully_shard", "fully_shard")
             mp = ""
             if ctx.options.bf16:
@@ -152,8 +157,16 @@ class FullyShard(Rule):
             for b in blocks:
                 var = var or ctx.fresh("block")
                 code += f"for {var} in {model.name}.{b.path}:\n    {fs}({var}{mp})\n"
-            code += f"{fs}({model.name}{mp})\n"
-            methods = forward_methods(ctx, model, stmt)
+            if container is not None:
+                # a ModuleList / ModuleDict has no forward (fully_shard refuses it) and owns no parameter
+                # of its own: each module it holds is a unit, whose own forward gathers its parameters
+                var = ctx.fresh("layer")
+                held = f"{model.name}.values()" if container.modules == "values" else model.name
+                code += f"for {var} in {held}:\n    {fs}({var}{mp})\n"
+            else:
+                code += f"{fs}({model.name}{mp})\n"
+            # a container's own methods (append, keys ...) run no forward: nothing to register
+            methods = forward_methods(ctx, model, stmt) if container is None else []
             if methods:
                 ctx.plan.forward_methods[model.name] = set(methods)
                 reg = ctx.imported("torch.distributed.fsdp", "register_fsdp_forward_method", "register_fsdp_forward_method")
@@ -186,6 +199,11 @@ class FullyShard(Rule):
                     for b in blocks
                 )
                 why = f"each block of {parts} sharded as its own unit, then the root"
+            elif container is not None:
+                why = (
+                    f"each module it holds sharded as its own unit ({container.name} has no forward of its own, "
+                    "which fully_shard refuses; its modules own all its parameters)"
+                )
             else:
                 cls = a.model_class(model)
                 why = (
@@ -233,13 +251,17 @@ def existing_scope(a, stmt: cst.CSTNode):
 
 
 def _existing_shard(ctx: Context, model: Model) -> Optional[cst.CSTNode]:
-    """The statement `fully_shard(model)` already in the model's scope (an earlier run's)."""
-    for site in ctx.anatomy.calls_to(FULLY_SHARD):
+    """The statement `fully_shard(model)` already in the model's scope (an earlier run's), or for a
+    container the loop ``for layer in model: fully_shard(layer)`` that shards what it holds."""
+    a = ctx.anatomy
+    for site in a.calls_to(FULLY_SHARD):
         args = site.call.args
-        if args and dotted(args[0].value) == model.name and (
-            site.scope is model.scope or (model.name.startswith("self.") and site.cls is model.cls)
-        ):
+        if not args or not (site.scope is model.scope or (model.name.startswith("self.") and site.cls is model.cls)):
+            continue
+        if dotted(args[0].value) == model.name:
             return site.stmt
+        if sharded_root(a, site) == model.name:
+            return next(s for s in reversed(a.stmt_parent[site.stmt]) if isinstance(s, cst.For))
     return None
 
 

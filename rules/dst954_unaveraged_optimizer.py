@@ -10,7 +10,7 @@ from distify.anatomy import Anatomy
 from distify.records import COLLECTIVES, DDP, FULLY_SHARD
 from distify.syntax import arg, dotted, all_nodes
 from distify.audit import HVD_OPTIMIZER
-from distify.parallel import FSDP, same_modules, wrapped_models
+from distify.parallel import FSDP, same_modules, sharded_root, wrapped_models
 from distify.rules.base import AuditCheck, Context
 from distify.grad_values import gradient_value
 
@@ -98,9 +98,9 @@ class UnaveragedOptimizer(AuditCheck):
         built again after it."""
         shards = []
         for c in a.calls_to(FULLY_SHARD):
-            m = arg(c.call, 0, "module")
-            if m is not None and dotted(m.value):
-                shards.append((c, same_modules(a, {dotted(m.value)})))
+            root = sharded_root(a, c)
+            if root:
+                shards.append((c, same_modules(a, {root})))
         for opt in a.optimizers:
             if not opt.models or (opt.target and opt.target not in stepped):
                 continue

@@ -139,12 +139,7 @@ def verdicts(request, tmp_path_factory):
 # that are not fixed yet (the error each raised with torch 2.13, for the reader). Such a case is an
 # expected failure while it fails, whatever the error's wording in another torch; once it runs, the
 # test fails until it is removed from here, so the list stays true.
-KNOWN_CRASHES: dict = {
-    # the model is an nn.ModuleList whose layers the script calls one by one: DST121 shards the
-    # container, and fully_shard rejects a module without forward() ("fully_shard does not support
-    # containers that do not implement forward"); it should shard each layer or refuse
-    ("fsdp", "DST963/full_batch_graph"): "ValueError: fully_shard does not support containers",
-}
+KNOWN_CRASHES: dict = {}
 
 
 def _params():

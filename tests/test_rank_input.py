@@ -15,7 +15,10 @@ SAME = "every rank trains on the same data; N processes do the work of one"
 
 
 def _dst963(source: str, backend: str = "ddp") -> list:
-    result = migrate_source(source.encode(), Options(backend=backend))
+    # the fixture's model is an nn.ModuleList, which DST101 refuses to wrap in DDP (no forward of its
+    # own: DDP would average nothing); without DST101 the rest of the migration and the audit run
+    ignore = ("DST101",) if backend == "ddp" else ()
+    result = migrate_source(source.encode(), Options(backend=backend, ignore=ignore))
     return [f for f in result.findings if f.code == "DST963"]
 
 
