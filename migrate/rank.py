@@ -5,12 +5,12 @@ layer, see facts.py).
 
 from __future__ import annotations
 
-from typing import FrozenSet, List, Optional
+from typing import FrozenSet, List, Optional, Tuple
 
 import libcst as cst
 
 from distify.walk import walk
-from distify.syntax import all_nodes, contains_node, dotted
+from distify.syntax import all_nodes, by_node, contains_node, dotted
 
 
 # ------------------------------------------------------------------------------ rank conditions
@@ -25,6 +25,9 @@ def rank_dependent(
 
     Comparisons of a rank with -1 alone (``local_rank != -1``) are skipped: they tell a
     distributed launch from a plain one and are equal on every rank."""
+    words, calls, _ = _mentions(test)
+    if words.isdisjoint(rank_names) and calls.isdisjoint(rank_calls):
+        return False  # nothing in it could be a hit: no walk
     hits: List[str] = []
 
     class V(cst.CSTVisitor):
@@ -66,6 +69,9 @@ def reads_rank(expr: cst.CSTNode, rank_names: FrozenSet[str] = frozenset(), rank
     bound to one, or a rank environment variable such as ``os.environ["LOCAL_RANK"]``). A
     comparison with -1 (``int(os.environ.get("RANK", -1)) != -1``: launched distributed or not) is
     the same on every rank."""
+    words, calls, env = _mentions(expr)
+    if not env and words.isdisjoint(rank_names) and calls.isdisjoint(rank_calls):
+        return False  # nothing in it could be a hit: no walk
     if rank_dependent(expr, rank_names, rank_calls):
         return True
     hits: List[str] = []
@@ -87,6 +93,31 @@ def reads_rank(expr: cst.CSTNode, rank_names: FrozenSet[str] = frozenset(), rank
 
     walk(expr, V())
     return bool(hits)
+
+
+@by_node
+def _mentions(expr: cst.CSTNode) -> Tuple[FrozenSet[str], FrozenSet[int], bool]:
+    """Everything the walks of ``rank_dependent`` and ``reads_rank`` could count as a hit in `expr`,
+    pruning aside: the names and dotted attributes it holds, the ids of its calls, and whether one of
+    its strings is a rank environment variable. Kept per node object, so that the rank flow's fixed
+    point, which asks the same expressions again with a growing set of names, walks each once."""
+    words, calls, env = set(), set(), False
+    for n in all_nodes(expr):
+        if isinstance(n, cst.Name):
+            words.add(n.value)
+        elif isinstance(n, cst.Attribute):
+            d = dotted(n)
+            if d is not None:
+                words.add(d)
+        elif isinstance(n, cst.Call):
+            calls.add(id(n))
+        elif isinstance(n, cst.SimpleString) and not env:
+            try:
+                value = n.evaluated_value
+            except Exception:  # noqa: BLE001 - an odd literal is no rank variable
+                continue
+            env = isinstance(value, str) and value in RANK_ENV
+    return frozenset(words), frozenset(calls), env
 
 
 # calls whose value is a number or flag made from their arguments: `int(os.environ["RANK"])`
