@@ -128,7 +128,8 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
 
     anatomy = analyse(module)
     project_view = None
-    if not anatomy.has_training and (anatomy.optimizers or anatomy.loaders) and path is not None and not options.standalone:
+    if path is not None and not options.standalone and (anatomy.optimizers or anatomy.loaders) and (
+            not anatomy.has_training or _builds_elsewhere(anatomy)):
         # the training loop may run in a function of another module of the project: the rules
         # then see the script and that module as one (distify.project_view)
         from distify.project_view import view
@@ -220,14 +221,15 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
         return MigrationResult(
             source, source, tuple(warnings), note="not migrated: see warnings", encoding=encoding, refused=True, others=others,
         )
+    if project_view is not None:
+        from distify.project_view import finish, render_script
+
+        output = render_script(project_view, module, source, ctx.edits)
+        return finish(project_view, anatomy, ctx, rules, source, output, findings, encoding, options)
     new_module = module.visit(ApplyEdits(ctx.edits)) if ctx.edits else module
     if options.standalone:
         new_module = _standalone(new_module, ctx, findings)
     output = new_module.bytes
-    if project_view is not None:
-        from distify.project_view import finish
-
-        return finish(project_view, anatomy, ctx, rules, source, output, findings, encoding, options)
     if output == source:
         findings += _audit(anatomy, options, findings, path=path)
         return MigrationResult(source, source, tuple(findings), encoding=encoding)
@@ -260,6 +262,12 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
         findings += [replace(f, line=to_source(f.line)) for f in audited]
         findings.sort(key=lambda f: (f.line, f.col, f.code))
     return MigrationResult(source, output, tuple(findings), encoding=encoding)
+
+
+def _builds_elsewhere(anatomy) -> bool:
+    from distify.project_view import builds_elsewhere
+
+    return builds_elsewhere(anatomy)
 
 
 def _standalone(module: cst.Module, ctx: Context, findings: List[Finding]) -> cst.Module:

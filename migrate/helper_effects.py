@@ -85,8 +85,7 @@ def unguarded_helper_calls(a, path: Optional[str], options) -> List[Tuple[CallSi
     audit reads directly, and not one distify already migrated)."""
     if not path:
         return []
-    sites = [c for c in a.calls if c.qualname is not None and known(c.qualname) is None
-             and c.qualname.split(".", 1)[0] not in _LIBRARY_ROOTS]
+    sites = project_calls(a)
     if not sites:
         return []  # nothing the project could define: no program model to build
     from distify.program import program_of, reached
@@ -109,6 +108,14 @@ def unguarded_helper_calls(a, path: Optional[str], options) -> List[Tuple[CallSi
         if found:
             out.append((c, t, found))
     return out
+
+
+def project_calls(a) -> List[CallSite]:
+    """The calls of `a` that a module of the user's project may define: resolved to a qualified
+    name that is neither a known library object nor under a library's or the standard library's
+    root."""
+    return [c for c in a.calls if c.qualname is not None and known(c.qualname) is None
+            and c.qualname.split(".", 1)[0] not in _LIBRARY_ROOTS]
 
 
 def _same_module(target: Target, c: CallSite) -> Optional[Target]:

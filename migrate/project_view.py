@@ -24,6 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import libcst as cst
 
 from distify.syntax import dotted
+from distify.data_sources import foreign_loaders
 from distify.findings import Finding
 from distify.program import Program, program_of, reached
 from distify.project import ProjectModule
@@ -59,14 +60,7 @@ def view(script: cst.Module, anatomy, path: Optional[str], options) -> Optional[
     parts: Dict[str, Tuple[ProjectModule, object]] = {}
     called: Dict[str, set] = {}
     half = None
-    for site in anatomy.calls:
-        there = reached(anatomy, path, options, site)
-        t = there.target
-        if t is None:
-            continue
-        prog = program_of(anatomy)
-        if not prog.trains(t):
-            continue
+    for site, t in _joining(anatomy, path, options):
         spelled = _spelled(site.call.func, t, anatomy, site)
         if spelled is None:
             return None  # `utils.train(...)`, `from utils import train as fit`: not exact yet
@@ -95,6 +89,45 @@ def view(script: cst.Module, anatomy, path: Optional[str], options) -> Optional[
         joined.append(Part(mod, tree, unit.source, stmts, frozenset(unit.anatomy.aliases)))
     body = list(script.body) + [s for p in joined for s in p.stmts]
     return View(script.with_changes(body=body), joined, len(script.body), half=half)
+
+
+def _joining(anatomy, path: str, options):
+    """(call site, project function) for each call of the script whose function joins the view: one
+    that trains, and one that builds and returns a loader the script's own training reads
+    (``train_loader, val_loader = get_loaders(...)``), so that its loaders are sharded where they
+    are built."""
+    for site in anatomy.calls:
+        t = reached(anatomy, path, options, site).target
+        if t is not None and program_of(anatomy).trains(t):
+            yield site, t
+    if anatomy.has_training:
+        from distify.helper_effects import project_calls
+
+        for site in project_calls(anatomy):
+            t = reached(anatomy, path, options, site).target
+            if t is not None and _evaluates(t):
+                yield site, t
+        seen = set()
+        for f in foreign_loaders(anatomy):
+            if id(f.call.call) in seen:
+                continue
+            seen.add(id(f.call.call))
+            t = reached(anatomy, path, options, f.call).target
+            if t is not None and program_of(anatomy).returned_loaders(t):
+                yield f.call, t
+
+
+def _evaluates(t) -> bool:
+    """`t` runs a batch loop of its own (an evaluation handed the model and a loader)."""
+    return any(bl.scope is t.fn and bl.via != "pass" for bl in t.unit.anatomy.batch_loops)
+
+
+def builds_elsewhere(anatomy) -> bool:
+    """The script trains and calls a function another module may define (not a library's): worth
+    asking the program model whether a loader, an evaluation or a write is built there."""
+    from distify.helper_effects import project_calls
+
+    return anatomy.has_training and (bool(foreign_loaders(anatomy)) or bool(project_calls(anatomy)))
 
 
 def _spelled(func: cst.BaseExpression, t, anatomy, site) -> Optional[str]:
@@ -164,21 +197,31 @@ def split_findings(v: View, anatomy, findings: Sequence[Finding]) -> Tuple[List[
 def render(part: Part, edits) -> bytes:
     """The part's module with the edits that fall in it; of the imports the edits queued, only
     those whose names the rewritten module reads."""
+    return _render(part.tree, part.source, part.imported, edits)
+
+
+def render_script(v: View, script: cst.Module, source: bytes, edits) -> bytes:
+    """The script with the edits that fall in it, and of the queued imports only those it reads (a
+    sampler added in a helper's factory needs no import in the script)."""
+    return _render(script, source, frozenset(), edits)
+
+
+def _render(tree0: cst.Module, source: bytes, imported: frozenset, edits) -> bytes:
     from copy import copy
 
     from distify.edits import ApplyEdits, bound_by_import
 
     plain = copy(edits)
     plain.imports = []
-    tree = part.tree.visit(ApplyEdits(plain))
-    if tree.code == part.tree.code:
-        return part.source
+    tree = tree0.visit(ApplyEdits(plain))
+    if tree.code == tree0.code:
+        return source
     read = {n.value for n in _names(tree)}
-    wanted = [line for line in edits.imports if bound_by_import(line) & read and not bound_by_import(line) <= part.imported]
+    wanted = [line for line in edits.imports if bound_by_import(line) & read and not bound_by_import(line) <= imported]
     if wanted:
         only = copy(edits)
         only.imports = wanted
-        tree = part.tree.visit(ApplyEdits(only))
+        tree = tree0.visit(ApplyEdits(only))
     return tree.bytes
 
 
@@ -200,7 +243,7 @@ def finish(v: View, anatomy, ctx, rules, source: bytes, output: bytes, findings:
     from dataclasses import replace
 
     from distify.anatomy import analyse
-    from distify.engine import MigrationResult, _audit, _line_map, _refusal
+    from distify.engine import _audit, _drift, _line_map, _refusal
 
     mine, theirs = split_findings(v, anatomy, findings)
     outputs = [render(p, ctx.edits) for p in v.parts]
@@ -228,16 +271,37 @@ def finish(v: View, anatomy, ctx, rules, source: bytes, output: bytes, findings:
     seen = analyse(new_view.module)
     seen.want_positions = options.positions
     audited = _audit(seen, options, findings, migrated=True, path=ctx.plan.script_path)
-    for f in audited:
+    drift = _drift(audited) if not (options.select or options.ignore) else []
+    if drift:  # an output whose replicas would drift apart is refused, as in the one-file path
+        mine = [f for f in mine if f.kind == "warning"]
+        theirs = {k: [f for f in fs if f.kind == "warning"] for k, fs in theirs.items()}
+        _place(v, new_view, seen, source, output, [replace(f, message=f"{f.message}: files not migrated") for f in drift],
+               mine, theirs)
+        return _result(v, source, source, [p.source for p in v.parts], mine, theirs, encoding, refused=True,
+                       note="not migrated: see warnings")
+    _place(v, new_view, seen, source, output, audited, mine, theirs)
+    return _result(v, source, output, outputs, mine, theirs, encoding)
+
+
+def _place(v: View, new_view: View, seen, source: bytes, output: bytes, found, mine: List[Finding], theirs) -> None:
+    """Each finding of the audit on `new_view` (the outputs seen as one module) added to the
+    script's findings or to its part's, at the line of the original file."""
+    from dataclasses import replace
+
+    from distify.engine import _line_map
+
+    for f in found:
         part, line = locate(new_view, seen, f.line)
         if part is None:
             mine.append(replace(f, line=_line_map(source, output)(line)))
         else:
             old = next(p for p in v.parts if p.module.path == part.module.path)
             theirs[old.module.path].append(replace(f, line=_line_map(old.source, part.source)(line)))
+
+
+def _result(v: View, source: bytes, output: bytes, outputs, mine, theirs, encoding: str, **kw):
+    from distify.engine import MigrationResult
+
     order = lambda f: (f.line, f.col, f.code)  # noqa: E731
-    others = tuple(
-        (p.module.path, p.source, out, tuple(sorted(theirs[p.module.path], key=order)))
-        for p, out in zip(v.parts, outputs)
-    )
-    return MigrationResult(source, output, tuple(sorted(mine, key=order)), encoding=encoding, others=others)
+    others = tuple((p.module.path, p.source, out, tuple(sorted(theirs[p.module.path], key=order))) for p, out in zip(v.parts, outputs))
+    return MigrationResult(source, output, tuple(sorted(mine, key=order)), encoding=encoding, others=others, **kw)

@@ -68,12 +68,14 @@ SPEC = {
     "hf_style_local": dict(train=[0], shuffled=[], whole=[1], log=r"^epoch \d+", checkpoint="final.pt/pytorch_model.bin"),
     "phase_dict_loaders": dict(train=[0], shuffled=[0], whole=[1], log=r"^epoch \d+"),
     "randint_get_batch": dict(train=[], shuffled=[], whole=[], draws=True, log=r"^step \d+"),
-    # the loaders come from cifar_utils.py (copied next to the migrated script): #0 is the one it
-    # builds, #1 that loader rebuilt by runtime.shard_loader over this rank's shard, #2 evaluation
-    "loader_from_utils": dict(train=[1], shuffled=[1], whole=[2], log=r"^epoch \d+", modules=["cifar_utils.py"]),
-    # the same module's loader drawn through an endless generator: #0 built there, #1 its shard
-    # (passes counted in the generator), #2 the evaluation loader
-    "foreign_endless_generator": dict(train=[1], shuffled=[1], whole=[2], log=r"^iter \d+", modules=["cifar_utils.py"]),
+    # the loaders come from cifar_utils.py (copied next to the migrated script), which distify
+    # rewrites too: #0 the training loader, sharded where cifar_utils builds it, #1 evaluation
+    "loader_from_utils": dict(train=[0], shuffled=[0], whole=[1], log=r"^epoch \d+", modules=["cifar_utils.py"]),
+    # the same module's loader drawn through an endless generator, with cifar_utils.py excluded
+    # from the project ([tool.distify] exclude: never rewritten): #0 built there, #1 its shard
+    # rebuilt in the script by runtime.shard_loader (passes counted in the generator), #2 evaluation
+    "foreign_endless_generator": dict(train=[1], shuffled=[1], whole=[2], log=r"^iter \d+", modules=["cifar_utils.py"],
+                                      exclude=["cifar_utils.py"]),
 }
 
 
@@ -227,6 +229,9 @@ def _migrated(name, backend, tmp_path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     for module in SPEC[name].get("modules", ()):  # the script's own helper modules (distify reads them)
         shutil.copyfile(CORPUS / module, target.parent / module)
+    if SPEC[name].get("exclude"):
+        listed = ", ".join(f'"{m}"' for m in SPEC[name]["exclude"])
+        (target.parent / "pyproject.toml").write_text(f"[tool.distify]\nexclude = [{listed}]\n")
     migrate(CORPUS / f"{name}.in.py", target, backend=backend)
     assert target.read_bytes() != (CORPUS / f"{name}.in.py").read_bytes(), f"distify left {name} unchanged"
     return target
@@ -273,12 +278,15 @@ def test_horovod_data_path(name, original, tmp_path):
 # --- controls: undo one fix in the migrated script, the checks must fail ---------------------------
 
 
-def _broken(name, tmp_path, edit):
+def _broken(name, tmp_path, edit, module=None):
+    """The migrated script with `edit` applied to its text (and, with `module` = (file, edit), to
+    that helper module's migrated text)."""
     script = _migrated(name, "ddp", tmp_path)
-    text = script.read_text()
-    new = edit(text)
-    assert new != text, "the control's edit did not apply:\n" + text
-    script.write_text(new)
+    for path, change in [(script, edit)] + ([(script.parent / module[0], module[1])] if module else []):
+        text = path.read_text()
+        new = change(text)
+        assert new != text, "the control's edit did not apply:\n" + text
+        path.write_text(new)
     return script
 
 
@@ -371,23 +379,22 @@ def test_control_hf_loader_unsharded(tmp_path):
 
 
 def test_control_loader_from_utils_unsharded(tmp_path):
-    """cifar_utils.get_training_dataloader(): without the runtime.shard_loader line (and the
-    set_epoch it makes possible) the loader cifar_utils builds is the one trained on, #0, and both
-    ranks read all of it."""
+    """cifar_utils.get_training_dataloader(): without the sampler distify adds where the helper
+    module builds the loader (and the set_epoch it makes possible in the script) both ranks read
+    all of it."""
     script = _broken(
         "loader_from_utils", tmp_path,
-        lambda t: t.replace("    training_loader = runtime.shard_loader(training_loader)\n", "").replace(
-            "        training_loader.sampler.set_epoch(epoch)\n", ""
-        ),
+        lambda t: t.replace("        training_loader.sampler.set_epoch(epoch)\n", ""),
+        module=("cifar_utils.py", lambda t: t.replace("sampler=DistributedSampler(training_set, shuffle=shuffle)", "shuffle=shuffle")),
     )
     _, loaders, _, _ = _run("torchrun", script, tmp_path)
-    spec = dict(SPEC["loader_from_utils"], train=[0], shuffled=[0], whole=[1])  # no rebuilt loader in between
     with pytest.raises(AssertionError, match="loader #0 in pass 0: the loader is not sharded"):
-        check_shards("control", loaders, spec)
+        check_shards("control", loaders, SPEC["loader_from_utils"])
 
 
 def test_control_loader_from_utils_without_set_epoch(tmp_path):
-    """Re-sharded but never told the epoch: each rank reads its shard in the same order every epoch."""
+    """Sharded where it is built but never told the epoch: each rank reads its shard in the same
+    order every epoch."""
     script = _broken(
         "loader_from_utils", tmp_path, lambda t: t.replace("        training_loader.sampler.set_epoch(epoch)\n", "")
     )

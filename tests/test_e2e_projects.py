@@ -124,3 +124,59 @@ def test_control_attr_read_in_module_with_the_wrapper(tmp_path):
     script.write_text(script.read_text().replace("print_sample(model.module,", "print_sample(model,"))
     result = run_torchrun(script, ARGS, nproc=NPROC, cwd=tmp_path / "p", check=False)
     assert result.returncode != 0 and "has no attribute 'pos_emb'" in result.stdout + result.stderr
+
+
+def _built_in_modules_problems(work: Path, result, loaders, params) -> list:
+    """What a run of built_in_modules got wrong: the training loader built in data.py split into
+    disjoint covering shards, the model built in models.py agreeing across ranks, and metrics.py's
+    evaluation printed once per epoch with the whole validation set's error."""
+    out = _sharded(loaders, params)
+    vals = [float(m.group(1)) for line in result.stdout.splitlines() if (m := re.match(r"epoch \d+ val (\S+)", line))]
+    if len(vals) != int(ARGS[ARGS.index("--epochs") + 1]):
+        out.append(f"validation lines printed {len(vals)} times")
+    x, y = _module_data(PROJECTS / "built_in_modules" / "in" / "data.py", 32, 2)
+    state = load_state(work / "final.pt")
+    whole = float(((x @ state["weight"].T + state["bias"] - y) ** 2).sum() / len(x))
+    if not vals or abs(vals[-1] - whole) > 1e-4:
+        out.append(f"the last validation metric {vals[-1:]} is not the whole set's {whole:.6f}")
+    return out
+
+
+def _module_data(path: Path, n: int, seed: int):
+    """``make_data(n, seed)`` of the project's own data module (imported alone: it imports torch only)."""
+    spec = importlib.util.spec_from_file_location("project_data", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_data(n, seed).tensors
+
+
+@pytest.mark.parametrize("launcher,backend", [
+    ("torchrun", "ddp"),
+    pytest.param("horovodrun", "horovod", marks=pytest.mark.horovod),
+    ("torchrun", "fsdp"),
+])
+def test_built_in_modules(launcher, backend, tmp_path):
+    """Loaders built by data.get_loaders(), the model by models.build(), evaluation in
+    metrics.evaluate(), the loops in the script: the sampler is added where data.py builds the
+    training loader, the model is wrapped in the script, metrics.py prints once."""
+    migrated_copy("built_in_modules", backend, tmp_path / "p")
+    run = _launch(launcher, tmp_path / "p", tmp_path, sharded=backend == "fsdp")
+    assert _built_in_modules_problems(tmp_path, *run) == [], run[0].stdout
+
+
+@pytest.mark.parametrize("module,problem", [
+    ("data.py", "is not split into disjoint covering shards"),
+    ("metrics.py", "validation lines printed 4 times"),
+])
+def test_control_built_in_modules_without_a_helper_edit(module, problem, tmp_path):
+    """Control: one helper module put back as the user wrote it: without data.py's sampler every
+    rank reads the whole training set (the script's set_epoch then reaches the loader's default
+    sampler, which has none: the run dies, or the shards overlap); without metrics.py's guard each
+    rank prints its line."""
+    migrated_copy("built_in_modules", "ddp", tmp_path / "p")
+    shutil.copy(PROJECTS / "built_in_modules" / "in" / module, tmp_path / "p" / module)
+    if module == "data.py":
+        script = tmp_path / "p" / "train.py"
+        script.write_text(script.read_text().replace("        train_loader.sampler.set_epoch(epoch)\n", ""))
+    problems = _built_in_modules_problems(tmp_path, *_launch("torchrun", tmp_path / "p", tmp_path))
+    assert any(problem in p for p in problems), problems
