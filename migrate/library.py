@@ -167,6 +167,25 @@ WORLD_SIZE: FrozenSet[str] = frozenset({
     "torch.distributed.get_world_size", "horovod.torch.size", "distify.runtime.world_size",
 })
 
+# losses that average over the batch unless told otherwise (``reduction="mean"`` is their default):
+# a per-batch value, not a per-sample sum (distify.sums)
+_LOSS_CLASSES = (
+    "L1Loss", "MSELoss", "CrossEntropyLoss", "NLLLoss", "BCELoss", "BCEWithLogitsLoss", "HuberLoss",
+    "SmoothL1Loss", "KLDivLoss", "PoissonNLLLoss", "GaussianNLLLoss", "SoftMarginLoss", "MultiLabelSoftMarginLoss",
+    "MultiLabelMarginLoss", "MultiMarginLoss", "HingeEmbeddingLoss", "CosineEmbeddingLoss", "MarginRankingLoss",
+    "TripletMarginLoss",
+)
+_LOSS_FUNCTIONS = (
+    "l1_loss", "mse_loss", "cross_entropy", "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+    "huber_loss", "smooth_l1_loss", "kl_div", "poisson_nll_loss", "gaussian_nll_loss", "soft_margin_loss",
+    "multilabel_soft_margin_loss", "multilabel_margin_loss", "multi_margin_loss", "hinge_embedding_loss",
+    "cosine_embedding_loss", "margin_ranking_loss", "triplet_margin_loss",
+)
+MEAN_LOSSES: FrozenSet[str] = frozenset(
+    [f"torch.nn.{c}" for c in _LOSS_CLASSES] + [f"torch.nn.modules.loss.{c}" for c in _LOSS_CLASSES]
+    + [f"torch.nn.functional.{f}" for f in _LOSS_FUNCTIONS]
+)
+
 # loggers: calls of these modules, and the objects these factories return, write log records
 LOGGING_MODULES = ("logging.", "loguru.")
 LOGGER_FACTORIES: FrozenSet[str] = frozenset({"logging.getLogger", "logging.Logger", "logging.LoggerAdapter"})

@@ -32,6 +32,7 @@ _MODULES = (
     "dst203_shard_eval",
     "dst204_data_rng",
     "dst205_shard_input_nodes",
+    "dst206_reduce_train_sums",
     "dst307_full_state_dict",
     "dst301_rank0_save",
     "dst302_rank0_print",

@@ -14,12 +14,13 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple, Union
 import libcst as cst
 
 from distify.dataflow import iterated_ref
-from distify.records import CallSite, Loader, assigned_name
+from distify.records import CallSite, Loader
 from distify.syntax import arg, dotted, all_nodes, header_names, names
 from distify.facts import uses
 from distify.library import names_of
 from distify.rules.base import FSDP_BACKEND, HOROVOD_BACKEND, Context, binds_locally, hoistable_argument
 from distify.data_sources import is_iterable_dataset
+from distify.sums import COLLECTIVES, initialised, loop_locals, root as _root, sample_sum
 
 CODE = "DST203"  # the rule that carries the plans out
 # why evaluation loaders stay whole under --backend fsdp
@@ -37,9 +38,6 @@ NO_GRAD = {
     "torch.autograd.grad_mode.no_grad",
     "torch.autograd.grad_mode.inference_mode",
 }
-# method calls that only convert a value: `x.sum().item()` is as much a sum as `x.sum()`
-CONVERSIONS = {"item", "cpu", "detach", "float", "double", "long", "int", "clone", "to", "numpy"}
-COLLECTIVE_PREFIXES = ("torch.distributed", "horovod", "distify")
 PRINTS = names_of("print")  # tqdm.write and its twins (distify.library)
 LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "exception", "log", "write"}
 
@@ -272,14 +270,10 @@ class _Planner:
                 return "its evaluation loop can stop early (`break`)"
             if isinstance(node, cst.Call):
                 q = self.a.qualname(node.func) or ""
-                if q.startswith(COLLECTIVE_PREFIXES):
+                if q.startswith(COLLECTIVES):
                     return f"its evaluation loop already communicates between ranks (`{_short(code(node))}`)"
 
-        target_names = {n.value for n, how in names(loop.target, "store") if how == "store"}
-        local = set(target_names)
-        for n, how in names(loop.body):
-            if how == "store":
-                local.add(n.value)
+        local = loop_locals(loop)
 
         # side effects on anything that outlives one batch
         for node in body_nodes:
@@ -301,7 +295,7 @@ class _Planner:
                 continue  # a per-batch variable
             if not isinstance(node.operator, cst.AddAssign):
                 return f"metric `{name}` is not a sum (`{_short(code(node))}`)"
-            if not self._sample_sum(node.value, local):
+            if not sample_sum(self.a, node.value, local):
                 return (
                     f"`{_short(code(node))}` adds a per-batch value, not a per-sample sum, "
                     f"so `{name}` would depend on how the set is split"
@@ -316,7 +310,7 @@ class _Planner:
                 return f"metric `{n.value}` is read inside the evaluation loop"
 
         for name in metrics:
-            why = self._initialised(name, loop, scope)
+            why = initialised(self.a, name, loop, scope, "evaluation loop")
             if why:
                 return why
 
@@ -363,66 +357,7 @@ class _Planner:
             return "its evaluation loop rebinds names of another scope"
         return None
 
-    def _sample_sum(self, e: cst.BaseExpression, local: Set[str]) -> bool:
-        """True for expressions that add up one term per sample of the batch."""
-        if isinstance(e, cst.Call):
-            func = e.func
-            if isinstance(func, cst.Attribute) and func.attr.value in CONVERSIONS:
-                return self._sample_sum(func.value, local)
-            if isinstance(func, cst.Name) and func.value in ("float", "int") and len(e.args) == 1:
-                return self._sample_sum(e.args[0].value, local)
-            if isinstance(func, cst.Attribute) and func.attr.value in ("sum", "count_nonzero"):
-                return True
-            if self.a.qualname(func) in ("torch.sum", "torch.count_nonzero", "numpy.sum", "numpy.count_nonzero"):
-                return True
-            if _sum_reduction(e) or self._sum_criterion(func):
-                return True
-            return _count(e, local)
-        if isinstance(e, cst.Subscript):
-            return _count(e, local)
-        if isinstance(e, cst.BinaryOperation):
-            if isinstance(e.operator, (cst.Add, cst.Subtract)):
-                return self._sample_sum(e.left, local) and self._sample_sum(e.right, local)
-            if isinstance(e.operator, cst.Multiply):
-                # a batch mean times the batch size is a batch sum
-                return any(self._sample_sum(s, local) or _count(s, local) for s in (e.left, e.right))
-        return False
-
-    def _sum_criterion(self, func: cst.BaseExpression) -> bool:
-        """`criterion(out, y)` where `criterion = nn.CrossEntropyLoss(reduction="sum")`."""
-        name = dotted(func)
-        if name is None:
-            return False
-        for c in self.a.calls:
-            if _sum_reduction(c.call) and assigned_name(c.stmt, c.call) == name:
-                return True
-        return False
-
     # -------------------------------------------------------------------------- flow around the loop
-    def _initialised(self, name: str, loop: cst.For, scope: Scope) -> Optional[str]:
-        a = self.a
-        at = self.a.order(loop)
-        binds = self.a.bindings(scope).get(name, [])
-        init = a.reaching_binding(scope, name, loop)
-        if init is None or init.kind != "assign" or not init.literal:
-            return f"metric `{name}` does not start from a number literal right before the evaluation loop"
-        outer = a.stmt_parent.get(init.stmt, ())
-        around = a.stmt_parent.get(loop, ())
-        if around[: len(outer)] != outer:
-            return f"metric `{name}` is set in another block than the evaluation loop"
-        if any(isinstance(p, (cst.For, cst.While)) for p in around[len(outer):]):
-            return f"metric `{name}` is set outside a loop around the evaluation loop, so it adds up across its rounds"
-        inside = lambda s: loop in a.stmt_parent.get(s, ())  # noqa: E731
-        for b in binds:
-            if self.a.order(b.stmt) <= at or inside(b.stmt):
-                continue
-            if b.kind != "aug":
-                break  # set afresh: later sums start over
-            if any(p not in around for p in a.loops_around(b.stmt)):
-                line = a.position(b.stmt)[0]
-                return f"metric `{name}` keeps adding up in another loop (line {line})"
-        return None
-
     def _read_after(self, loop: cst.For, scope: Scope, local: Set[str]) -> Optional[str]:
         """A per-batch variable read after the loop holds the last batch: one rank's, once sharded."""
         if not local:
@@ -503,21 +438,6 @@ def _short(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _root(e: cst.CSTNode) -> Optional[str]:
-    """The name an expression hangs off: `preds` for `preds.append`, `self` for `self.x[i]`."""
-    while True:
-        if isinstance(e, cst.Name):
-            return e.value
-        if isinstance(e, cst.Attribute):
-            e = e.value
-        elif isinstance(e, cst.Subscript):
-            e = e.value
-        elif isinstance(e, cst.Call):
-            e = e.func
-        else:
-            return None
-
-
 def _flatten(t: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
     if isinstance(t, (cst.Tuple, cst.List)):
         for el in t.elements:
@@ -526,39 +446,6 @@ def _flatten(t: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
         yield from _flatten(t.value)
     else:
         yield t
-
-
-def _sum_reduction(call: cst.Call) -> bool:
-    for a in call.args:
-        if a.keyword is not None and a.keyword.value == "reduction" and isinstance(a.value, cst.SimpleString):
-            return a.value.evaluated_value == "sum"
-    return False
-
-
-def _count(e: cst.BaseExpression, local: Set[str]) -> bool:
-    """`len(y)`, `y.size(0)`, `y.size()[0]`, `y.shape[0]`, `y.numel()` of a per-batch value."""
-    def zero(node) -> bool:
-        return isinstance(node, cst.Integer) and node.value == "0"
-
-    if isinstance(e, cst.Call):
-        func = e.func
-        if isinstance(func, cst.Name) and func.value == "len" and len(e.args) == 1:
-            return _root(e.args[0].value) in local
-        if isinstance(func, cst.Attribute):
-            if func.attr.value == "size" and len(e.args) == 1 and zero(e.args[0].value):
-                return _root(func.value) in local
-            if func.attr.value in ("numel", "nelement") and not e.args:
-                return _root(func.value) in local
-    if isinstance(e, cst.Subscript) and len(e.slice) == 1:
-        index = e.slice[0].slice
-        if not (isinstance(index, cst.Index) and zero(index.value)):
-            return False
-        v = e.value
-        if isinstance(v, cst.Attribute) and v.attr.value == "shape":
-            return _root(v.value) in local
-        if isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and v.func.attr.value == "size" and not v.args:
-            return _root(v.func.value) in local
-    return False
 
 
 def _innermost_loop(outer: cst.For, target: cst.CSTNode) -> Optional[cst.CSTNode]:

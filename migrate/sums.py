@@ -1,0 +1,336 @@
+"""What a loop over batches adds up: the sums a metric is made of.
+
+A counter bound to a number literal before a loop and only added to inside it (``correct +=
+(pred == y).sum().item()``) is one of two kinds, by what each batch adds:
+
+- a *per-sample sum* (``sample``): one term per sample of the batch (``.sum()``, a count of the
+  batch ``y.size(0)``, a batch mean times the batch size, a criterion built with
+  ``reduction="sum"``). Over shards of the data, the whole set's sum is the sum over the ranks.
+- a *per-batch mean* (``batch``): a loss that averages over its batch (a loss of
+  ``distify.library.MEAN_LOSSES`` without ``reduction=``, or with ``"mean"``), read as a number.
+  With every rank running as many batches as the others, the single process's sum of batch means
+  at N times the batch is the mean over the ranks of their sums.
+
+Anything else is neither, and a rule that reduces metrics leaves it alone. The evaluation plans
+(``distify.rules.eval_plan``, DST203) and the training sums (DST206) ask these facts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Collection, List, Optional, Set, Union
+
+import libcst as cst
+
+from distify.library import MEAN_LOSSES
+from distify.records import assigned_name
+from distify.syntax import all_nodes, dotted, header_names, names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from distify.anatomy import Anatomy
+    from distify.records import BatchLoop, Loader
+
+Scope = Union[cst.Module, cst.FunctionDef]
+
+# method calls that only convert a value: `x.sum().item()` is as much a sum as `x.sum()`
+CONVERSIONS = {"item", "cpu", "detach", "float", "double", "long", "int", "clone", "to", "numpy"}
+COLLECTIVES = ("torch.distributed", "horovod", "distify")
+
+
+@dataclass(eq=False)
+class LoopSum:
+    name: str
+    node: cst.AugAssign  # the first addition in the loop
+    kind: str  # sample | batch
+
+
+def loop_locals(loop: cst.For) -> Set[str]:
+    """Names the loop binds afresh in each batch (its target and every plain assignment)."""
+    local = {n.value for n, how in names(loop.target, "store") if how == "store"}
+    for n, how in names(loop.body):
+        if how == "store":
+            local.add(n.value)
+    return local
+
+
+def sample_sum(a: "Anatomy", e: cst.BaseExpression, local: Set[str]) -> bool:
+    """True for expressions that add up one term per sample of the batch."""
+    if isinstance(e, cst.Call):
+        func = e.func
+        if isinstance(func, cst.Attribute) and func.attr.value in CONVERSIONS:
+            return sample_sum(a, func.value, local)
+        if isinstance(func, cst.Name) and func.value in ("float", "int") and len(e.args) == 1:
+            return sample_sum(a, e.args[0].value, local)
+        if isinstance(func, cst.Attribute) and func.attr.value in ("sum", "count_nonzero"):
+            return True
+        if a.qualname(func) in ("torch.sum", "torch.count_nonzero", "numpy.sum", "numpy.count_nonzero"):
+            return True
+        if sum_reduction(e) or _sum_criterion(a, func):
+            return True
+        return count(e, local)
+    if isinstance(e, cst.Subscript):
+        return count(e, local)
+    if isinstance(e, cst.BinaryOperation):
+        if isinstance(e.operator, (cst.Add, cst.Subtract)):
+            return sample_sum(a, e.left, local) and sample_sum(a, e.right, local)
+        if isinstance(e.operator, cst.Multiply):
+            # a batch mean times the batch size is a batch sum
+            return any(sample_sum(a, s, local) or count(s, local) for s in (e.left, e.right))
+    return False
+
+
+def _converted(a: "Anatomy", e: cst.BaseExpression) -> cst.BaseExpression:
+    """`e` without the calls that only convert it (`loss.item()`, `float(loss)`: `loss`)."""
+    while isinstance(e, cst.Call):
+        func = e.func
+        if isinstance(func, cst.Attribute) and func.attr.value in CONVERSIONS and not e.args:
+            e = func.value
+        elif isinstance(func, cst.Name) and func.value == "float" and len(e.args) == 1 and a.qualname(func) in (None, "builtins.float"):
+            e = e.args[0].value
+        else:
+            break
+    return e
+
+
+def bound_sample_sum(a: "Anatomy", e: cst.BaseExpression, loop: cst.For, local: Set[str]) -> bool:
+    """`loss.item()` where the loop bound `loss` once to a per-sample sum (a criterion built with
+    ``reduction="sum"``)."""
+    e = _converted(a, e)
+    if not isinstance(e, cst.Name):
+        return False
+    values = _loop_assigned(loop, e.value)
+    return len(values) == 1 and values[0] is not None and sample_sum(a, values[0], local)
+
+
+def batch_mean(a: "Anatomy", e: cst.BaseExpression, loop: cst.For, scope: Scope) -> bool:
+    """True for a number that is a loss averaged over this batch: `loss.item()` where the loop bound
+    `loss = criterion(out, y)` once, `criterion` a mean loss of the library (or a call of one)."""
+    e = _converted(a, e)
+    if isinstance(e, cst.Call):
+        return _mean_loss(a, e, scope)
+    if not isinstance(e, cst.Name):
+        return False
+    values = _loop_assigned(loop, e.value)
+    return len(values) == 1 and isinstance(values[0], cst.Call) and _mean_loss(a, values[0], scope)
+
+
+def _mean_loss(a: "Anatomy", call: cst.Call, scope: Scope) -> bool:
+    """A call of a mean loss: `F.cross_entropy(out, y)`, or `criterion(out, y)` of a name bound to
+    `nn.CrossEntropyLoss()` without another reduction (followed through parameters to the callers)."""
+    q = a.qualname(call.func)
+    if q in MEAN_LOSSES:
+        return _reduction_mean(call)
+    return isinstance(call.func, cst.Name) and _mean_loss_name(a, call.func.value, scope, 0)
+
+
+def _mean_loss_name(a: "Anatomy", name: str, scope: Scope, depth: int) -> bool:
+    """`name`, read in `scope`, holds a mean loss on every path distify can see."""
+    if depth > 4:
+        return False
+    binds = a.bindings(scope).get(name, [])
+    if isinstance(scope, cst.FunctionDef) and name in a.facts.params(scope):
+        if binds:
+            return False  # rebound inside the function
+        sites = a.callers(scope)
+        for site in sites:
+            value = a.bound_value(site.call, scope, name)
+            if value is None:
+                return False
+            if isinstance(value, cst.Call):
+                if not _mean_loss_built(a, value):
+                    return False
+            elif not (isinstance(value, cst.Name) and _mean_loss_name(a, value.value, site.scope, depth + 1)):
+                return False
+        return bool(sites)
+    for where in (scope, a.module):
+        binds = a.bindings(where).get(name, [])
+        if binds:
+            built = [c for c in a.calls if c.scope is where and assigned_name(c.stmt, c.call) == name]
+            return len(binds) == 1 and len(built) == 1 and binds[0].stmt is built[0].stmt and _mean_loss_built(a, built[0].call)
+    return False
+
+
+def _mean_loss_built(a: "Anatomy", call: cst.Call) -> bool:
+    """`nn.CrossEntropyLoss()`: a loss module that averages over the batch."""
+    return a.qualname(call.func) in MEAN_LOSSES and _reduction_mean(call)
+
+
+def _reduction_mean(call: cst.Call) -> bool:
+    for x in call.args:
+        if x.star:
+            return False
+        if x.keyword is not None and x.keyword.value in ("reduction", "size_average", "reduce"):
+            return x.keyword.value == "reduction" and isinstance(x.value, cst.SimpleString) and x.value.evaluated_value == "mean"
+    return True
+
+
+def _loop_assigned(loop: cst.For, name: str) -> List[cst.BaseExpression]:
+    """The values a plain `name = value` in the loop's body binds (another kind of binding: None)."""
+    out: List[cst.BaseExpression] = []
+    for node in all_nodes(loop.body, skip_nested=True):
+        if isinstance(node, cst.Assign) and any(dotted(t.target) == name for t in node.targets):
+            out.append(node.value)
+        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)) and dotted(node.target) == name:
+            out.append(None)  # type: ignore[arg-type]
+    return out
+
+
+def _sum_criterion(a: "Anatomy", func: cst.BaseExpression) -> bool:
+    """`criterion(out, y)` where `criterion = nn.CrossEntropyLoss(reduction="sum")`."""
+    name = dotted(func)
+    if name is None:
+        return False
+    for c in a.calls:
+        if sum_reduction(c.call) and assigned_name(c.stmt, c.call) == name:
+            return True
+    return False
+
+
+def sum_reduction(call: cst.Call) -> bool:
+    for x in call.args:
+        if x.keyword is not None and x.keyword.value == "reduction" and isinstance(x.value, cst.SimpleString):
+            return x.value.evaluated_value == "sum"
+    return False
+
+
+def root(e: cst.CSTNode) -> Optional[str]:
+    """The name an expression hangs off: `preds` for `preds.append`, `self` for `self.x[i]`."""
+    while True:
+        if isinstance(e, cst.Name):
+            return e.value
+        if isinstance(e, cst.Attribute):
+            e = e.value
+        elif isinstance(e, cst.Subscript):
+            e = e.value
+        elif isinstance(e, cst.Call):
+            e = e.func
+        else:
+            return None
+
+
+def count(e: cst.BaseExpression, local: Set[str]) -> bool:
+    """`len(y)`, `y.size(0)`, `y.size()[0]`, `y.shape[0]`, `y.numel()` of a per-batch value."""
+    def zero(node) -> bool:
+        return isinstance(node, cst.Integer) and node.value == "0"
+
+    if isinstance(e, cst.Call):
+        func = e.func
+        if isinstance(func, cst.Name) and func.value == "len" and len(e.args) == 1:
+            return root(e.args[0].value) in local
+        if isinstance(func, cst.Attribute):
+            if func.attr.value == "size" and len(e.args) == 1 and zero(e.args[0].value):
+                return root(func.value) in local
+            if func.attr.value in ("numel", "nelement") and not e.args:
+                return root(func.value) in local
+    if isinstance(e, cst.Subscript) and len(e.slice) == 1:
+        index = e.slice[0].slice
+        if not (isinstance(index, cst.Index) and zero(index.value)):
+            return False
+        v = e.value
+        if isinstance(v, cst.Attribute) and v.attr.value == "shape":
+            return root(v.value) in local
+        if isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and v.func.attr.value == "size" and not v.args:
+            return root(v.func.value) in local
+    return False
+
+
+def initialised(a: "Anatomy", name: str, loop: cst.For, scope: Scope, what: str) -> Optional[str]:
+    """Why `name` is no counter of this loop alone (None when it is): it must start from a number
+    literal right before the loop, in the same block, and not keep adding up in another loop."""
+    at = a.order(loop)
+    init = a.reaching_binding(scope, name, loop)
+    if init is None or init.kind != "assign" or not init.literal:
+        return f"metric `{name}` does not start from a number literal right before the {what}"
+    outer = a.stmt_parent.get(init.stmt, ())
+    around = a.stmt_parent.get(loop, ())
+    if around[: len(outer)] != outer:
+        return f"metric `{name}` is set in another block than the {what}"
+    if any(isinstance(p, (cst.For, cst.While)) for p in around[len(outer):]):
+        return f"metric `{name}` is set outside a loop around the {what}, so it adds up across its rounds"
+    for b in a.bindings(scope).get(name, []):
+        if a.order(b.stmt) <= at or loop in a.stmt_parent.get(b.stmt, ()):
+            continue
+        if b.kind != "aug":
+            break  # set afresh: later sums start over
+        if any(p not in around for p in a.loops_around(b.stmt)):
+            line = a.position(b.stmt)[0]
+            return f"metric `{name}` keeps adding up in another loop (line {line})"
+    return None
+
+
+def first_read_after(a: "Anatomy", name: str, loop: cst.For, scope: Scope) -> Optional[cst.CSTNode]:
+    """The first statement after the loop in its scope that reads `name` (None when it is set
+    afresh, or never read, first)."""
+    at = a.order(loop)
+    for stmt in a.facts.statements(scope):
+        if a.order(stmt) <= at or loop in a.stmt_parent.get(stmt, ()):
+            continue
+        for n, how in header_names(stmt):
+            if n.value == name:
+                return stmt if how != "store" else None
+    return None
+
+
+def reduces(a: "Anatomy", stmt: cst.CSTNode) -> bool:
+    """The statement calls a collective already (a sum distify or the script reduced)."""
+    return any(
+        (c.qualname or "").startswith(COLLECTIVES) for c in a.calls if c.stmt is stmt
+    )
+
+
+def training_sums(a: "Anatomy", loop: cst.For, scope: Scope) -> List[LoopSum]:
+    """The counters a training loop adds to and its scope reads after it, each with its kind.
+    A counter the loop also sets, reads or adds anything else to is none (its value is per rank
+    by design, such as a running loss printed and reset every k batches)."""
+    local = loop_locals(loop)
+    found: dict = {}
+    bad: Set[str] = set()
+    for node in all_nodes(loop.body, skip_nested=True):
+        if not isinstance(node, cst.AugAssign) or not isinstance(node.target, cst.Name):
+            continue
+        name = node.target.value
+        if name in local:
+            continue
+        kind = None
+        if isinstance(node.operator, cst.AddAssign):
+            if sample_sum(a, node.value, local) or bound_sample_sum(a, node.value, loop, local):
+                kind = "sample"
+            elif batch_mean(a, node.value, loop, scope):
+                kind = "batch"
+        prior = found.get(name)
+        if kind is None or (prior is not None and prior.kind != kind):
+            bad.add(name)
+        elif prior is None:
+            found[name] = LoopSum(name, node, kind)
+    for n, how in names(loop.body):
+        if n.value in found and how != "aug":
+            bad.add(n.value)
+    out = []
+    for s in found.values():
+        if s.name in bad or initialised(a, s.name, loop, scope, "training loop") is not None:
+            continue
+        read = first_read_after(a, s.name, loop, scope)
+        if read is not None and not reduces(a, read):
+            out.append(s)
+    return out
+
+
+def fed_only_by(a: "Anatomy", bl: "BatchLoop", sharded: Collection["Loader"]) -> bool:
+    """Every batch the loop reads comes from one of the `sharded` loaders: each loader whose batches
+    reach it is one, it takes no key of a loader family that stays whole (`for b in
+    loaders[phase]` over "train" and "val"), and each call of its function passes one of them."""
+    feeding = [ld for ld in a.loaders if any(x is bl for x in ld.batch_loops)]
+    if not feeding or any(ld not in sharded for ld in feeding):
+        return False
+    if bl.keys is not None and set(bl.keys) != set(bl.train_keys or ()):
+        return False
+    if isinstance(bl.scope, cst.FunctionDef) and bl.ref in a.facts.params(bl.scope):
+        known = {(id(s), r) for ld in feeding for s, r in ld.refs}
+        sites = a.callers(bl.scope, any_receiver=True)
+        for site in sites:
+            value = a.bound_value(site.call, bl.scope, bl.ref)
+            ref = dotted(value) if value is not None else None
+            if ref is None or (id(site.scope), ref) not in known:
+                return False
+        return bool(sites)
+    return True

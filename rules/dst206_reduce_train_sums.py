@@ -1,0 +1,98 @@
+"""DST206 sums over the training data that the script reads after the loop cover every rank."""
+
+from __future__ import annotations
+
+from typing import Set
+
+import libcst as cst
+
+from distify.rules.base import Context, Rule
+from distify.sums import fed_only_by, training_sums
+
+
+class ReduceTrainSums(Rule):
+    """Reduce across ranks the sums a training loop adds up and the script reads after it.
+
+    What it does:
+        For a training loop over a loader DST201 shards, finds the counters started from a number
+        literal right before the loop, only added to inside it and read after it (an epoch's loss
+        or accuracy printed, logged, returned or saved), and inserts one reduction right after the
+        loop, by what each batch adds (``distify.sums``):
+
+        - a per-sample sum (``running_loss += loss.item() * x.size(0)``, ``correct +=
+          (pred == y).sum().item()``, ``total += y.size(0)``) is summed over the ranks: divided by
+          ``len(train_loader.dataset)`` (the whole set) or by a summed count, it is the whole
+          set's mean;
+        - a per-batch mean (``running_loss += loss.item()`` of a loss that averages its batch) is
+          averaged over the ranks: every rank runs as many batches, so divided by
+          ``len(train_loader)`` (this rank's count of batches) it is the mean the single process
+          reports at N times the batch.
+
+        A counter also set, read or added to in another way inside the loop (a running loss printed
+        and reset every k batches) is left as it is.
+
+    Why:
+        Each rank adds up only its shard: printed on rank 0, an epoch's loss or accuracy would be
+        rank 0's alone, and a value that steers training (a scheduler, early stopping) would differ
+        between ranks. DistributedSampler pads the last shard with repeated samples when the set
+        does not divide evenly, so a sum can count a few samples twice.
+
+    Example:
+        running_loss = 0.0
+        for x, y in train_loader:
+            ...
+            running_loss += loss.item() * x.size(0)
+        print(running_loss / len(train_loader.dataset))
+
+        becomes
+
+        running_loss = 0.0
+        for x, y in train_loader:
+            ...
+            running_loss += loss.item() * x.size(0)
+        running_loss = runtime.all_reduce_sum(running_loss)
+        print(running_loss / len(train_loader.dataset))
+    """
+
+    code = "DST206"
+    name = "reduce-train-sums"
+    summary = "sum an epoch's training metrics over the ranks"
+
+    def apply(self, ctx: Context) -> None:
+        a = ctx.anatomy
+        done: Set[int] = set()
+        for loader in ctx.plan.samplers:
+            for bl in loader.batch_loops:
+                if not bl.trains or bl.via != "for" or id(bl.loop) in done:
+                    continue
+                done.add(id(bl.loop))
+                if not fed_only_by(a, bl, ctx.plan.samplers):
+                    continue  # a loader that stays whole reaches it too: its sums are whole already
+                sums = training_sums(a, bl.loop, bl.scope)
+                if not sums:
+                    continue
+                stmts = []
+                summed = [s.name for s in sums if s.kind == "sample"]
+                averaged = [s.name for s in sums if s.kind == "batch"]
+                if summed:
+                    names = ", ".join(summed)
+                    stmts.append(f"{names} = {ctx.runtime}.all_reduce_sum({names})")
+                for name in averaged:
+                    stmts.append(f"{name} = {ctx.runtime}.reduce_mean({name})")
+                ctx.edits.insert_after(bl.loop, ctx.stmts("\n".join(stmts)))
+                if isinstance(bl.scope, cst.FunctionDef):
+                    ctx.gains_collective(bl.scope)  # `print(train(...))` must now run on every rank
+                parts = []
+                if summed:
+                    parts.append(f"{', '.join(summed)} summed")
+                if averaged:
+                    parts.append(f"{', '.join(averaged)} (a sum of batch means) averaged")
+                ctx.report(
+                    self.code,
+                    bl.loop,
+                    f"{' and '.join(parts)} over all ranks after the training loop: what the script reports "
+                    "covers every rank's shard",
+                )
+
+
+RULE = ReduceTrainSums()

@@ -1,0 +1,63 @@
+"""Executed: the sums a training loop adds up and the script reports after it cover every rank
+(issue 22, item 5; DST206, fixtures/DST206/epoch_loss).
+
+The script prints, each epoch, the mean loss over the training set (a per-sample sum over
+``len(loader.dataset)``), the mean of the batch losses (a sum of batch means over ``len(loader)``,
+this rank's count of batches) and the training accuracy. It is deterministic and its loader does not
+shuffle, so 2 ranks at batch 8 see, batch by batch, the samples the single process sees at batch 16
+(DistributedSampler deals index i to rank i % 2) and train the same weights: the printed lines must
+be the single process's. Control: the same migrated script without DST206's reductions prints rank
+0's half.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from e2e_support import REPO_ROOT, epoch_lines, migrate, run_horovodrun, run_python, run_torchrun  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+SOURCE = REPO_ROOT / "fixtures" / "DST206" / "epoch_loss.in.py"
+REDUCTIONS = re.compile(r"^ *\w+(, \w+)* = runtime\.(all_reduce_sum|reduce_mean)\(.*\)\n", re.M)
+
+
+def _numbers(lines: list) -> list:
+    return [[float(x) for x in re.findall(r"-?\d+\.\d+", line)] for line in lines]
+
+
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory) -> list:
+    work = tmp_path_factory.mktemp("original")
+    script = work / "train.py"
+    script.write_text(SOURCE.read_text())
+    return _numbers(epoch_lines(run_python(script, ["--batch-size", "16"], cwd=work).stdout))
+
+
+@pytest.mark.parametrize(
+    "backend,reduced",
+    [("ddp", True), ("ddp", False), pytest.param("horovod", True, marks=pytest.mark.horovod)],
+    ids=["ddp", "control-ddp-unreduced", "horovod"],
+)
+def test_epoch_summary_equals_single_process(tmp_path, single_process, backend, reduced):
+    script = tmp_path / "train.py"
+    migrate(SOURCE, script, backend=backend)
+    text = script.read_text()
+    assert len(REDUCTIONS.findall(text)) == 2, "DST206 did not reduce the epoch's sums"
+    if not reduced:
+        script.write_text(REDUCTIONS.sub("", text))
+    run = run_torchrun if backend == "ddp" else run_horovodrun
+    found = _numbers(epoch_lines(run(script, ["--batch-size", "8"], nproc=2, cwd=tmp_path).stdout))
+    assert len(found) == len(single_process) == 3, found
+    close = all(
+        abs(a - b) <= 2e-6 for got, want in zip(found, single_process) for a, b in zip(got, want)
+    )
+    if reduced:
+        assert close, f"2 ranks printed {found}, the single process {single_process}"
+    else:
+        assert not close, "control: rank 0's own sums already equal the whole set's"

@@ -1,0 +1,77 @@
+"""DST206 reduces the sums a training loop adds up and the script reads after it, by what each
+batch adds (distify.sums): a per-sample sum is summed over the ranks, a sum of batch means is
+averaged, and anything else is left as it is (see tests/test_e2e_train_sums.py for the run)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from distify.engine import migrate_source
+from distify.rules.base import Options
+
+SCRIPT = '''\
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def own_loss(out, y):
+    return ((out - y) ** 2).mean()
+
+
+data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+loader = DataLoader(data, batch_size=8, shuffle=True)
+model = nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+criterion = {criterion}
+{before}
+for epoch in range(2):
+    {init}
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = {loss}
+        loss.backward()
+        optimizer.step()
+        {add}
+    print(epoch, total / len(loader))
+'''
+
+BASE = dict(criterion="nn.MSELoss()", before="", init="total = 0.0", loss="criterion(model(x), y)",
+            add="total += loss.item()")
+CASES = {
+    # a loss module that averages its batch (the library's default): a sum of batch means
+    "mean-module": ({}, "reduce_mean"),
+    "mean-function": ({"loss": "F.mse_loss(model(x), y)"}, "reduce_mean"),
+    "mean-times-batch": ({"add": "total += loss.item() * x.size(0)"}, "all_reduce_sum"),
+    "sum-module": ({"criterion": 'nn.MSELoss(reduction="sum")'}, "all_reduce_sum"),
+    "count": ({"add": "total += y.size(0)"}, "all_reduce_sum"),
+    # what distify cannot tell is a mean or a sum stays as it is
+    "own-loss": ({"loss": "own_loss(model(x), y)"}, None),
+    "no-reduction": ({"criterion": 'nn.MSELoss(reduction="none")', "loss": "criterion(model(x), y).mean()"}, None),
+    # a running value printed and reset inside the loop is per rank by design
+    "reset-in-loop": ({"add": "total += loss.item()\n        if total > 9:\n            total = 0.0"}, None),
+    # a total over every epoch: reducing it after each pass would count the earlier passes N times
+    "across-epochs": ({"before": "total = 0.0", "init": "pass"}, None),
+    "not-a-sum": ({"add": "total = max(total, loss.item())"}, None),
+}
+
+
+def _reductions(backend: str, **parts) -> list:
+    source = SCRIPT.format(**{**BASE, **parts})
+    out = migrate_source(source.encode(), Options(backend=backend)).output.decode()
+    return re.findall(r"^ *total = runtime\.(\w+)\(total\)$", out, re.M)
+
+
+@pytest.mark.parametrize("backend", ["ddp", "horovod", "fsdp"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_reduction_by_kind(case, backend):
+    parts, expected = CASES[case]
+    assert _reductions(backend, **parts) == ([expected] if expected else [])
+
+
+def test_second_run_adds_nothing():
+    source = SCRIPT.format(**BASE).encode()
+    once = migrate_source(source, Options(backend="ddp")).output
+    assert migrate_source(once, Options(backend="ddp")).output == once
