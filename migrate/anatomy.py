@@ -309,7 +309,10 @@ class Anatomy:
         return self.facts.holds(scope, name, since, use)
 
 
-def analyse(module: cst.Module) -> Anatomy:
+def analyse(module: cst.Module, project=None) -> Anatomy:
+    """The anatomy of `module`. `project`, when given, answers which function of another module of
+    the user's project a qualified name is (``distify.program.ProjectReach``): the facts then
+    follow the model into that function too (an initialisation or a load written there)."""
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     col = _Collector()
     walk(module, col)  # the collector's hooks, in libcst's order, without rebuilding the tree
@@ -375,6 +378,7 @@ def analyse(module: cst.Module) -> Anatomy:
             bl.via = "pass"
 
     facts = Facts(module, col.calls, col.functions, col.methods, col.stmt_parent, col.stmt_scope, col.assigns)
+    facts.project = project
     col.facts = facts  # _find_model asks it when the model is final (distify.model_state)
     facts.trainers = frozenset(trainers)
     for bl in batch_loops:  # `for b in bar` after `bar = tqdm(loader)` reads `loader`

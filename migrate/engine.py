@@ -126,7 +126,12 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
     except (RecursionError, MemoryError) as e:  # pathological nesting
         raise InputError(f"cannot parse: {type(e).__name__}") from None
 
-    anatomy = analyse(module)
+    reach = None
+    if path is not None:
+        from distify.program import ProjectReach
+
+        reach = ProjectReach(path, options)
+    anatomy = analyse(module, reach)
     project_view = None
     if path is not None and not options.standalone and (anatomy.optimizers or anatomy.loaders) and (
             not anatomy.has_training or _builds_elsewhere(anatomy)):
@@ -143,7 +148,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
                            "module again; run distify on the original files of every script that uses it together "
                            "(distify a.py b.py)", kind="warning")
             return MigrationResult(source, source, (said,), note="not migrated: see warnings", encoding=encoding, refused=True)
-        seen = analyse(project_view.module) if project_view is not None else None
+        seen = analyse(project_view.module, reach) if project_view is not None else None
         if seen is not None and seen.has_training and (seen.flavour is None or seen.migrated_by_distify):
             from distify.project_view import seen_as_script
 
@@ -193,7 +198,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
             return MigrationResult(
                 source, source, tuple(findings), note="not converted: see warnings", encoding=encoding, refused=True
             )
-        anatomy = analyse(module)
+        anatomy = analyse(module, reach)
         anatomy.want_positions = options.positions
         line_map = _line_map(source, module.bytes)
 

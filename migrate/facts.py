@@ -55,6 +55,9 @@ class Facts:
         self._gradient_names: Optional[FrozenSet[str]] = None
         self._trains: Dict[int, bool] = {}
         self.trainers: FrozenSet[cst.FunctionDef] = frozenset()  # functions that train (set by the anatomy)
+        # which function of another module of the project a qualified name is, when the analysis
+        # knows the project (``distify.program.ProjectReach``); None for a file on its own
+        self.project = None
 
     # order and nesting -------------------------------------------------------------------
     def order(self, stmt: cst.CSTNode) -> int:

@@ -152,7 +152,9 @@ def _through_call(facts, qualname, call: cst.Call, scope, roots: Sequence[str], 
     """Changes a function of the script makes to the arguments it is handed: the call stands for
     them (``load_checkpoint(path, model, optimizer)`` loads `model` and `optimizer`)."""
     fn = facts.callee(call, scope)
-    if fn is None or fn is scope:
+    if fn is None:
+        return _through_project(facts, qualname, call, roots, depth)
+    if fn is scope:
         return []
     out: List[Change] = []
     for a in call.args:
@@ -166,6 +168,27 @@ def _through_call(facts, qualname, call: cst.Call, scope, roots: Sequence[str], 
             if facts.stmt_parent.get(s, ()):
                 continue  # nested statements are read with the one at the function's top level
             out += [Change(c.kind, root, call) for c in changes_in(facts, qualname, s, [param], depth + 1)]
+    return out
+
+
+def _through_project(facts, qualname, call: cst.Call, roots: Sequence[str], depth: int) -> List[Change]:
+    """Changes a function of another module of the project makes to the arguments it is handed
+    (``initialize_weights(gen)`` with ``from model import initialize_weights``): the call stands for
+    them, read in that module's own facts."""
+    q = qualname(call.func) if facts.project is not None else None
+    got = facts.project(q, call) if q else None
+    if got is None:
+        return []
+    other, other_qualname, fn, bound = got
+    out: List[Change] = []
+    for param, expr in bound.items():
+        root = dotted(expr)
+        if root not in roots:
+            continue
+        for s in other.statements(fn):
+            if other.stmt_parent.get(s, ()):
+                continue
+            out += [Change(c.kind, root, call) for c in changes_in(other, other_qualname, s, [param], depth + 1)]
     return out
 
 

@@ -299,6 +299,28 @@ def _model(anatomy, path: str, options) -> Tuple[Program, Unit]:
     return cache["model"]
 
 
+class ProjectReach:
+    """What a qualified name of the script at `path` is in its project, for the fact layer
+    (``Facts.project``): ``(facts, qualname, function, bound)`` of the project function it names
+    and the arguments a call binds to its parameters, or None. The program model is built on the
+    first question, so a file that never hands its model to another module pays nothing."""
+
+    def __init__(self, path: str, options) -> None:
+        self._path, self._options = path, options
+        self._prog: Optional[Program] = None
+
+    def __call__(self, q: str, call: cst.Call):
+        if self._prog is None:
+            self._prog, _ = for_script(
+                self._path, getattr(self._options, "project_root", None), tuple(getattr(self._options, "exclude", ()))
+            )
+        target = self._prog._named(q, _DEPTH)
+        if not isinstance(target, Target):
+            return None
+        unit = target.unit
+        return unit.anatomy.facts, (lambda e: resolve(unit.aliases, e)), target.fn, self._prog.bind(target, call)
+
+
 def program_of(anatomy) -> Optional[Program]:
     """The program model `reached` built for this anatomy, if any."""
     got = anatomy.__dict__.get("_program", {}).get("model")

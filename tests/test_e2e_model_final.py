@@ -110,3 +110,27 @@ def test_wrap_after_apply_init_and_load(tmp_path):
     assert not _same_on_every_rank(_ranks(early, tmp_path / "control", _args(B), real=True)), (
         "control: with the wrap before .apply(init_fn) the ranks should differ"
     )
+
+
+def test_wrap_after_an_init_in_another_module(tmp_path):
+    """fixtures/projects/init_in_module: `initialize_weights(net)`, imported from the project's
+    nets.py, draws the weights from the unseeded global generator after the model is built; the DDP
+    wrap must follow it. Real torchrun launches (each process seeds itself from the OS): every rank
+    ends with the same parameters. Control: the wrap moved back above the call (where distify put
+    it while it did not read nets.py) leaves the ranks different."""
+    from test_project_goldens import migrated_copy
+
+    project = tmp_path / "project"
+    migrated_copy("init_in_module", "ddp", project)
+    script = project / "train.py"
+    text = script.read_text()
+    call, wrap = "initialize_weights(net)\n", "net = runtime.DDP(net, device_ids=runtime.device_ids())\n"
+    assert text.index(call) < text.index(wrap), "the wrap must follow the initialisation"
+    args = ["--batch-size", 8, "--epochs", 1, "--checkpoint", "final.pt"]
+    ranks = _ranks(script, tmp_path / "run", args, real=True)
+    assert ranks[0] and _same_on_every_rank(ranks), "ranks trained different models after initialize_weights(net)"
+
+    script.write_text(text.replace(wrap, "").replace(call, wrap + call))
+    assert not _same_on_every_rank(_ranks(script, tmp_path / "control", args, real=True)), (
+        "control: with the wrap before initialize_weights(net) the ranks should differ"
+    )
