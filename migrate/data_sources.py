@@ -51,7 +51,7 @@ def foreign_loaders(anatomy: "Anatomy") -> List[ForeignLoader]:
     loader it is handed (`batches = infinite(get_loader(...))`): its pass loop, whose passes are
     counted there."""
     a = anatomy
-    own = {id(bl) for l in a.loaders for bl in l.batch_loops}
+    own = {id(bl) for l in a.loaders if l.role != "shared" for bl in l.batch_loops}
     gens = {id(bl.scope): bl for bl in a.batch_loops if bl.via == "pass" and id(bl) not in own}
     out: List[ForeignLoader] = []
     seen = set()
@@ -210,10 +210,31 @@ def _bound_to_known_data(a: "Anatomy", scope: Scope, ref: str, own_refs: Set[str
 def _foreign_builder(a: "Anatomy", site: "CallSite") -> Optional[str]:
     """The qualified name of the function `site` calls when another module (not torch) defines
     it, else None."""
+    here = a.functions.get(dotted(site.call.func) or "")
+    if here is not None:  # a function of this file: only one that builds training and evaluation loaders alike
+        return here.name.value if shared_factory(a, here) else None
     q = site.qualname or star_import(a.star_modules, site.call.func, a.name_bindings) or ""
-    if not q or q.split(".")[0] in ("torch", "builtins", "distify") or (dotted(site.call.func) or "") in a.functions:
+    if not q or q.split(".")[0] in ("torch", "builtins", "distify"):
         return None
     return None if (known(q) is not None and known(q).kind == "loader") else q  # the table says how a library loader shards
+
+
+def shared_factory(a: "Anatomy", fn: cst.FunctionDef) -> bool:
+    """`fn` builds a loader that one call of it hands to training and another to evaluation
+    (``create_dataloader_v1(train_text, shuffle=True)`` and ``(val_text, shuffle=False)``): its
+    DataLoader cannot take a sampler for one role only, so each training call's loader is
+    re-sharded where it is bound."""
+    return any(l.role == "shared" and l.call.scope is fn for l in a.loaders)
+
+
+def resharded_at_its_calls(a: "Anatomy", loader) -> bool:
+    """`loader` is built by a factory of this file shared by training and evaluation, and every
+    training call's result is re-sharded where it is bound (``runtime.shard_loader``): sharded."""
+    fn = loader.call.scope
+    if loader.role != "shared" or not isinstance(fn, cst.FunctionDef):
+        return False
+    mine = [f for f in foreign_loaders(a) if a.functions.get(f.builder) is fn]
+    return bool(mine) and all(f.resharded for f in mine)
 
 
 def _through_generator(a: "Anatomy", consumer: BatchLoop, site: "CallSite", gen: BatchLoop, seen: set) -> List[ForeignLoader]:

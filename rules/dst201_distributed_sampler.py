@@ -55,7 +55,7 @@ class DistributedSamplerRule(Rule):
 
     def apply(self, ctx: Context) -> None:
         samplers = ctx.plan.samplers
-        self._foreign(ctx, samplers)
+        resharded = self._foreign(ctx, samplers)
         plans = eval_plans(ctx)
         sharding = shard_eval_enabled(ctx)
         for loader in ctx.anatomy.loaders:
@@ -69,7 +69,15 @@ class DistributedSamplerRule(Rule):
                     "full set, so reported metrics equal the single-process ones",
                     kind="info",
                 )
-            if loader.role == "shared":
+            if loader.role == "shared" and id(loader.call.scope) in resharded:
+                ctx.report(
+                    self.code, loader.call.call,
+                    f"{loader.call.scope.name.value}() builds the loaders of training and of evaluation "
+                    f"({', '.join(loader.bound)}): the training ones are re-sharded where they are bound, the "
+                    "others left whole",
+                    kind="info",
+                )
+            elif loader.role == "shared":
                 fn = loader.call.scope.name.value if isinstance(loader.call.scope, cst.FunctionDef) else "a helper"
                 ctx.warn(
                     self.code,
@@ -161,73 +169,87 @@ class DistributedSamplerRule(Rule):
         """Training data built by a function of another module (`from utils import
         get_training_dataloader`): distify cannot rewrite that DataLoader, so it re-shards it where
         the script binds it, `loader = runtime.shard_loader(loader)`; DST202 then gives its sampler
-        the epoch. Where the value is not bound by a plain assignment: say where, and what to add."""
-        done = set()
+        the epoch. Where the value is not bound by a plain assignment: say where, and what to add.
+        The same for a factory of this file whose loader one call hands to training and another to
+        evaluation (``shared_factory``). Returns the ids of such factories re-sharded at every
+        training call."""
+        done, local, failed = set(), set(), set()
         for f in foreign_loaders(ctx.anatomy):
-            key = (id(f.call.call), f.name)
-            if f.resharded or key in done:
-                continue
-            done.add(key)
-            module, _, func = f.builder.rpartition(".")
-            # the module next to the script, where distify can read it: name the def, see its sampler
-            b = find_builder(ctx.plan.script_path, f.builder)
-            where = f"{func}() in {b.where}" if b else (f"{func}() of {module}" if module else f"{func}()")
-            if b is not None and b.sampler in ("sampler", "batch_sampler"):
+            fn = ctx.anatomy.functions.get(f.builder)
+            local |= {id(fn)} if fn is not None else set()
+            if not self._reshard(ctx, f, samplers, done, fn) and fn is not None:
+                failed.add(id(fn))
+        return local - failed
+
+    def _reshard(self, ctx: Context, f, samplers, done: set, here) -> bool:
+        """One foreign loader re-sharded where it is bound (False: it could not be); `here`: the
+        factory of this file that builds it, if it is one."""
+        key = (id(f.call.call), f.name)
+        if f.resharded or key in done:
+            return True
+        done.add(key)
+        module, _, func = f.builder.rpartition(".")
+        # the module next to the script, where distify can read it: name the def, see its sampler
+        b = find_builder(ctx.plan.script_path, f.builder) if here is None else None
+        where = f"{func}() in {b.where}" if b else (f"{func}() of {module}" if module else f"{func}()")
+        if b is not None and b.sampler in ("sampler", "batch_sampler"):
+            ctx.warn(
+                self.code, f.call.call,
+                f"{f.name} feeds the training loop but {where} builds it with its own {b.sampler}=, which "
+                f"distify cannot translate: every rank would read all of it. Make that {b.sampler} yield "
+                f"this rank's part (by rank and world size) or use "
+                f"sampler=DistributedSampler(dataset) there, and call its set_epoch(epoch) each epoch",
+            )
+            return False
+        reshard = not (b is not None and b.sampler == "distributed")
+        stmt = f.binding
+        small = stmt.body[0] if stmt is not None and len(stmt.body) == 1 else None
+        bound = isinstance(small, cst.AnnAssign) or (isinstance(small, cst.Assign) and len(small.targets) == 1)
+        bound = bound and small.value is f.call.call
+        if reshard and not bound:
+            ctx.warn(
+                self.code, f.call.call,
+                f"{f.name} feeds the training loop but is built by {where} in another module, which distify "
+                f"does not rewrite: every rank would read all of it. Bind it to a name and pass it through "
+                f"{ctx.runtime}.shard_loader({f.name}), or in {module or 'that module'} build its DataLoader with "
+                f"sampler=DistributedSampler(dataset, shuffle=...) instead of shuffle=; call "
+                f"{f.name}.sampler.set_epoch(epoch) at the start of each epoch",
+            )
+            return False
+        lines = []
+        if reshard:
+            extra = f", num_replicas={ctx.hvd}.size(), rank={ctx.hvd}.rank()" if ctx.backend == HOROVOD_BACKEND else ""
+            lines.append(f"{f.name} = {ctx.runtime}.shard_loader({f.name}{extra})")
+        inside = [ep for ep in f.epochs if ep.loop in ctx.anatomy.stmt_parent.get(stmt, ()) and ep.var] if bound else []
+        if inside and not _calls_set_epoch_after(ctx, stmt, f.name):
+            # built afresh every epoch: the new sampler gets the epoch right away
+            lines.append(f"{f.name}.sampler.set_epoch({inside[-1].var})")
+        elif not inside:
+            pseudo = Loader(call=f.call, target=f.name, dataset=None, role="train", batch_loops=[f.loop])
+            samplers[pseudo] = None  # reached through `<loader>.sampler`
+            ctx.plan.foreign_epoch_loops[pseudo] = f.epochs
+            if not f.epochs:
                 ctx.warn(
-                    self.code, f.call.call,
-                    f"{f.name} feeds the training loop but {where} builds it with its own {b.sampler}=, which "
-                    f"distify cannot translate: every rank would read all of it. Make that {b.sampler} yield "
-                    f"this rank's part (by rank and world size) or use "
-                    f"sampler=DistributedSampler(dataset) there, and call its set_epoch(epoch) each epoch",
+                    "DST903", f.call.call,
+                    f"{f.name}: no loop over epochs found: if it shuffles, call "
+                    f"{f.name}.sampler.set_epoch(epoch) at the start of each pass",
                 )
-                continue
-            reshard = not (b is not None and b.sampler == "distributed")
-            stmt = f.binding
-            small = stmt.body[0] if stmt is not None and len(stmt.body) == 1 else None
-            bound = isinstance(small, cst.AnnAssign) or (isinstance(small, cst.Assign) and len(small.targets) == 1)
-            bound = bound and small.value is f.call.call
-            if reshard and not bound:
-                ctx.warn(
-                    self.code, f.call.call,
-                    f"{f.name} feeds the training loop but is built by {where} in another module, which distify "
-                    f"does not rewrite: every rank would read all of it. Bind it to a name and pass it through "
-                    f"{ctx.runtime}.shard_loader({f.name}), or in {module or 'that module'} build its DataLoader with "
-                    f"sampler=DistributedSampler(dataset, shuffle=...) instead of shuffle=; call "
-                    f"{f.name}.sampler.set_epoch(epoch) at the start of each epoch",
-                )
-                continue
-            lines = []
-            if reshard:
-                extra = f", num_replicas={ctx.hvd}.size(), rank={ctx.hvd}.rank()" if ctx.backend == HOROVOD_BACKEND else ""
-                lines.append(f"{f.name} = {ctx.runtime}.shard_loader({f.name}{extra})")
-            inside = [ep for ep in f.epochs if ep.loop in ctx.anatomy.stmt_parent.get(stmt, ()) and ep.var] if bound else []
-            if inside and not _calls_set_epoch_after(ctx, stmt, f.name):
-                # built afresh every epoch: the new sampler gets the epoch right away
-                lines.append(f"{f.name}.sampler.set_epoch({inside[-1].var})")
-            elif not inside:
-                pseudo = Loader(call=f.call, target=f.name, dataset=None, role="train", batch_loops=[f.loop])
-                samplers[pseudo] = None  # reached through `<loader>.sampler`
-                ctx.plan.foreign_epoch_loops[pseudo] = f.epochs
-                if not f.epochs:
-                    ctx.warn(
-                        "DST903", f.call.call,
-                        f"{f.name}: no loop over epochs found: if it shuffles, call "
-                        f"{f.name}.sampler.set_epoch(epoch) at the start of each pass",
-                    )
-            if lines:
-                ctx.edits.insert_after(stmt, ctx.stmts("\n".join(lines)))
-            if reshard:
-                ctx.report(
-                    self.code, f.call.call,
-                    f"{f.name} is built by {where} (another module, not rewritten): re-sharded here with "
-                    f"{ctx.runtime}.shard_loader, a DataLoader over the same dataset with a DistributedSampler",
-                )
-            else:
-                ctx.report(
-                    self.code, f.call.call,
-                    f"{f.name} is built by {where} with a DistributedSampler already: left as it is",
-                    kind="info",
-                )
+        if lines:
+            ctx.edits.insert_after(stmt, ctx.stmts("\n".join(lines)))
+        if reshard:
+            why = "which also builds evaluation loaders" if here is not None else "another module, not rewritten"
+            ctx.report(
+                self.code, f.call.call,
+                f"{f.name} is built by {where} ({why}): re-sharded here with "
+                f"{ctx.runtime}.shard_loader, a DataLoader over the same dataset with a DistributedSampler",
+            )
+        else:
+            ctx.report(
+                self.code, f.call.call,
+                f"{f.name} is built by {where} with a DistributedSampler already: left as it is",
+                kind="info",
+            )
+        return True
 
     def _family(self, ctx: Context, loader, samplers) -> None:
         """`loaders = {x: DataLoader(ds[x], shuffle=True) for x in ["train", "val"]}` with one training

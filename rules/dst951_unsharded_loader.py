@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.anatomy import Anatomy
-from distify.data_sources import foreign_loaders, untraced_sources, is_iterable_dataset
+from distify.data_sources import foreign_loaders, untraced_sources, is_iterable_dataset, resharded_at_its_calls
 from distify.syntax import dotted
 from distify.parallel import feeding_loaders, sampler_of
 from distify.rules.base import AuditCheck, Context
@@ -49,7 +49,7 @@ class UnshardedLoader(AuditCheck):
         feeding = feeding_loaders(a)
         for loader in feeding:
             has_sampler, _ = sampler_of(a, loader)
-            if has_sampler or is_iterable_dataset(ctx.anatomy, loader):
+            if has_sampler or is_iterable_dataset(ctx.anatomy, loader) or resharded_at_its_calls(a, loader):
                 continue
             if loader.dataset is not None and a.mentions_rank(loader.dataset):
                 continue  # split by hand: Subset(ds, range(rank, len(ds), world)), split_dataset_by_node

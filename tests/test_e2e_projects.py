@@ -40,12 +40,12 @@ def _launch(launcher: str, project: Path, work: Path, sharded: bool = False):
     return result, loaders, params
 
 
-def _sharded(loaders, params) -> list:
+def _sharded(loaders, params, train_id: int = 0) -> list:
     """What the run got wrong about the data and the weights: the training loader's passes (the
-    first loader built) are split into disjoint shards covering the dataset, and every rank ends
-    with the same parameters."""
+    `train_id`-th loader built, the first by default) are split into disjoint shards covering the
+    dataset, and every rank ends with the same parameters."""
     out = []
-    train = {r: [rec for rec in loaders[r] if rec.get("loader") == 0] for r in range(NPROC)}
+    train = {r: [rec for rec in loaders[r] if rec.get("loader") == train_id] for r in range(NPROC)}
     for p in range(len(train[0])):
         shards = [set(train[r][p]["indices"]) for r in range(NPROC)]
         if shards[0] & shards[1] or shards[0] | shards[1] != set(range(train[0][p]["size"])):
@@ -126,15 +126,16 @@ def test_control_attr_read_in_module_with_the_wrapper(tmp_path):
     assert result.returncode != 0 and "has no attribute 'pos_emb'" in result.stdout + result.stderr
 
 
-def _built_in_modules_problems(work: Path, result, loaders, params) -> list:
+def _built_in_modules_problems(work: Path, result, loaders, params, name="built_in_modules", train_id=0) -> list:
     """What a run of built_in_modules got wrong: the training loader built in data.py split into
     disjoint covering shards, the model built in models.py agreeing across ranks, and metrics.py's
-    evaluation printed once per epoch with the whole validation set's error."""
-    out = _sharded(loaders, params)
+    evaluation printed once per epoch with the whole validation set's error (shared_factory: the
+    same checks, its training loader the one `runtime.shard_loader` rebuilds, #1)."""
+    out = _sharded(loaders, params, train_id)
     vals = [float(m.group(1)) for line in result.stdout.splitlines() if (m := re.match(r"epoch \d+ val (\S+)", line))]
     if len(vals) != int(ARGS[ARGS.index("--epochs") + 1]):
         out.append(f"validation lines printed {len(vals)} times")
-    x, y = _module_data(PROJECTS / "built_in_modules" / "in" / "data.py", 32, 2)
+    x, y = _module_data(PROJECTS / name / "in" / "data.py", 32, 2)
     state = load_state(work / "final.pt")
     whole = float(((x @ state["weight"].T + state["bias"] - y) ** 2).sum() / len(x))
     if not vals or abs(vals[-1] - whole) > 1e-4:
@@ -180,3 +181,30 @@ def test_control_built_in_modules_without_a_helper_edit(module, problem, tmp_pat
         script.write_text(script.read_text().replace("        train_loader.sampler.set_epoch(epoch)\n", ""))
     problems = _built_in_modules_problems(tmp_path, *_launch("torchrun", tmp_path / "p", tmp_path))
     assert any(problem in p for p in problems), problems
+
+
+@pytest.mark.parametrize("launcher,backend", [
+    ("torchrun", "ddp"),
+    pytest.param("horovodrun", "horovod", marks=pytest.mark.horovod),
+])
+def test_shared_factory(launcher, backend, tmp_path):
+    """data.make_loader() builds the training and the validation loader alike: the training call's
+    loader is re-sharded in the script (loader #1, rebuilt over this rank's shard), validation runs
+    whole on every rank and is printed once."""
+    migrated_copy("shared_factory", backend, tmp_path / "p")
+    run = _launch(launcher, tmp_path / "p", tmp_path)
+    assert _built_in_modules_problems(tmp_path, *run, name="shared_factory", train_id=1) == [], run[0].stdout
+
+
+def test_control_shared_factory_without_the_reshard(tmp_path):
+    """Control: without the re-shard (and its set_epoch) the factory's training loader, #0, is read
+    whole by every rank."""
+    migrated_copy("shared_factory", "ddp", tmp_path / "p")
+    script = tmp_path / "p" / "train.py"
+    text = script.read_text()
+    for line in ("    train_loader = runtime.shard_loader(train_loader)\n", "        train_loader.sampler.set_epoch(epoch)\n"):
+        assert line in text
+        text = text.replace(line, "")
+    script.write_text(text)
+    problems = _built_in_modules_problems(tmp_path, *_launch("torchrun", tmp_path / "p", tmp_path), name="shared_factory")
+    assert any("is not split into disjoint covering shards" in p for p in problems), problems
