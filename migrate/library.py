@@ -167,6 +167,12 @@ WORLD_SIZE: FrozenSet[str] = frozenset({
     "torch.distributed.get_world_size", "horovod.torch.size", "distify.runtime.world_size",
 })
 
+# methods of a torch.distributions object that draw from torch's global generator (they take no
+# generator=): a policy's `Categorical(probs).sample()` picks the actions that make an RL rollout,
+# the data the policy then trains on (distify.training.distribution_draw)
+DISTRIBUTIONS = "torch.distributions."
+DISTRIBUTION_DRAWS: FrozenSet[str] = frozenset({"sample", "rsample", "sample_n"})
+
 # losses that average over the batch unless told otherwise (``reduction="mean"`` is their default):
 # a per-batch value, not a per-sample sum (distify.sums)
 _LOSS_CLASSES = (

@@ -21,6 +21,7 @@ from distify.parallel import feeding_loaders
 from distify.data_sources import foreign_loaders, untraced_sources
 from distify.facts import training_call
 from distify.syntax import all_nodes, arg
+from distify.training import distribution_draw
 
 if TYPE_CHECKING:
     from distify.anatomy import Anatomy
@@ -54,8 +55,13 @@ def seeded_per_rank(a: "Anatomy") -> bool:
 
 
 def training_draws(a: "Anatomy", names=INDEX_DRAWS | VALUE_DRAWS) -> List[cst.Call]:
-    """The random draws of `names` on the training path (in a loop that trains, or a function it calls)."""
-    return [c.call for c in a.calls_to(names) if a.on_training_path(c.stmt)]
+    """The random draws of `names`, and of torch.distributions objects (a policy's
+    `Categorical(probs).sample()`), on the training path (in a loop that trains, or a function it
+    calls), in source order."""
+    return [
+        c.call for c in a.calls
+        if (c.qualname in names or distribution_draw(a, c) is not None) and a.on_training_path(c.stmt)
+    ]
 
 
 def training_input(a: "Anatomy") -> TrainingInput:

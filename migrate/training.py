@@ -12,6 +12,7 @@ import libcst as cst
 
 from distify.facts import training_call
 from distify.syntax import arg, dotted
+from distify.library import DISTRIBUTION_DRAWS, DISTRIBUTIONS
 from distify.names import row_of
 from distify.walk import walk
 from distify.dataflow import _contains, _data_of, _is_training_body, _parameter_roots, iterated_refs, ref_text
@@ -199,6 +200,25 @@ class GlobalDraw:
     draw: "CallSite"  # the torch.randint(...)-like call
     via: Optional[cst.FunctionDef]  # the function (called from the loop) that draws, None: the loop itself
     first_use: cst.CSTNode  # the first statement of `scope` that draws (the loop, or a prefetch before it)
+    what: str = ""  # the draw's qualified name (`torch.distributions.Categorical.sample` for `m.sample()`)
+
+
+def distribution_draw(a: "Anatomy", site: "CallSite") -> Optional[str]:
+    """`torch.distributions.Categorical.sample` for `Categorical(probs).sample()`, or for `m.sample()`
+    where `m` is bound once in the call's scope to `Categorical(probs)`: a draw from torch's global
+    generator (library.DISTRIBUTION_DRAWS). None for any other call."""
+    func = site.call.func
+    if not isinstance(func, cst.Attribute) or func.attr.value not in DISTRIBUTION_DRAWS:
+        return None
+    made = func.value
+    if isinstance(made, cst.Name):
+        binds = a.bindings(site.scope).get(made.value, [])
+        built = [c for c in a.calls if c.scope is site.scope and assigned_name(c.stmt, c.call) == made.value]
+        if len(binds) != 1 or len(built) != 1 or binds[0].stmt is not built[0].stmt:
+            return None
+        made = built[0].call
+    q = a.qualname(made.func) if isinstance(made, cst.Call) else None
+    return f"{q}.{func.attr.value}" if q and q.startswith(DISTRIBUTIONS) else None
 
 
 # draws that generate the data itself when no loader feeds training (a regression on batches it
@@ -216,10 +236,16 @@ def global_draws(anatomy: "Anatomy") -> List[GlobalDraw]:
     loader_loops = {bl.loop for l in a.loaders for bl in l.batch_loops}
     draws_by_fn: Dict[cst.FunctionDef, CallSite] = {}
     loose: List[CallSite] = []
+    what: Dict[int, str] = {}  # id(call site) -> the draw's name
     fed = any(bl.trains for loader in a.loaders for bl in loader.batch_loops)
     for c in a.calls:
-        if c.qualname not in RNG_DRAWS | (set() if fed else GENERATED) or arg(c.call, None, "generator") is not None:
+        # beside a loader a distribution's draw is noise (a VAE's rsample()), not the data
+        name = c.qualname if c.qualname in RNG_DRAWS | (set() if fed else GENERATED) else None
+        if name is None and not fed:
+            name = distribution_draw(a, c)
+        if name is None or arg(c.call, None, "generator") is not None:
             continue
+        what[id(c)] = name
         if isinstance(c.scope, cst.FunctionDef):
             draws_by_fn.setdefault(c.scope, c)
         loose.append(c)
@@ -240,15 +266,24 @@ def global_draws(anatomy: "Anatomy") -> List[GlobalDraw]:
 
     out: List[GlobalDraw] = []
     for loop, scope, cls, outer in a.fors:
-        if loop in loader_loops or outer or not _is_training_body(loop.body):
+        if loop in loader_loops or outer:
+            continue
+        # an RL episode loop trains through a function it calls (`finish_episode()`); the draws
+        # that make such a loop's data are a distribution's (the other kinds keep their own loop)
+        through_call = not _is_training_body(loop.body)
+        if through_call and not a.facts.trains(loop):
             continue
         direct = [c for c in loose if c.scope is scope and loop in c.loops]
+        if through_call:
+            direct = [c for c in direct if what[id(c)].startswith(DISTRIBUTIONS)]
         if direct:
-            out.append(GlobalDraw(loop, scope, direct[0], None, loop))
+            out.append(GlobalDraw(loop, scope, direct[0], None, loop, what[id(direct[0])]))
             continue
         for c in a.calls:
             if c.scope is scope and loop in c.loops:
                 fn = drawing_fn(c.call, scope)
+                if fn is not None and through_call and not what[id(draws_by_fn[fn])].startswith(DISTRIBUTIONS):
+                    continue
                 if fn is not None:
                     # a prefetch before the loop (`X, Y = get_batch("train")`) draws first
                     first = loop
@@ -257,7 +292,7 @@ def global_draws(anatomy: "Anatomy") -> List[GlobalDraw]:
                             top = (*a.stmt_parent.get(p.stmt, ()), p.stmt)[0]
                             if a.is_before(top, first):
                                 first = top
-                    out.append(GlobalDraw(loop, scope, draws_by_fn[fn], fn, first))
+                    out.append(GlobalDraw(loop, scope, draws_by_fn[fn], fn, first, what[id(draws_by_fn[fn])]))
                     break
     return out
 

@@ -60,7 +60,7 @@ class DataRng(Rule):
                 continue
             done.add(d.first_use)
             where = f" in {d.via.name.value}()" if d.via is not None else ""
-            what = d.draw.qualname
+            what = d.what
             if not (what or "").startswith("torch."):
                 ctx.warn(
                     self.code, d.draw.call,
