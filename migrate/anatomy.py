@@ -24,7 +24,7 @@ from distify.dataflow import (
 )
 from distify.facts import Binding, Facts
 from distify.model_build import (
-    _compiled_alias, _find_model, constructor, moves_to_device,
+    _compiled_alias, _find_model, built_class, moves_to_device,
 )
 from distify.names import resolve, unwrapped
 from distify.rank import reads_rank
@@ -124,12 +124,7 @@ class Anatomy:
         """The class of this file a model is built from (``GPT(cfg).to(device)``, also through
         DataParallel, torch.compile and ``.to``/``.cuda``/``.train`` chains), None for a model of
         another module (torchvision, ``from_pretrained``) or one that arrives as a parameter."""
-        expr = constructor(self.qualname, model.value)
-        if isinstance(expr, cst.Call):
-            name = dotted(expr.func)
-            if name in self.classes:
-                return self.classes[name]
-        return None
+        return built_class(self.classes, self.qualname, model.value)
 
     def repeated_blocks(self, model: "Model") -> List[RepeatedBlocks]:
         """The repeated-block containers of a model whose class this file defines (see

@@ -196,6 +196,26 @@ MEAN_LOSSES: FrozenSet[str] = frozenset(
 LOGGING_MODULES = ("logging.", "loguru.")
 LOGGER_FACTORIES: FrozenSet[str] = frozenset({"logging.getLogger", "logging.Logger", "logging.LoggerAdapter"})
 
+# nn.Module's and FSDPModule's own methods (torch 2.13): they run no forward of the module (nothing
+# for FSDP to gather around them)
+MODULE_METHODS: FrozenSet[str] = frozenset({
+    "add_module", "apply", "bfloat16", "buffers", "children", "compile", "cpu", "cuda", "double",
+    "eval", "extra_repr", "float", "get_buffer", "get_extra_state", "get_parameter",
+    "get_submodule", "half", "ipu", "load_state_dict", "modules", "mtia", "named_buffers",
+    "named_children", "named_modules", "named_parameters", "parameters", "requires_grad_",
+    "set_extra_state", "set_submodule", "share_memory", "state_dict", "to", "to_empty", "train",
+    "type", "xpu", "zero_grad", "reshard", "unshard",
+})
+# the housekeeping methods of other libraries' model classes (Hugging Face's save_pretrained,
+# resize_token_embeddings, gradient_checkpointing_enable ...), by the prefixes of their names: they
+# run no forward. Only for methods a class of the script does not define (the script's own methods
+# are judged by what they do: distify.forward_methods)
+MODEL_HOUSEKEEPING = (
+    "register_", "set_", "_", "save", "load", "from_", "push_", "resize_", "get_", "gradient_checkpointing",
+    "tie_", "init_", "post_init", "num_", "enable_", "disable_", "print_", "prepare_", "can_", "merge_",
+    "add_", "freeze", "unfreeze",
+)
+
 # model constructors known by a method name on any receiver, or by the module that holds them
 MODEL_METHODS: FrozenSet[str] = frozenset({"from_pretrained", "from_config"})
 MODEL_MODULES = ("torchvision.models.", "timm.models.", "transformers.")

@@ -8,8 +8,9 @@ from typing import Optional
 
 import libcst as cst
 
+from distify.forward_methods import class_method
 from distify.library import Known, known
-from distify.syntax import arg, dotted
+from distify.syntax import all_nodes, arg, dotted
 from distify.model_state import final_place
 from distify.records import DATA_PARALLEL, Model, Optimizer, _Collector
 
@@ -76,6 +77,44 @@ def constructor(qualname, expr: Optional[cst.BaseExpression]) -> Optional[cst.Ba
             continue
         break
     return expr
+
+
+def built_class(classes, qualname, expr: Optional[cst.BaseExpression]) -> Optional[cst.ClassDef]:
+    """The class of this file whose instance `expr` builds: ``GPT(cfg).to(device)`` (see
+    ``constructor``), or an alternative constructor of it, ``Tiny.from_pretrained(name)``: a
+    classmethod whose every return is ``cls(...)`` or a name bound to it. None otherwise."""
+    built = constructor(qualname, expr)
+    if not isinstance(built, cst.Call):
+        return None
+    name = dotted(built.func)
+    if name in classes:
+        return classes[name]
+    if isinstance(built.func, cst.Attribute):
+        owner = classes.get(dotted(built.func.value) or "")
+        if owner is not None and _builds_own_instance(classes, owner, built.func.attr.value):
+            return owner
+    return None
+
+
+def _builds_own_instance(classes, cls: cst.ClassDef, name: str) -> bool:
+    fn = class_method(classes, cls, name)
+    if fn is None or not fn.params.params or not any(
+        isinstance(d.decorator, cst.Name) and d.decorator.value == "classmethod" for d in fn.decorators
+    ):
+        return False
+    me = fn.params.params[0].name.value
+    made: set = set()
+    returns = []
+    for node in all_nodes(fn.body, skip_nested=True):
+        if isinstance(node, cst.Assign) and _calls(node.value, me):
+            made |= {dotted(t.target) for t in node.targets}
+        elif isinstance(node, cst.Return):
+            returns.append(node.value)
+    return bool(returns) and all(_calls(v, me) or (isinstance(v, cst.Name) and v.value in made) for v in returns)
+
+
+def _calls(expr, name: str) -> bool:
+    return isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == name
 
 
 def module_container(qualname, expr: Optional[cst.BaseExpression]) -> Optional[Known]:

@@ -8,6 +8,7 @@ import libcst as cst
 
 from distify.model_build import COMPILE, compiled_module, compiles_model, module_container
 from distify.parallel import sharded_root
+from distify.forward_methods import runs_forward
 from distify.records import Model, assigned_name
 from distify.syntax import dotted, all_nodes, names
 from distify.facts import stmt_bindings
@@ -21,22 +22,6 @@ FULLY_SHARD = {
     "torch.distributed._composable.fsdp.fully_shard.fully_shard",
 }
 SCHEDULER_PREFIX = "torch.optim.lr_scheduler."
-# nn.Module's and FSDPModule's own methods (torch 2.13): they need no all-gather around them
-MODULE_METHODS = frozenset({
-    "add_module", "apply", "bfloat16", "buffers", "children", "compile", "cpu", "cuda", "double",
-    "eval", "extra_repr", "float", "forward", "get_buffer", "get_extra_state", "get_parameter",
-    "get_submodule", "half", "ipu", "load_state_dict", "modules", "mtia", "named_buffers",
-    "named_children", "named_modules", "named_parameters", "parameters", "requires_grad_",
-    "set_extra_state", "set_submodule", "share_memory", "state_dict", "to", "to_empty", "train",
-    "type", "xpu", "zero_grad", "reshard", "unshard",
-})
-# housekeeping of model classes of other modules (Hugging Face's save_pretrained, resize_token_embeddings,
-# gradient_checkpointing_enable ...): no forward, nothing to gather
-HOUSEKEEPING = (
-    "register_", "set_", "_", "save", "load", "from_", "push_", "resize_", "get_", "gradient_checkpointing",
-    "tie_", "init_", "post_init", "num_", "enable_", "disable_", "print_", "prepare_", "can_", "merge_",
-    "add_", "freeze", "unfreeze",
-)
 # a one-line comment above the shard calls with --bf16
 BF16_COMMENT = "bf16 mixed precision: parameters gathered and computed in bfloat16, gradients reduced in float32"
 
@@ -67,8 +52,10 @@ class FullyShard(Rule):
         it; where moving is unsafe DST912 leaves the file unchanged. With ``--bf16`` every call gets
         ``mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``.
         Each method other than forward the script calls on the sharded model (``model.decode(z)``,
-        ``model.generate(...)``, ``self.model.encode(x)``; nn.Module's own methods and, for a class of
-        this file, names it does not define excepted) is registered right after the root's shard:
+        ``model.generate(...)``, ``self.model.encode(x)``) that runs the model's computation is
+        registered right after the root's shard (a method of the script's class by what it does: it
+        calls the model, a submodule or reads a parameter; one of another library's class unless the
+        library table calls it housekeeping, ``save_pretrained``; never nn.Module's own methods):
         ``register_fsdp_forward_method(model, "decode")``, and such a call counts as a collective
         for the rank-0 guards. A script with an optimizer that views all parameters as one flat
         tensor (``torch.optim.LBFGS``) is refused: DTensor shards cannot be viewed so.
@@ -225,23 +212,24 @@ class FullyShard(Rule):
 
 def forward_methods(ctx: Context, model: Model, anchor: cst.CSTNode) -> List[str]:
     """The methods other than forward the script calls on the sharded model after ``anchor``
-    (``model.decode(z)``, ``self.model.generate(...)``; also in the functions the model reaches),
-    nn.Module's own excepted and, for a class of this file, only those it (or a base) defines:
-    ``model.encoder(x)`` calls a submodule, not a method."""
+    (``model.decode(z)``, ``self.model.generate(...)``; also in the functions the model reaches)
+    that run the model's computation (``distify.forward_methods``): not nn.Module's own, not a
+    method of the script's class that only reads or writes state, not a submodule
+    (``model.encoder(x)``), not another library's housekeeping (``save_pretrained``)."""
     a = ctx.anatomy
     cls = a.model_class(model)
-    known, foreign = a.class_methods(cls) if cls is not None else (set(), True)
+    foreign = a.class_methods(cls)[1] if cls is not None else True
     found: List[str] = []
     for (sid, name), (after, _) in reaching_scopes(ctx, model, anchor).items():
         scope = next((s for s in (a.module, *a.functions.values(), *a.methods) if id(s) == sid), None)
         if scope is None:
             continue
         for method, site in a.method_calls(scope, name):
-            if method in found or method in MODULE_METHODS or method.startswith(HOUSEKEEPING):
+            if method in found or method == "forward":  # forward itself is what FSDP gathers around
                 continue
             if after is not None and (site.stmt is after or a.is_before(site.stmt, after)):
                 continue
-            if method in known or foreign:
+            if runs_forward(a.classes, a.qualname, cls, method, foreign):
                 found.append(method)
     return found
 

@@ -30,12 +30,7 @@ TRANSFORMS = ("neutral", "misleading", "comments")
 
 # Cases known to fail, each with the spelling decision still behind it (issue #21, item 3); an entry
 # that starts passing fails the run (strict xfail), so the list cannot go stale.
-KNOWN_FAILURES: dict = {  # "<group>/<case>" -> (the transformations that fail, why)
-    "corpus/hf_style_local": (("neutral",), (
-        "DST121 skips methods called on the sharded model by name prefix (HOUSEKEEPING: save_, from_, ...) "
-        "also for a class of the script's own: renamed, its own save method is registered as a forward method"
-    )),
-}
+KNOWN_FAILURES: dict = {}  # "<group>/<case>" -> (the transformations that fail, why)
 
 
 def cases():
@@ -104,6 +99,19 @@ def test_control_a_spelling_test_put_back_fails(monkeypatch) -> None:
     assert difference(case, "ddp", "misleading") is None
     monkeypatch.setattr(dst403, "_rank_seeded", lambda ctx, site: "rank" in ctx.code(site.call.args[0].value))
     assert difference(case, "ddp", "misleading") is not None
+
+
+def test_control_a_method_name_prefix_put_back_fails(monkeypatch) -> None:
+    """Control: DST121 once took the methods of the sharded model named save_..., from_... (and other
+    prefixes) for housekeeping, also for a class of the script's own. Put that test back and renaming
+    hf_style_local's own save_pretrained registers it as a forward method; with today's fact (what
+    the method does) it does not."""
+    import distify.rules.dst121_fully_shard as dst121
+
+    case = FIXTURES / "corpus" / "hf_style_local.in.py"
+    assert difference(case, "fsdp", "neutral") is None
+    monkeypatch.setattr(dst121, "runs_forward", lambda classes, q, cls, name, foreign: not name.startswith(("save", "from_")))
+    assert difference(case, "fsdp", "neutral") is not None
 
 
 def test_rotation_gives_every_fixture_every_transformation() -> None:

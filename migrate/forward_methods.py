@@ -1,0 +1,115 @@
+"""Which methods of a model run its forward computation: FSDP all-gathers a sharded module's
+parameters only around ``forward``, so any other method that computes with them must be registered
+(``register_fsdp_forward_method``), and a method that only reads or writes state must not be (a
+registered method is a collective: it cannot run on rank 0 alone).
+
+A method of a class of the script is judged by what it does, never by its name: it runs the module
+when it calls the module itself (``self(x)``, ``self.forward(x)``, ``super().forward(x)``), a
+submodule or an attribute's method (``self.dec(z)``, ``self.decoder.generate(ids)``; nn.Module's own
+API excepted: ``self.state_dict()``), reads an attribute of a submodule (``self.head.weight``), or
+reads a parameter of its own (``self.w`` bound to ``nn.Parameter(...)``), or calls another of its
+class's methods that does. A method the script's classes do not define belongs
+to another library's class: the library table says which of those are housekeeping
+(``distify.library.MODEL_HOUSEKEEPING``)."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Set
+
+import libcst as cst
+
+from distify.library import MODEL_HOUSEKEEPING, MODULE_METHODS
+from distify.syntax import all_nodes, dotted
+
+PARAMETER = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter"})
+
+
+def class_method(classes: Dict[str, cst.ClassDef], cls: cst.ClassDef, name: str, depth: int = 0) -> Optional[cst.FunctionDef]:
+    """The definition of method `name` in `cls` or its bases of this file (method resolution order
+    as far as this file tells), None when no class of the file defines it."""
+    for s in cls.body.body:
+        if isinstance(s, cst.FunctionDef) and s.name.value == name:
+            return s
+    for base in cls.bases:
+        base_cls = classes.get(dotted(base.value) or "")
+        if base_cls is not None and depth < 8:
+            found = class_method(classes, base_cls, name, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def runs_forward(classes: Dict[str, cst.ClassDef], qualname, cls: Optional[cst.ClassDef], name: str,
+                 foreign: bool, _seen: Optional[Set[int]] = None) -> bool:
+    """Whether calling method `name` on a model of class `cls` (None: a class of another module;
+    `foreign`: some base of `cls` is another module's class) runs the model's computation."""
+    if name == "forward" or name in MODULE_METHODS:
+        return name == "forward"
+    fn = class_method(classes, cls, name) if cls is not None else None
+    if fn is None:
+        return foreign and not name.startswith(MODEL_HOUSEKEEPING)
+    seen = _seen if _seen is not None else set()
+    if id(fn) in seen:
+        return False
+    seen.add(id(fn))
+    params = fn.params.params
+    if not params or any(_decorator(d) in ("staticmethod", "classmethod") for d in fn.decorators):
+        return False
+    me = params[0].name.value
+    calls = {id(n.func): n for n in all_nodes(fn.body) if isinstance(n, cst.Call)}
+    own = own_parameters(classes, qualname, cls)
+    for node in all_nodes(fn.body):
+        if isinstance(node, cst.Attribute) and _is(node.value, me) and node.attr.value in own:
+            return True  # self.w, an nn.Parameter of the model itself
+        if isinstance(node, cst.Call):
+            f = node.func
+            if isinstance(f, cst.Name) and f.value == me:
+                return True  # self(x)
+            if isinstance(f, cst.Attribute) and _is_super(f.value) and f.attr.value == "forward":
+                return True
+            if isinstance(f, cst.Attribute) and _is(f.value, me):
+                attr = f.attr.value  # self.x(...): a method of the class, nn.Module's API, or a submodule
+                if class_method(classes, cls, attr) is not None:
+                    if runs_forward(classes, qualname, cls, attr, foreign, seen):
+                        return True
+                elif attr not in MODULE_METHODS and not (foreign and attr.startswith(MODEL_HOUSEKEEPING)):
+                    return True
+        elif isinstance(node, cst.Attribute) and isinstance(node.value, cst.Attribute) and _is(node.value.value, me):
+            # self.sub.x: a submodule's method called, or its parameter read (self.head.weight)
+            if node.attr.value in MODULE_METHODS and id(node) in calls:
+                continue
+            if class_method(classes, cls, node.value.attr.value) is None:
+                return True
+    return False
+
+
+def own_parameters(classes: Dict[str, cst.ClassDef], qualname, cls: cst.ClassDef, depth: int = 0) -> Set[str]:
+    """The attributes the methods of `cls` (and its bases of this file) bind to ``nn.Parameter(...)``."""
+    out: Set[str] = set()
+    for fn in cls.body.body:
+        if not isinstance(fn, cst.FunctionDef) or not fn.params.params:
+            continue
+        me = fn.params.params[0].name.value
+        for node in all_nodes(fn.body):
+            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and qualname(node.value.func) in PARAMETER:
+                for t in node.targets:
+                    if isinstance(t.target, cst.Attribute) and _is(t.target.value, me):
+                        out.add(t.target.attr.value)
+    for base in cls.bases:
+        base_cls = classes.get(dotted(base.value) or "")
+        if base_cls is not None and depth < 8:
+            out |= own_parameters(classes, qualname, base_cls, depth + 1)
+    return out
+
+
+def _is(expr: cst.BaseExpression, name: str) -> bool:
+    return isinstance(expr, cst.Name) and expr.value == name
+
+
+def _is_super(expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "super"
+
+
+def _decorator(d: cst.Decorator) -> Optional[str]:
+    return d.decorator.value if isinstance(d.decorator, cst.Name) else None
+
