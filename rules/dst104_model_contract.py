@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.model_contract import dtype_flips, forward_gaps, training_freezes
+from distify.retained_graph import retained_backwards
 from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, Context, Rule, add_kwarg
 
 
@@ -26,7 +27,11 @@ class ModelContract(Rule):
         (torchvision, ``from_pretrained``) is reported with what was assumed: that every parameter
         gets a gradient in every step.
         Under FSDP a forward that reaches parameters only under a condition leaves the file
-        unchanged, with the line: ``fully_shard`` has no ``find_unused_parameters``. (Under DDP,
+        unchanged, with the line: ``fully_shard`` has no ``find_unused_parameters``. Under DDP and
+        FSDP a backward that runs through a wrapped model's forward whose graph an earlier backward
+        kept (``retain_graph=True``: a GAN whose discriminator loss reads the generator's undetached
+        output, a hidden state carried into the next step with its graph) leaves the file unchanged,
+        with both lines (``distify.retained_graph``): the gradients that pass adds are not averaged. (Under DDP,
         parameters a forward can skip, and parameters frozen during training, are DST101's:
         ``find_unused_parameters=True``; a member never reached from ``forward`` gets no gradient
         on any rank, which FSDP2 handles.)
@@ -59,6 +64,7 @@ class ModelContract(Rule):
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
         done = set()
+        scopes = set()
         for model in a.models:
             cls = a.model_class(model)
             if cls is None and ctx.backend == DDP_BACKEND and model.value is not None:
@@ -104,6 +110,20 @@ class ModelContract(Rule):
                     )
             if ctx.backend not in (DDP_BACKEND, FSDP_BACKEND):
                 continue
+            if model.scope not in scopes:
+                scopes.add(model.scope)
+                for r in retained_backwards(a.facts, a.qualname, model.scope, [m.name for m in a.models]):
+                    line = a.position(r.first)[0]
+                    ctx.block(
+                        self.code,
+                        r.backward,
+                        f"this backward runs through the forward of {r.model} at line {a.position(r.forward)[0]} a "
+                        f"second time (the backward at line {line} kept its graph with retain_graph): file not "
+                        "migrated; the wrapper averages a parameter's gradient once per forward, so the gradients "
+                        "this pass adds stay each rank's own and the ranks drift apart with no error. Compute this "
+                        "loss from a fresh forward (or .detach() what the first loss reads), or add the losses and "
+                        "call backward once",
+                    )
             for gap in dtype_flips(a.facts, a.qualname, model.scope, model.name):
                 ctx.block(
                     self.code,

@@ -125,3 +125,67 @@ def test_fsdp_shards_a_model_whose_unused_member_is_skipped_on_every_rank():
     control = source.replace("return self.classifier(hidden)",
                              "return self.classifier(self.pooler(hidden) if input_ids.sum() > 0 else hidden)")
     assert control != source and _migrate(control, "fsdp")[0] == control
+
+
+# a second backward through a forward whose graph an earlier backward kept (distify.retained_graph) ----
+
+_RETAINED = "a second time (the backward at line"
+
+
+@pytest.mark.parametrize("backend", ["ddp", "fsdp"])
+@pytest.mark.parametrize(
+    "old,new,refused",
+    [
+        # as written: D's loss reaches netG's forward through `fake` and keeps the graph; G's loss runs
+        # through the same forward again
+        ("", "", True),
+        # control: D reads a detached copy, so only G's backward runs through netG's forward
+        ("bce(netD(fake), torch.zeros", "bce(netD(fake.detach()), torch.zeros", False),
+        # control: G's loss from a fresh forward of netG
+        ("lossG = bce(netD(fake),", "lossG = bce(netD(netG(torch.randn(64, 4, device=device))),", False),
+        # control: the first backward keeps nothing, so nothing runs through a kept graph (a second
+        # backward through a freed graph is torch's own error, loud)
+        ("lossD.backward(retain_graph=True)", "lossD.backward()", False),
+    ],
+)
+def test_second_backward_through_a_kept_forward_is_refused(old, new, refused, backend):
+    source = _fixture("DST111/gan_no_detach.in.py").replace(old, new) if old else _fixture("DST111/gan_no_detach.in.py")
+    result = migrate_source(source.encode(), Options(backend=backend))
+    said = [f for f in result.findings if f.code == "DST104" and _RETAINED in f.message]
+    assert bool(said) == refused and result.refused == refused, [f.message for f in result.findings]
+    if refused:
+        assert said[0].line == 23 and "forward of netG at line 14" in said[0].message
+
+
+RNN = """\
+import torch
+import torch.nn as nn
+
+rnn = nn.RNN(4, 8)
+head = nn.Linear(8, 1)
+model = nn.ModuleDict({"rnn": rnn, "head": head})
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 5, 4), torch.randn(32, 1)), batch_size=4)
+hidden = torch.zeros(1, 5, 8)
+for x, y in loader:
+    out, hidden = model["rnn"](x, hidden)
+    loss = ((model["head"](out[-1]) - y) ** 2).mean()
+    optimizer.zero_grad()
+    loss.backward(retain_graph=True)
+    optimizer.step()
+"""
+
+
+def test_a_hidden_state_carried_into_the_next_step_with_its_graph_is_refused():
+    """Truncated backpropagation without the detach: each step's backward runs through the previous
+    steps' forwards again (found over two iterations of the loop); control: `hidden.detach()`."""
+    net = RNN.replace('model = nn.ModuleDict({"rnn": rnn, "head": head})\n', "").replace(
+        'model["rnn"]', "rnn").replace('model["head"]', "head").replace("model.parameters()", "rnn.parameters()")
+    src = net.replace("rnn = nn.RNN(4, 8)\n", "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                      "        self.rnn = nn.RNN(4, 8)\n\n    def forward(self, x, h):\n        return self.rnn(x, h)\n\n\nrnn = Net()\n")
+    result = migrate_source(src.encode(), Options(backend="ddp"))
+    assert result.refused and any(_RETAINED in f.message for f in result.findings), [f.message for f in result.findings]
+    fixed = src.replace("out, hidden = rnn(x, hidden)", "out, hidden = rnn(x, hidden.detach())")
+    assert fixed != src
+    ok = migrate_source(fixed.encode(), Options(backend="ddp"))
+    assert not ok.refused and not any(_RETAINED in f.message for f in ok.findings), [f.message for f in ok.findings]
