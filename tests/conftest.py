@@ -51,8 +51,12 @@ def horovod_problem() -> "str | None":
 # `python -m pytest -q` (the README's test command) runs every unit test -- every rule's fixtures and
 # goldens, the audit, lint, the CLI, the runtime -- and, of the end-to-end tests (marked `e2e`: they
 # launch real training processes), one representative case per backend plus the launcher contract.
-# `--full` adds the whole end-to-end matrix: every scenario, corpus script and golden launched, under
-# torchrun, FSDP and horovodrun. CI runs both (.ci/run).
+# Of an exhaustive sweep over every fixture (the metamorphic spelling checks, the fuzz, the
+# fast-path equivalences) it runs a deterministic sample: the cases outside the sample carry the
+# `sweep` mark and, like the end-to-end matrix, run only with `--full`, which adds the whole
+# end-to-end matrix too: every scenario, corpus script and golden launched, under torchrun, FSDP and
+# horovodrun. CI runs both (.ci/run; tests/test_ci_selection.py checks that its two steps together
+# run every test `--full` collects).
 QUICK_E2E = (
     "tests/test_e2e_ddp.py::test_ddp_two_ranks_match_big_batch[examples_style]",
     "tests/test_e2e_ddp.py::test_ddp_side_effects_happen_once[examples_style]",
@@ -65,7 +69,8 @@ QUICK_E2E = (
 
 def pytest_addoption(parser) -> None:
     parser.addoption("--full", action="store_true", default=False,
-                     help="run the full end-to-end matrix too (CI); without it, one end-to-end case per backend")
+                     help="run the full end-to-end matrix and every sweep case too (CI); without it, one "
+                          "end-to-end case per backend and a sample of each sweep")
 
 
 def _quick(nodeid: str) -> bool:
@@ -83,7 +88,9 @@ def _select_quick_run(config, items) -> None:
         return
     keep, drop = [], []
     for item in items:
-        (drop if item.get_closest_marker("e2e") is not None and not _quick(item.nodeid) else keep).append(item)
+        full_only = item.get_closest_marker("sweep") is not None or (
+            item.get_closest_marker("e2e") is not None and not _quick(item.nodeid))
+        (drop if full_only else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

@@ -1,11 +1,11 @@
 """Property tests: mutated fixture inputs never crash distify, and its outputs stay sound.
 
-A small, derandomized hypothesis sample of what ``bench/fuzz.py`` checks at scale (mutations and
-properties are imported from there): for both backends, ``migrate_source`` returns or raises
-``InputError`` (only for input that does not compile), every changed output compiles, migrating an
-output again changes nothing, and an input without a ``.backward(`` call comes back unchanged. A
-sample also goes through the real CLI: never exit 123, never a traceback, and the files it writes
-equal ``migrate_source``'s output.
+A derandomized hypothesis sample (200 examples with ``--full``, 25 in the quick run) of what
+``bench/fuzz.py`` checks at scale (mutations and properties are imported from there): for both
+backends, ``migrate_source`` returns or raises ``InputError`` (only for input that does not
+compile), every changed output compiles, migrating an output again changes nothing, and an input
+without a ``.backward(`` call comes back unchanged. A sample also goes through the real CLI: never
+exit 123, never a traceback, and the files it writes equal ``migrate_source``'s output.
 """
 
 from __future__ import annotations
@@ -38,20 +38,35 @@ CORPUS = fuzz.corpus(str(REPO))
 BACKENDS = fuzz.BACKENDS
 
 
-@settings(
-    max_examples=200,
+_FUZZ = dict(
     derandomize=True,
     phases=[Phase.explicit, Phase.generate],  # no shrinking: the failure message holds the whole input
     database=None,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-@given(
+_MUTATED = given(
     case=st.sampled_from(CORPUS),
     names=st.lists(st.sampled_from(sorted(fuzz.MUTATIONS)), min_size=1, max_size=3),
     seed=st.integers(min_value=0, max_value=2**32 - 1),
 )
+
+
+@settings(max_examples=25, **_FUZZ)
+@_MUTATED
+def test_a_sample_of_mutated_inputs_keeps_the_properties(case, names, seed):
+    """The quick run's sample of the sweep below."""
+    _keeps_the_properties(case, names, seed)
+
+
+@pytest.mark.sweep  # 200 examples: with --full (CI), see conftest.py
+@settings(max_examples=200, **_FUZZ)
+@_MUTATED
 def test_mutated_inputs_keep_the_properties(case, names, seed):
+    _keeps_the_properties(case, names, seed)
+
+
+def _keeps_the_properties(case, names, seed):
     path, source = case
     data, applied = fuzz.mutate(random.Random(seed), source, names)
     for backend in BACKENDS:

@@ -11,6 +11,10 @@ The transformed input must migrate to distify's output of the original with the 
 applied (comments and layout aside; distify's own new names compared by position), with the same
 finding codes. To keep the run within a few minutes on one core, each (fixture, backend) pair runs one
 transformation, rotated so that every fixture meets all three over its three backends.
+
+The quick run (`python -m pytest`) checks the first fixture of every fixture folder (each rule's
+folder, the scenarios, the corpus...) under its three backends, so every transformation once per
+folder; the other fixtures' cases are marked `sweep` and run with `--full` (CI), see conftest.py.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ KNOWN_FAILURES: dict = {}  # "<group>/<case>" -> (the transformations that fail,
 
 
 def cases():
+    sampled = {}  # folder -> its first fixture: the quick run's sample
     for path in sorted(FIXTURES.rglob("*.in.py")):
+        sampled.setdefault(path.parent, path)
         name = f"{path.parent.name}/{path.name[:-6]}"
         start = zlib.crc32(name.encode())  # stable per fixture: adding a fixture shifts no other
         for j, backend in enumerate(BACKENDS):
@@ -44,6 +50,8 @@ def cases():
             kinds, reason = KNOWN_FAILURES.get(name, ((), ""))
             if kind in kinds:
                 marks = (pytest.mark.xfail(reason=reason, strict=True),)
+            if sampled[path.parent] != path:
+                marks += (pytest.mark.sweep,)
             yield pytest.param(path, backend, kind, id=case_id, marks=marks)
 
 
@@ -120,3 +128,15 @@ def test_rotation_gives_every_fixture_every_transformation() -> None:
         path, _, kind = p.values
         seen.setdefault(path, set()).add(kind)
     assert seen and all(kinds == set(TRANSFORMS) for kinds in seen.values())
+
+
+def test_the_quick_runs_sample_meets_every_folder_and_transformation() -> None:
+    """The cases left unmarked (the quick run's; `sweep` ones run with --full) check every fixture
+    folder under every transformation."""
+    sample = {}
+    for p in cases():
+        path, _, kind = p.values
+        if not any(mark.name == "sweep" for mark in p.marks):
+            sample.setdefault(path.parent, set()).add(kind)
+    assert set(sample) == {path.parent for path in FIXTURES.rglob("*.in.py")}
+    assert all(kinds == set(TRANSFORMS) for kinds in sample.values())
