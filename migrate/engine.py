@@ -234,7 +234,9 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
     new_module = module.visit(ApplyEdits(ctx.edits)) if ctx.edits else module
     if options.standalone:
         new_module = _standalone(new_module, ctx, findings)
-    output = new_module.bytes
+    # no edit (and no runtime class): the tree is the one parsed from `source`, whose rendering
+    # libcst guarantees byte for byte; a render would only cost a code generation of the module
+    output = source if new_module is original else new_module.bytes
     if output == source:
         findings += _audit(anatomy, options, findings, path=path)
         return MigrationResult(source, source, tuple(findings), encoding=encoding)

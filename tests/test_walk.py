@@ -358,3 +358,17 @@ def test_generator_passes_are_found_only_where_something_yields():
         "def d(loader):\n    for b in loader:\n        print(b)\n"
     )) == 3
     assert sum(passes(module) for path, module in list(_modules())[::2]) >= 2
+
+
+def test_a_file_with_no_edit_is_not_rendered_again(monkeypatch):
+    """distify's own output, checked again (pre-commit's case): no rule edits it, and the engine
+    hands back the bytes it read instead of rendering the parsed tree once more (libcst renders a
+    parsed tree byte for byte). With positions off nothing generates code at all."""
+    source = (FIXTURES / "DST101" / "frozen_teacher.ddp.py").read_bytes()
+    renders = []
+    real = cst.Module._codegen_impl
+    monkeypatch.setattr(cst.Module, "_codegen_impl", lambda self, state, *a: renders.append(self) or real(self, state, *a))
+    result = migrate_source(source, Options(positions=False))
+    assert not result.changed and result.output is source
+    assert renders == []
+
