@@ -105,7 +105,7 @@ def _joining(anatomy, path: str, options):
 
         for site in project_calls(anatomy):
             t = reached(anatomy, path, options, site).target
-            if t is not None and _evaluates(t):
+            if t is not None and _evaluates(t, program_of(anatomy).bind(t, site.call)):
                 yield site, t
         seen = set()
         for f in foreign_loaders(anatomy):
@@ -117,9 +117,11 @@ def _joining(anatomy, path: str, options):
                 yield f.call, t
 
 
-def _evaluates(t) -> bool:
-    """`t` runs a batch loop of its own (an evaluation handed the model and a loader)."""
-    return any(bl.scope is t.fn and bl.via != "pass" for bl in t.unit.anatomy.batch_loops)
+def _evaluates(t, bound) -> bool:
+    """`t` runs a batch loop of its own over data the call hands it (`bound`: its parameters the
+    call binds): an evaluation (``evaluate(model, val_loader)``), not a loop over its own state."""
+    return any(bl.scope is t.fn and bl.via != "pass" and bl.ref.split(".")[0].split("[")[0] in bound
+               for bl in t.unit.anatomy.batch_loops)
 
 
 def builds_elsewhere(anatomy) -> bool:

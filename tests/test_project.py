@@ -298,3 +298,53 @@ def test_training_started_as_a_process_is_said_not_silent(tmp_path, started):
     (tmp_path / "worker.py").write_text("def fit(r, model):\n    return model\n")
     quiet = _run(tmp_path, "--check", "main.py")
     assert quiet.returncode == 0 and "DST961" not in quiet.stderr, quiet.stderr
+
+
+def test_only_a_helper_that_loops_over_what_the_call_hands_it_joins(tmp_path):
+    """The script trains in its own loop. `evaluate(model, loader)` in metrics.py loops over the
+    loader it is handed: an evaluation, migrated where it lives (its print on the main process).
+    `Config(path)` in config.py loops over its own state and prints: not an evaluation, its module
+    is left as it is (the audit's DST956 speaks for the print instead)."""
+    write(tmp_path, {
+        "train.py": """\
+            import torch
+            from torch.utils.data import DataLoader, TensorDataset
+            from config import Config
+            from metrics import evaluate
+
+            def main():
+                cfg = Config("train.cfg")
+                model = torch.nn.Linear(4, 1)
+                opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+                loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4, shuffle=True)
+                for epoch in range(2):
+                    for x, y in loader:
+                        opt.zero_grad()
+                        torch.nn.functional.mse_loss(model(x), y).backward()
+                        opt.step()
+                    evaluate(model, loader)
+
+            main()
+            """,
+        "metrics.py": """\
+            import torch
+
+            def evaluate(model, loader):
+                total = 0.0
+                for x, y in loader:
+                    total += torch.nn.functional.mse_loss(model(x), y).item()
+                print(total)
+            """,
+        "config.py": """\
+            class Config:
+                def __init__(self, path):
+                    with open(path) as fh:
+                        for line in fh:
+                            key, value = line.split("=")
+                            print(key, value)
+                            setattr(self, key, float(value))
+            """,
+    })
+    result = migrate_project([str(tmp_path / "train.py")], Options(backend="ddp"), Mode.CHECK)
+    rewritten = {os.path.basename(o.path) for f in result.files for o in f.others if o.output and o.output != o.source}
+    assert rewritten == {"metrics.py"}, rewritten
