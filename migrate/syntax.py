@@ -161,3 +161,14 @@ def header_names(stmt: cst.CSTNode) -> List[Tuple[cst.Name, str]]:
 
 def _number(e: cst.BaseExpression) -> bool:
     return isinstance(e, (cst.Integer, cst.Float))
+
+
+def flatten_target(t: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
+    """The names, attributes and subscripts an assignment target binds (`a, (b, *c)`: a, b, c)."""
+    if isinstance(t, (cst.Tuple, cst.List)):
+        for el in t.elements:
+            yield from flatten_target(el.value)
+    elif isinstance(t, cst.StarredElement):
+        yield from flatten_target(t.value)
+    else:
+        yield t

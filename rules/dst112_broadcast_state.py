@@ -6,6 +6,7 @@ import libcst as cst
 
 from distify.syntax import all_nodes, contains_node
 from distify.model_state import INIT, LOAD, before_training, changes_in
+from distify.resume import resumed_values
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule
 
 
@@ -23,6 +24,10 @@ class BroadcastState(Rule):
         ``if``, when that condition reads only values that are the same on every rank). A fresh optimizer's
         state is not broadcast: it is identical everywhere, and Horovod would create it with a
         zero-gradient step that shifts Adam's step count and applies weight decay once.
+        The values the load binds and the script reads later – the epoch or step to resume from,
+        the best metric (``start_epoch = checkpoint["epoch"] + 1``) – follow in one
+        ``runtime.broadcast_object``, so a rank that cannot read the checkpoint resumes where rank 0
+        does (``distify.resume``).
 
     Why:
         Unlike DDP, Horovod does not synchronise the initial state: ranks seeded differently (or
@@ -48,9 +53,11 @@ class BroadcastState(Rule):
         hvd = ctx.hvd
         # wrapped in hvd.DistributedOptimizer, or averaged by an explicit all-reduce (DST111, a GAN): both
         # start from rank 0
+        resumed = set()  # loads whose values are broadcast already (two optimizers, one load)
         for opt in [*ctx.plan.hvd_optimizers, *ctx.plan.hvd_averaged]:
             anchor = ctx.plan.hvd_anchor.get(opt, opt.call.stmt)
             loads_optimizer = False
+            loaded = None  # the last statement that loads a checkpoint into them
             # the last statement before training that loads or re-initialises the model or loads the
             # optimizer: under a condition (`if args.resume:`) or in a function of the script it is
             # handed to (`load_checkpoint(path, model, optimizer)`); what follows the first loop after
@@ -60,6 +67,8 @@ class BroadcastState(Rule):
                 found = [c for c in changes_in(a.facts, a.qualname, stmt, roots) if c.kind in (LOAD, INIT)]
                 if found:
                     anchor = stmt
+                    if any(c.kind == LOAD for c in found):
+                        loaded = stmt
                     for c in found:
                         if c.kind == LOAD and c.root == opt.target:
                             loads_optimizer = _when_loaded(ctx, stmt, c.node)
@@ -89,6 +98,15 @@ class BroadcastState(Rule):
                 # `if args.resume:` is broadcast under the same condition (the same on every rank)
                 line = f"{hvd}.broadcast_optimizer_state({opt.target}, root_rank=0)"
                 lines.append(line if loads_optimizer is True else f"if {loads_optimizer}:\n    {line}")
+            values = resumed_values(a, loaded, roots) if loaded is not None else []
+            if values and id(loaded) not in resumed:
+                # a rank that could not read the checkpoint resumes where rank 0 does
+                resumed.add(id(loaded))
+                names = ", ".join(values)
+                sent = names if len(values) == 1 else f"({names})"
+                lines.append(f"{names} = {ctx.runtime}.broadcast_object({sent})")
+                ctx.report(self.code, loaded, f"{names} broadcast from rank 0 with the loaded state: a rank that "
+                           "cannot read the checkpoint resumes where rank 0 does")
             ctx.edits.insert_after(anchor, ctx.stmts("\n".join(lines)))
             ctx.report(self.code, opt.call.call, "rank 0's parameters and optimizer state are broadcast before training")
 

@@ -9,13 +9,13 @@ Both ask ``eval_plans(ctx)``, computed once per file (``ctx.plan.eval_plans``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Optional, Set, Tuple, Union
+from typing import Dict, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
 from distify.dataflow import iterated_ref
 from distify.records import CallSite, Loader
-from distify.syntax import arg, dotted, all_nodes, header_names, names
+from distify.syntax import arg, dotted, all_nodes, flatten_target, header_names, names
 from distify.facts import uses
 from distify.library import names_of
 from distify.rules.base import FSDP_BACKEND, HOROVOD_BACKEND, Context, binds_locally, hoistable_argument
@@ -348,7 +348,7 @@ class _Planner:
         if isinstance(small, (cst.Assign, cst.AnnAssign)):
             targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
             for t in targets:
-                for el in _flatten(t):
+                for el in flatten_target(t):
                     if isinstance(el, (cst.Subscript, cst.Attribute)):
                         root = _root(el)
                         if root is not None and root not in local:
@@ -436,16 +436,6 @@ class _Planner:
 def _short(text: str, limit: int = 60) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _flatten(t: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
-    if isinstance(t, (cst.Tuple, cst.List)):
-        for el in t.elements:
-            yield from _flatten(el.value)
-    elif isinstance(t, cst.StarredElement):
-        yield from _flatten(t.value)
-    else:
-        yield t
 
 
 def _innermost_loop(outer: cst.For, target: cst.CSTNode) -> Optional[cst.CSTNode]:

@@ -475,6 +475,23 @@ if _LOG:
 
 # Records every parameter passed to a torch.optim.Optimizer (deduplicated: hvd.DistributedOptimizer
 # re-runs __init__ on the same params) and saves them at exit as <dir>/rank<RANK or HOROVOD_RANK>.pt.
+# only rank 0 sees the checkpoint named by DISTIFY_E2E_RANK0_ONLY (os.path.isfile answers False for
+# it on every other rank: several nodes, no shared disk)
+RANK0_ONLY_SPY = '''
+import os
+
+_ONLY = os.environ.get("DISTIFY_E2E_RANK0_ONLY")
+if _ONLY and (os.environ.get("HOROVOD_RANK") or os.environ.get("RANK") or "0") != "0":
+    import os.path as _osp
+
+    _isfile = _osp.isfile
+
+    def _hidden(path):
+        return False if os.path.abspath(path) == os.path.abspath(_ONLY) else _isfile(path)
+
+    _osp.isfile = _hidden
+'''
+
 PARAM_SPY = '''\
 import os
 

@@ -6,10 +6,15 @@ and ``if os.path.isfile(args.resume):``. Here only rank 0 can read the checkpoin
 sitecustomize makes ``os.path.isfile`` answer False for it on every other rank: several nodes, no
 shared disk). The checkpoint was saved at epoch 0 and the run trains one epoch: every rank then
 starts the same loop (a checkpoint of a later epoch would send rank 1, which read no epoch number,
-into epochs rank 0 skips – the resume epoch is not broadcast; not this test's subject). Rank 1 gets
+into epochs rank 0 skips: the second test's subject). Rank 1 gets
 the loaded weights from rank 0's broadcast, so the ranks end bit-identical (the gradients are
 averaged; each rank's own unseeded data does not matter). Control: the same migrated script with
 ``hvd.broadcast_parameters`` moved above the ``if`` (before the load) ends with ranks that differ.
+
+The second test resumes fixtures/DST112/resume_epoch from a checkpoint of epoch 1 that only rank 0
+can read: ``start_epoch`` and ``best_loss``, which the load binds, are broadcast with the state, so
+both ranks train epoch 2 alone and end bit-identical. Control: without that broadcast rank 1 starts
+at epoch 0 and the job fails.
 """
 from __future__ import annotations
 
@@ -20,30 +25,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e_support import PARAM_SPY, REPO_ROOT, migrate, run_horovodrun, sitecustomize_env  # noqa: E402
+from e2e_support import PARAM_SPY, RANK0_ONLY_SPY, REPO_ROOT, migrate, run_horovodrun, sitecustomize_env  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.horovod]
 
 SOURCE = REPO_ROOT / "fixtures" / "DST112" / "load_in_function.in.py"
 BROADCAST = "    hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n"
 RESUME = "    if args.resume:\n        if os.path.isfile(args.resume):\n"
-
-# only rank 0 sees the checkpoint named by DISTIFY_E2E_RANK0_ONLY
-_RANK0_ONLY = '''
-import os
-
-_ONLY = os.environ.get("DISTIFY_E2E_RANK0_ONLY")
-if _ONLY and os.environ.get("HOROVOD_RANK", "0") != "0":
-    import os.path as _osp
-
-    _isfile = _osp.isfile
-
-    def _hidden(path):
-        return False if os.path.abspath(path) == os.path.abspath(_ONLY) else _isfile(path)
-
-    _osp.isfile = _hidden
-'''
-
 
 def _checkpoint(path: Path) -> None:
     import torch
@@ -61,7 +49,7 @@ def _final_weights(script: Path, workdir: Path) -> dict:
     ckpt = workdir / "resume.pth.tar"
     dumps = workdir / "dumps"
     dumps.mkdir()
-    env = sitecustomize_env(workdir / "spy", PARAM_SPY + _RANK0_ONLY,
+    env = sitecustomize_env(workdir / "spy", PARAM_SPY + RANK0_ONLY_SPY,
                             {"DISTIFY_E2E_PARAM_DIR": str(dumps), "DISTIFY_E2E_RANK0_ONLY": str(ckpt)})
     run_horovodrun(script, ["--resume", str(ckpt), "--epochs", "1"], nproc=2, env=env, cwd=workdir)
     return {r: torch.load(dumps / f"rank{r}.pt") for r in range(2)}
@@ -89,3 +77,47 @@ def test_rank_that_cannot_read_the_checkpoint_gets_its_weights(tmp_path, broadca
         assert not _same(ranks[1], ranks[0]), "control: a broadcast before the load still left the ranks equal"
     else:
         assert _same(ranks[1], ranks[0]), "rank 1 trained from other weights than rank 0 loaded"
+
+
+# ------------------------------------------------------------------------------ the resume epoch
+# fixtures/DST112/resume_epoch binds `start_epoch = checkpoint["epoch"] + 1` and `best_loss` from a
+# checkpoint only rank 0 can read; saved at epoch 1, the run of 3 epochs resumes at epoch 2
+RESUMED = "    start_epoch, best_loss = runtime.broadcast_object((start_epoch, best_loss))\n"
+
+
+def _epoch_checkpoint(path: Path) -> None:
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(1234)
+    model = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    torch.save({"epoch": 1, "best_loss": 0.5, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+
+
+@pytest.mark.parametrize("broadcast", [True, False], ids=["migrated", "control-no-epoch-broadcast"])
+def test_rank_that_cannot_read_the_checkpoint_resumes_at_its_epoch(tmp_path, broadcast):
+    import torch
+
+    script = tmp_path / "train.py"
+    migrate(REPO_ROOT / "fixtures" / "DST112" / "resume_epoch.in.py", script, backend="horovod")
+    text = script.read_text()
+    assert RESUMED in text, "DST112 did not broadcast the values the load binds"
+    if not broadcast:
+        script.write_text(text.replace(RESUMED, ""))
+    ckpt = tmp_path / "resume.pt"
+    _epoch_checkpoint(ckpt)
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    env = sitecustomize_env(tmp_path / "spy", PARAM_SPY + RANK0_ONLY_SPY,
+                            {"DISTIFY_E2E_PARAM_DIR": str(dumps), "DISTIFY_E2E_RANK0_ONLY": str(ckpt)})
+    result = run_horovodrun(script, ["--resume", str(ckpt), "--epochs", "3"], nproc=2, env=env, cwd=tmp_path,
+                            timeout=120, check=False)
+    if broadcast:
+        assert result.returncode == 0, result.describe()
+        assert "epoch 2 loss" in result.stdout and "epoch 0 loss" not in result.stdout
+        ranks = [torch.load(dumps / f"rank{r}.pt") for r in range(2)]
+        assert ranks[0] and _same(ranks[1], ranks[0]), "the ranks trained different epochs or weights"
+    else:
+        # rank 1 starts at epoch 0 and waits for collectives rank 0 never runs: Horovod stops the job
+        assert result.returncode != 0, "control: the ranks agreed on the epoch without the broadcast"

@@ -1,0 +1,62 @@
+"""What a checkpoint load binds besides the state of the model and the optimizer: the epoch or step
+to resume from, the best metric so far (part of the fact layer, see facts.py).
+
+A rank that cannot read the checkpoint (several nodes, no shared disk) skips the load: Horovod's
+broadcasts hand it rank 0's parameters and optimizer state, but ``start_epoch = ckpt["epoch"] + 1``
+keeps the value it had before, and the ranks run different epochs. These are the values to
+broadcast with the state (DST112).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, List, Sequence
+
+import libcst as cst
+
+from distify.syntax import all_nodes, dotted, flatten_target
+
+if TYPE_CHECKING:  # pragma: no cover
+    from distify.anatomy import Anatomy
+
+
+def resumed_values(a: "Anatomy", stmt: cst.CSTNode, roots: Sequence[str]) -> List[str]:
+    """The names (`start_epoch`, `args.start_epoch`, `best_acc1`) that `stmt`, a statement that
+    loads a checkpoint, binds and its scope reads after it, in binding order: each already bound
+    before `stmt` (a rank that skips the load keeps that value), none of the loaded models or
+    optimizers (`roots`), none computed from the rank."""
+    scope = a.stmt_scope.get(stmt)
+    if scope is None:
+        return []
+    out: List[str] = []
+    for node in all_nodes(stmt, skip_nested=True):
+        if isinstance(node, cst.Assign):
+            targets = [t.target for t in node.targets]
+        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)) and node.value is not None:
+            targets = [node.target]
+        else:
+            continue
+        if a.reads_rank(node.value):
+            continue
+        for target in targets:
+            for el in flatten_target(target):
+                name = dotted(el)
+                if name is None or name in out:
+                    continue
+                root = name.split(".")[0]
+                if any(name == r or name.startswith(r + ".") or root == r for r in roots):
+                    continue
+                if a.reaching_binding(scope, root, stmt) is None or not _read_after(a, name, stmt, scope):
+                    continue
+                out.append(name)
+    return out
+
+
+def _read_after(a: "Anatomy", name: str, stmt: cst.CSTNode, scope) -> bool:
+    """A statement after `stmt` in its scope (not inside it) mentions `name`."""
+    at = a.order(stmt)
+    for later in a.facts.statements(scope):
+        if a.order(later) <= at or stmt in a.stmt_parent.get(later, ()):
+            continue
+        if any(isinstance(n, (cst.Name, cst.Attribute)) and dotted(n) == name for n in all_nodes(later, skip_nested=True)):
+            return True
+    return False
