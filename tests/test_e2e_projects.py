@@ -208,3 +208,16 @@ def test_control_shared_factory_without_the_reshard(tmp_path):
     script.write_text(text)
     problems = _built_in_modules_problems(tmp_path, *_launch("torchrun", tmp_path / "p", tmp_path), name="shared_factory")
     assert any("is not split into disjoint covering shards" in p for p in problems), problems
+
+
+def test_control_built_in_modules_without_the_wrap(tmp_path):
+    """Control for the model built in models.py: with the script's wrap taken out again, each rank
+    steps on its own shard's gradients and the ranks end with different weights."""
+    migrated_copy("built_in_modules", "ddp", tmp_path / "p")
+    script = tmp_path / "p" / "train.py"
+    text = script.read_text()
+    assert "runtime.DDP(build({\"width\": 4}))" in text
+    script.write_text(text.replace("runtime.DDP(build({\"width\": 4}))", "build({\"width\": 4})").replace(
+        "model.module.state_dict()", "model.state_dict()"))
+    with pytest.raises(AssertionError, match="rank 0 vs rank 1"):
+        _built_in_modules_problems(tmp_path, *_launch("torchrun", tmp_path / "p", tmp_path))
