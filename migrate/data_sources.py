@@ -14,7 +14,7 @@ from distify.syntax import all_nodes, dotted
 from distify.library import known
 from distify.names import row_of, seeds_sharded, star_import
 from distify.rank import RANK_ENV
-from distify.dataflow import _data_of, _first_items, _loop_var, ref_text
+from distify.dataflow import _data_of, _first_items, _loop_var, _returns, ref_text
 from distify.records import BatchLoop, CallSite, EpochLoop, Scope, assigned_name
 from distify.training import drawn_from, endless_loop
 
@@ -368,20 +368,50 @@ def is_iterable_dataset(a: "Anatomy", loader) -> bool:
     return bool(built_classes(a, loader.dataset) & iterable_classes(a)) or reads_shared_stream(a, loader)
 
 
-def built_classes(a: "Anatomy", expr: cst.BaseExpression) -> Set[str]:
+def built_classes(a: "Anatomy", expr: cst.BaseExpression, depth: int = 0) -> Set[str]:
     """What an expression is built by: the callee of ``Cls(...)``, or of every ``name = Cls(...)`` of
-    the module when it is a name (dotted, as the script spells the callee)."""
+    the module when it is a name (dotted, as the script spells the callee); through a function of
+    the script that returns it (``train_data = load_split("train")``, ``train_data, valid_data =
+    build_datasets()``), what its returned value is built by."""
+    if depth > 3:
+        return set()
     if isinstance(expr, cst.Call):
-        return {dotted(expr.func)} - {None}
+        return ({dotted(expr.func)} - {None}) | _returned_classes(a, expr, None, depth)
     name = dotted(expr)
     out: Set[str] = set()
     if name is None:
         return out
     for stmt in a.stmt_parent:
-        if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign):
-            small = stmt.body[0]
-            if any(dotted(t.target) == name for t in small.targets) and isinstance(small.value, cst.Call):
-                out |= {dotted(small.value.func)} - {None}
+        if not (isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign)):
+            continue
+        small = stmt.body[0]
+        if not isinstance(small.value, cst.Call):
+            continue
+        for t in small.targets:
+            if dotted(t.target) == name:
+                out |= ({dotted(small.value.func)} - {None}) | _returned_classes(a, small.value, None, depth)
+            elif isinstance(t.target, (cst.Tuple, cst.List)):
+                items = t.target.elements
+                for i, el in enumerate(items):
+                    if dotted(el.value) == name:
+                        out |= _returned_classes(a, small.value, (i, len(items)), depth)
+    return out
+
+
+def _returned_classes(a: "Anatomy", call: cst.Call, item: Optional[tuple], depth: int) -> Set[str]:
+    """What the values a module-level function of the script returns are built by (`item`: the
+    position in a returned tuple of that length)."""
+    fn = a.functions.get(dotted(call.func) or "")
+    out: Set[str] = set()
+    if fn is None:
+        return out
+    for ret in _returns(fn):
+        value = ret.value
+        if value is not None and item is not None:
+            whole = isinstance(value, cst.Tuple) and len(value.elements) == item[1]
+            value = value.elements[item[0]].value if whole else None
+        if value is not None:
+            out |= built_classes(a, value, depth + 1)
     return out
 
 
