@@ -547,25 +547,32 @@ def uses(scope: Scope, name: str) -> Iterator[Tuple[cst.CSTNode, Tuple[cst.CSTNo
     A module scope skips function and class bodies (each function is a scope of its own); a
     function scope reports what it finds in nested functions and lambdas as nested.
     """
-    dotted_name = "." in name
+    return iter(_uses_by_name(scope).get(name, ()))
 
-    def visit(node: cst.CSTNode, parents: Tuple[cst.CSTNode, ...], nested: bool):
+
+@by_node
+def _uses_by_name(scope: Scope) -> Dict[str, List[Tuple[cst.CSTNode, Tuple[cst.CSTNode, ...], bool]]]:
+    """``uses`` of every name at once, in source order: one walk per scope object, however many
+    names are asked about (a name is a ``Name``'s value; a dotted name the text of an attribute chain,
+    which no shorter chain inside it can spell)."""
+    found: Dict[str, List[Tuple[cst.CSTNode, Tuple[cst.CSTNode, ...], bool]]] = {}
+
+    def visit(node: cst.CSTNode, parents: Tuple[cst.CSTNode, ...], nested: bool) -> None:
         if isinstance(node, cst.Attribute):
-            if dotted(node) == name:
-                yield node, parents, nested
-                return
-            yield from visit(node.value, parents + (node,), nested)
+            spelled = dotted(node)
+            if spelled is not None:
+                found.setdefault(spelled, []).append((node, parents, nested))
+            visit(node.value, parents + (node,), nested)
             return
         if isinstance(node, cst.Name):
-            if not dotted_name and node.value == name:
-                yield node, parents, nested
+            found.setdefault(node.value, []).append((node, parents, nested))
             return
         if isinstance(node, cst.Arg):
-            yield from visit(node.value, parents + (node,), nested)
+            visit(node.value, parents + (node,), nested)
             return
         if isinstance(node, cst.Param):
             if node.default is not None:
-                yield from visit(node.default, parents + (node,), nested)
+                visit(node.default, parents + (node,), nested)
             return
         if isinstance(node, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)):
             return
@@ -575,15 +582,16 @@ def uses(scope: Scope, name: str) -> Iterator[Tuple[cst.CSTNode, Tuple[cst.CSTNo
             for c in children(node):
                 if isinstance(c, cst.Name) and not isinstance(node, cst.Lambda):
                     continue
-                yield from visit(c, parents + (node,), True)
+                visit(c, parents + (node,), True)
             return
         if isinstance(node, cst.FunctionDef):  # the scope itself: its body, not its signature
-            yield from visit(node.body, parents + (node,), nested)
+            visit(node.body, parents + (node,), nested)
             return
         for c in children(node):
-            yield from visit(c, parents + (node,), nested)
+            visit(c, parents + (node,), nested)
 
-    yield from visit(scope, (), False)
+    visit(scope, (), False)
+    return found
 
 
 __all__ = ["Binding", "Facts", "keeps_object", "stmt_bindings", "uses"]

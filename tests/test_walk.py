@@ -372,3 +372,68 @@ def test_a_file_with_no_edit_is_not_rendered_again(monkeypatch):
     assert not result.changed and result.output is source
     assert renders == []
 
+
+def _uses_by_walking(scope, name):
+    """What facts.uses answers, one search per question (its definition before the per-scope index),
+    written as a search with an explicit stack: (node, ancestors, nested) entries, children pushed in
+    reverse so that they come out in source order."""
+    from distify.syntax import dotted
+
+    out, todo = [], [(scope, (), False)]
+    while todo:
+        node, above, nested = todo.pop()
+        below, inner = [], nested
+        if isinstance(node, cst.Attribute) and dotted(node) == name:
+            out.append((node, above, nested))
+        elif isinstance(node, cst.Attribute):
+            below = [node.value]
+        elif isinstance(node, cst.Name):
+            out += [(node, above, nested)] * ("." not in name and node.value == name)
+        elif isinstance(node, (cst.Arg, cst.Param)):
+            below = [v for v in [node.value if isinstance(node, cst.Arg) else node.default] if v is not None]
+        elif isinstance(node, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)):
+            pass
+        elif node is not scope and isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            lam = isinstance(node, cst.Lambda)
+            if lam or not isinstance(scope, cst.Module):
+                below, inner = [c for c in children(node) if lam or not isinstance(c, cst.Name)], True
+        elif isinstance(node, cst.FunctionDef):
+            below = [node.body]
+        else:
+            below = children(node)
+        todo += [(c, above + (node,), inner) for c in reversed(below)]
+    return out
+
+
+_USES = """
+import torch.nn as nn
+from os import path as p
+
+cfg.model.lr = 1
+def train(model, lr=cfg.model.lr, k=lambda v: v + model.w):
+    global step
+    f = lambda x: model(x) + cfg.model.lr
+    def inner(y=model):
+        return model.layer(y), cfg.model
+    class Box:
+        model = model
+    for model.x in range(3):
+        g(model=model, lr=lr)
+    return f(model)[model.i].t.model
+"""
+
+
+def test_uses_from_the_per_scope_index_equal_walking_for_each_name():
+    from distify.facts import uses
+    from distify.syntax import dotted
+
+    asked = 0
+    made = cst.parse_module(_USES)
+    for path, module in [("_USES", made)] + list(_modules())[::40]:
+        scopes = [module] + [n for n in preorder(module) if isinstance(n, cst.FunctionDef)]
+        spelled = {dotted(n) for n in preorder(module) if isinstance(n, (cst.Name, cst.Attribute))} - {None}
+        for scope in scopes:
+            for name in sorted(spelled) + ["never_spelled", "a.never"]:
+                assert list(uses(scope, name)) == _uses_by_walking(scope, name), (path, name)
+                asked += 1
+    assert asked > 1000
