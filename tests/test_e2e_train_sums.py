@@ -6,7 +6,7 @@ The script prints, each epoch, the mean loss over the training set (a per-sample
 this rank's count of batches) and the training accuracy. It is deterministic and its loader does not
 shuffle, so 2 ranks at batch 8 see, batch by batch, the samples the single process sees at batch 16
 (DistributedSampler deals index i to rank i % 2) and train the same weights: the printed lines must
-be the single process's. Control: the same migrated script without DST206's reductions prints rank
+be the single process's, under torchrun (DDP and FSDP) and horovodrun. Control: the same migrated script without DST206's reductions prints rank
 0's half.
 """
 from __future__ import annotations
@@ -41,8 +41,8 @@ def single_process(tmp_path_factory) -> list:
 
 @pytest.mark.parametrize(
     "backend,reduced",
-    [("ddp", True), ("ddp", False), pytest.param("horovod", True, marks=pytest.mark.horovod)],
-    ids=["ddp", "control-ddp-unreduced", "horovod"],
+    [("ddp", True), ("ddp", False), ("fsdp", True), pytest.param("horovod", True, marks=pytest.mark.horovod)],
+    ids=["ddp", "control-ddp-unreduced", "fsdp", "horovod"],
 )
 def test_epoch_summary_equals_single_process(tmp_path, single_process, backend, reduced):
     script = tmp_path / "train.py"
@@ -51,7 +51,7 @@ def test_epoch_summary_equals_single_process(tmp_path, single_process, backend, 
     assert len(REDUCTIONS.findall(text)) == 2, "DST206 did not reduce the epoch's sums"
     if not reduced:
         script.write_text(REDUCTIONS.sub("", text))
-    run = run_torchrun if backend == "ddp" else run_horovodrun
+    run = run_horovodrun if backend == "horovod" else run_torchrun
     found = _numbers(epoch_lines(run(script, ["--batch-size", "8"], nproc=2, cwd=tmp_path).stdout))
     assert len(found) == len(single_process) == 3, found
     close = all(
