@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -167,8 +168,9 @@ class Project:
 
     def relative_aliases(self, mod: ProjectModule) -> Dict[str, str]:
         """Local name -> qualified name for the relative imports of `mod` (``from .data import
-        get_loader``), which a module's own alias map leaves out: it does not know its package."""
-        tree = read_ast(mod.path)
+        get_loader``), which a module's own alias map leaves out: it does not know its package.
+        A file whose text holds no ``from`` followed by a dot is not parsed: it has none."""
+        tree = read_ast(mod.path, _RELATIVE_IMPORT)
         out: Dict[str, str] = {}
         for node in ast.walk(tree) if tree is not None else ():
             if isinstance(node, ast.ImportFrom) and node.level:
@@ -227,12 +229,22 @@ def package_root(folder: str) -> str:
     return top
 
 
-def read_ast(path: str) -> Optional[ast.Module]:
+# `from .x import y`, `from . import y`, also across a line continuation: a relative import's text
+# always matches (a match that is none, in a string or a comment, costs only the parse)
+_RELATIVE_IMPORT = re.compile(rb"\bfrom[ \t\f\\\r\n]*\.")
+
+
+def read_ast(path: str, needle: Optional["re.Pattern[bytes]"] = None) -> Optional[ast.Module]:
+    """The module at `path`, parsed; None when it cannot be, or when its text does not match `needle`."""
     try:
         if os.path.getsize(path) > MAX_BYTES:
             return None
         with open(path, "rb") as fh:
-            return ast.parse(fh.read())
+            data = fh.read()
+        # (an encoding cookie may name a codec in which the needle's ASCII bytes are others: parsed)
+        if needle is None or needle.search(data) or b"coding" in b"\n".join(data.split(b"\n", 2)[:2]):
+            return ast.parse(data)
+        return None
     except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 

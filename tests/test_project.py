@@ -348,3 +348,31 @@ def test_only_a_helper_that_loops_over_what_the_call_hands_it_joins(tmp_path):
     result = migrate_project([str(tmp_path / "train.py")], Options(backend="ddp"), Mode.CHECK)
     rewritten = {os.path.basename(o.path) for f in result.files for o in f.others if o.output and o.output != o.source}
     assert rewritten == {"metrics.py"}, rewritten
+
+
+def test_relative_imports_are_found_and_files_without_any_are_not_parsed(tmp_path, monkeypatch):
+    """Project.relative_aliases parses a module only when its text can hold a relative import: the
+    aliases of every spelling of one, and no parse (a cost paid for every script and every output
+    the audit checks) for a module that has none."""
+    import ast
+
+    from distify import project as project_module
+
+    write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/train.py": "from .engine import fit\nfrom . import data as d\n",
+        "pkg/cont.py": "import os\nfrom \\\n    .sub.deep import go\n",  # its only relative import
+        "pkg/plain.py": "import os\nfrom os import path\nx = 'from here'\n",
+        "pkg/engine.py": "", "pkg/data.py": "", "pkg/sub/__init__.py": "", "pkg/sub/deep.py": "",
+    })
+    project = Project.around(str(tmp_path / "pkg" / "train.py"))
+    parsed = []
+    real = ast.parse
+    monkeypatch.setattr(project_module.ast, "parse", lambda data, *a, **k: parsed.append(data) or real(data, *a, **k))
+    train = project.script(str(tmp_path / "pkg" / "train.py"))
+    assert project.relative_aliases(train) == {"fit": "pkg.engine.fit", "d": "pkg.data"}
+    cont = project.script(str(tmp_path / "pkg" / "cont.py"))
+    assert project.relative_aliases(cont) == {"go": "pkg.sub.deep.go"}
+    assert len(parsed) == 2
+    assert project.relative_aliases(project.script(str(tmp_path / "pkg" / "plain.py"))) == {}
+    assert len(parsed) == 2  # plain.py: read, not parsed
