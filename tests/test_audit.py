@@ -246,7 +246,6 @@ def _audit_lines(path: Path) -> set:
 # finds in a fixture's output is a distify bug, and test_fixtures fails on it.
 EXPECTED = {
     ("DST204", "numpy_choice"): ("DST959", "numpy's global stream is not re-seeded per rank; DST204 warns instead"),
-    ("DST201", "helper_shared"): ("DST951", "one helper builds the training and evaluation loaders; DST201 refuses"),
     ("DST903", "while_epochs"): ("DST952", "no epoch loop found; DST903 asks for set_epoch by hand"),
     ("DST906", "star_args"): ("DST951", "DataLoader arguments unpacked; DST906 refuses to shard"),
     ("DST906", "two_splats"): ("DST951", "DataLoader arguments unpacked; DST906 refuses to shard"),
