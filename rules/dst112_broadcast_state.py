@@ -97,6 +97,10 @@ class BroadcastState(Rule):
                 # decay once – the run would no longer match the single-process one. A load under
                 # `if args.resume:` is broadcast under the same condition (the same on every rank)
                 line = f"{hvd}.broadcast_optimizer_state({opt.target}, root_rank=0)"
+                if loads_optimizer is ON_RANK0:
+                    # whether the load ran may differ between hosts: rank 0's optimizer holds a state
+                    # when it loaded one, and every rank takes that answer from it
+                    loads_optimizer = f"{ctx.runtime}.broadcast_object(len({opt.target}.state) > 0)"
                 lines.append(line if loads_optimizer is True else f"if {loads_optimizer}:\n    {line}")
             values = resumed_values(a, loaded, roots) if loaded is not None else []
             if values and id(loaded) not in resumed:
@@ -111,16 +115,22 @@ class BroadcastState(Rule):
             ctx.report(self.code, opt.call.call, "rank 0's parameters and optimizer state are broadcast before training")
 
 
+ON_RANK0 = object()  # _when_loaded: the load's condition may differ between hosts
+
+
 def _when_loaded(ctx: Context, stmt: cst.CSTNode, load: cst.CSTNode):
     """True when the optimizer load in `stmt` runs on every path; the condition's source when it
     runs in the body of an ``if`` on something that is the same on every rank (``args.resume``)
-    – a fresh optimizer must not get Horovod's zero-gradient state step; False otherwise."""
+    – a fresh optimizer must not get Horovod's zero-gradient state step; ON_RANK0 when the
+    condition calls something whose answer may differ between hosts; False otherwise."""
     if not isinstance(stmt, cst.If):
         return True
     if stmt.orelse is not None or not contains_node(stmt.body, load) or ctx.anatomy.facts.rank_condition(stmt.test):
         return False
     if any(isinstance(n, cst.Call) for n in all_nodes(stmt.test)):
-        return False  # `os.path.isfile(path)` may differ between hosts: a collective under it could hang
+        # `os.path.isfile(path)` may differ between hosts (only rank 0 may see the file): a
+        # collective under it could hang, so rank 0 says whether it loaded
+        return ON_RANK0
     return ctx.code(stmt.test)
 
 

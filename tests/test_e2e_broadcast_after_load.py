@@ -12,9 +12,11 @@ averaged; each rank's own unseeded data does not matter). Control: the same migr
 ``hvd.broadcast_parameters`` moved above the ``if`` (before the load) ends with ranks that differ.
 
 The second test resumes fixtures/DST112/resume_epoch from a checkpoint of epoch 1 that only rank 0
-can read: ``start_epoch`` and ``best_loss``, which the load binds, are broadcast with the state, so
-both ranks train epoch 2 alone and end bit-identical. Control: without that broadcast rank 1 starts
-at epoch 0 and the job fails.
+can read (its optimizer holds momentum): ``start_epoch`` and ``best_loss``, which the load binds,
+are broadcast with the state, and the optimizer state is broadcast because rank 0 says it loaded
+one (the load's ``os.path.isfile`` may differ between hosts), so both ranks train epoch 2 alone and
+end bit-identical. Controls: without the epoch broadcast rank 1 starts at epoch 0 and the job
+fails; without the optimizer-state broadcast rank 1 keeps a fresh momentum and the ranks drift.
 """
 from __future__ import annotations
 
@@ -91,20 +93,28 @@ def _epoch_checkpoint(path: Path) -> None:
 
     torch.manual_seed(1234)
     model = nn.Sequential(nn.Linear(12, 24), nn.ReLU(), nn.Linear(24, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model(torch.randn(4, 12)).sum().backward()
+    optimizer.step()  # a momentum buffer in the checkpoint
     torch.save({"epoch": 1, "best_loss": 0.5, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
 
 
-@pytest.mark.parametrize("broadcast", [True, False], ids=["migrated", "control-no-epoch-broadcast"])
-def test_rank_that_cannot_read_the_checkpoint_resumes_at_its_epoch(tmp_path, broadcast):
+STATE = ("    if runtime.broadcast_object(len(optimizer.state) > 0):\n"
+         "        hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n")
+
+
+@pytest.mark.parametrize("removed", [None, RESUMED, STATE],
+                         ids=["migrated", "control-no-epoch-broadcast", "control-no-optimizer-state"])
+def test_rank_that_cannot_read_the_checkpoint_resumes_at_its_epoch(tmp_path, removed):
     import torch
 
     script = tmp_path / "train.py"
     migrate(REPO_ROOT / "fixtures" / "DST112" / "resume_epoch.in.py", script, backend="horovod")
     text = script.read_text()
     assert RESUMED in text, "DST112 did not broadcast the values the load binds"
-    if not broadcast:
-        script.write_text(text.replace(RESUMED, ""))
+    assert STATE in text, "DST112 did not broadcast the loaded optimizer state"
+    if removed:
+        script.write_text(text.replace(removed, ""))
     ckpt = tmp_path / "resume.pt"
     _epoch_checkpoint(ckpt)
     dumps = tmp_path / "dumps"
@@ -113,11 +123,14 @@ def test_rank_that_cannot_read_the_checkpoint_resumes_at_its_epoch(tmp_path, bro
                             {"DISTIFY_E2E_PARAM_DIR": str(dumps), "DISTIFY_E2E_RANK0_ONLY": str(ckpt)})
     result = run_horovodrun(script, ["--resume", str(ckpt), "--epochs", "3"], nproc=2, env=env, cwd=tmp_path,
                             timeout=120, check=False)
-    if broadcast:
-        assert result.returncode == 0, result.describe()
-        assert "epoch 2 loss" in result.stdout and "epoch 0 loss" not in result.stdout
-        ranks = [torch.load(dumps / f"rank{r}.pt") for r in range(2)]
-        assert ranks[0] and _same(ranks[1], ranks[0]), "the ranks trained different epochs or weights"
-    else:
+    if removed == RESUMED:
         # rank 1 starts at epoch 0 and waits for collectives rank 0 never runs: Horovod stops the job
         assert result.returncode != 0, "control: the ranks agreed on the epoch without the broadcast"
+        return
+    assert result.returncode == 0, result.describe()
+    assert "epoch 2 loss" in result.stdout and "epoch 0 loss" not in result.stdout
+    ranks = [torch.load(dumps / f"rank{r}.pt") for r in range(2)]
+    if removed == STATE:
+        assert not _same(ranks[1], ranks[0]), "control: rank 1 kept its fresh momentum and still agreed"
+    else:
+        assert ranks[0] and _same(ranks[1], ranks[0]), "the ranks trained different epochs or weights"
