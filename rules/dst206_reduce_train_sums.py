@@ -29,7 +29,9 @@ class ReduceTrainSums(Rule):
           reports at N times the batch.
 
         A counter also set, read or added to in another way inside the loop (a running loss printed
-        and reset every k batches) is left as it is.
+        and reset every k batches) is left as it is. The same holds for a loop that does not train
+        over a loader DST201 shards (the accuracy on the training set measured after training by
+        ``check_accuracy(train_loader, model)``): its sums are this rank's shard too.
 
     Why:
         Each rank adds up only its shard: printed on rank 0, an epoch's loss or accuracy would be
@@ -63,7 +65,7 @@ class ReduceTrainSums(Rule):
         done: Set[int] = set()
         for loader in ctx.plan.samplers:
             for bl in loader.batch_loops:
-                if not bl.trains or bl.via != "for" or id(bl.loop) in done:
+                if bl.via != "for" or id(bl.loop) in done:
                     continue
                 done.add(id(bl.loop))
                 if not fed_only_by(a, bl, ctx.plan.samplers):
@@ -87,11 +89,15 @@ class ReduceTrainSums(Rule):
                     parts.append(f"{', '.join(summed)} summed")
                 if averaged:
                     parts.append(f"{', '.join(averaged)} (a sum of batch means) averaged")
+                what = "the training loop" if bl.trains else "this loop over the training data"
+                padded = "" if bl.trains else (
+                    " (DistributedSampler repeats up to N-1 samples to even the shards: they are counted twice)"
+                )
                 ctx.report(
                     self.code,
                     bl.loop,
-                    f"{' and '.join(parts)} over all ranks after the training loop: what the script reports "
-                    "covers every rank's shard",
+                    f"{' and '.join(parts)} over all ranks after {what}: what the script reports covers every "
+                    f"rank's shard{padded}",
                 )
 
 

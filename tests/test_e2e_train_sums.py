@@ -61,3 +61,32 @@ def test_epoch_summary_equals_single_process(tmp_path, single_process, backend, 
         assert close, f"2 ranks printed {found}, the single process {single_process}"
     else:
         assert not close, "control: rank 0's own sums already equal the whole set's"
+
+
+ACCURACY = REPO_ROOT / "fixtures" / "DST206" / "accuracy_on_train_set.in.py"
+GOT = re.compile(r"^Got (\S+) / (\S+) with accuracy (\S+)$", re.M)
+
+
+@pytest.mark.parametrize("reduced", [True, False], ids=["ddp", "control-ddp-unreduced"])
+def test_accuracy_on_the_training_set_counts_every_rank(tmp_path, reduced):
+    """fixtures/DST206/accuracy_on_train_set: after training, `check_accuracy(train_loader, model)`
+    counts correct predictions over the (now sharded) training loader. 2 ranks at batch 8 train the
+    single process's weights at batch 16 (no shuffle, deterministic), so the printed line must be the
+    single process's: every one of the 64 samples counted. Control: without the reduction rank 0
+    prints its 32."""
+    original = tmp_path / "original" / "train.py"
+    original.parent.mkdir()
+    original.write_text(ACCURACY.read_text())
+    want = GOT.findall(run_python(original, ["--batch-size", "16"], cwd=original.parent).stdout)
+    script = tmp_path / "train.py"
+    migrate(ACCURACY, script, backend="ddp")
+    text = script.read_text()
+    assert len(REDUCTIONS.findall(text)) == 1, "DST206 did not reduce the accuracy's sums"
+    if not reduced:
+        script.write_text(REDUCTIONS.sub("", text))
+    got = GOT.findall(run_torchrun(script, ["--batch-size", "8"], nproc=2, cwd=tmp_path).stdout)
+    assert len(want) == 1 and want[0][1] == "64", want
+    if reduced:
+        assert got == want, f"2 ranks printed {got}, the single process {want}"
+    else:
+        assert len(got) == 1 and got[0][1] == "32", f"control: rank 0 alone counts its half: {got}"
