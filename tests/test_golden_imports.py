@@ -8,6 +8,7 @@ is not distify's doing and is not counted.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import List, Set, Tuple
 
@@ -127,11 +128,16 @@ def goldens():
             yield pytest.param(path, id=f"{path.parent.name}/{path.name}")
 
 
+@functools.lru_cache(maxsize=None)
+def _late_in(original: Path) -> frozenset:
+    """The names `original` itself reads before their import: one parse for its three goldens."""
+    return frozenset(name for name, _ in late_imports(original.read_text())) if original.exists() else frozenset()
+
+
 @pytest.mark.parametrize("golden", list(goldens()))
 def test_golden_binds_imports_before_use(golden: Path) -> None:
     stem = golden.name.rsplit(".", 2)[0]
-    original = golden.with_name(f"{stem}.in.py")
-    already = {name for name, _ in late_imports(original.read_text())} if original.exists() else set()
+    already = _late_in(golden.with_name(f"{stem}.in.py"))
     late = [(n, i) for n, i in late_imports(golden.read_text()) if n not in already]
     assert not late, f"{golden.name}: read before their import: {late}"
 
