@@ -439,6 +439,14 @@ def _name_uses(module: cst.Module, name: str) -> int:
 def _class_references(a) -> List[Tuple[cst.CSTNode, bool]]:
     """Uses of the DataParallel class other than calling it: (node, is isinstance()'s class)."""
     out: List[Tuple[cst.CSTNode, bool]] = []
+    # a name spells the class only when an import binds it to the class itself, an attribute chain
+    # only when it resolves to it (the anatomy lists every attribute of every statement, but for an
+    # inline runtime class, which it does not enter): with neither, no node can be one, and the
+    # module is not walked (most scripts)
+    if a.standalone_runtime is None and not any(q in DATA_PARALLEL for q in a.aliases.values()) and not any(
+        a.qualname(attr) in DATA_PARALLEL for attr, _scope, _cls, _stmt in a.attr_uses
+    ):
+        return out
     stack: List[cst.CSTNode] = []  # the nodes around the one visited (trivia aside)
 
     def visit(node: cst.CSTNode) -> None:

@@ -437,3 +437,33 @@ def test_uses_from_the_per_scope_index_equal_walking_for_each_name():
                 assert list(uses(scope, name)) == _uses_by_walking(scope, name), (path, name)
                 asked += 1
     assert asked > 1000
+
+
+def test_data_parallel_references_are_walked_for_only_where_one_can_be(monkeypatch):
+    """DST902 looks for uses of the DataParallel class (isinstance, type tests) by walking the module,
+    and skips the walk when no import binds the class and no attribute resolves to it: the answer is
+    the same as walking every module, and a script without the class is not walked."""
+    from distify.anatomy import analyse
+    from distify.rules import dst902_data_parallel as dst902
+
+    class Walked:  # the same anatomy, with the shortcut off (as for an inline runtime class)
+        standalone_runtime = "forced"
+
+        def __init__(self, anatomy):
+            self._anatomy = anatomy
+
+        def __getattr__(self, name):
+            return getattr(self._anatomy, name)
+
+    paths = sorted((FIXTURES / "DST902").glob("*.in.py")) + INPUTS[::25]
+    with_refs = 0
+    for path in paths:
+        anatomy = analyse(cst.parse_module(path.read_bytes()))
+        fast = dst902._class_references(anatomy)
+        assert fast == dst902._class_references(Walked(anatomy)), path
+        with_refs += bool(fast)
+    assert with_refs >= 3
+    walked = []
+    monkeypatch.setattr(dst902, "children", lambda node: walked.append(node) or children(node))
+    dst902._class_references(analyse(cst.parse_module("import torch\nmodel = torch.nn.Linear(2, 2)\nprint(model)\n")))
+    assert walked == []
