@@ -392,9 +392,9 @@ def analyse(module: cst.Module, project=None) -> Anatomy:
     called_functions = [fn for fn in list(col.functions.values()) + list(col.methods) if callers(fn)]
     # by calling scope: (function, parameter, the reference a call there passes for it) (spread's index)
     passed_from: Dict[int, List[Tuple[cst.FunctionDef, str, Optional[str]]]] = {}
-    for fn, site, pname in ((f, s, p) for f in called_functions for s in callers(f) for p in params_of(f)):
-        v = bind_param(site, fn, pname)
-        passed_from.setdefault(id(site.scope), []).append((fn, pname, ref_text(v) if v is not None else None))
+    for fn, site in ((f, s) for f in called_functions for s in callers(f)):
+        for pname, v in [(p, bind_param(site, fn, p)) for p in params_of(fn)] + list(facts.bound_keywords(site.call, fn).items()):
+            passed_from.setdefault(id(site.scope), []).append((fn, pname, ref_text(v) if v is not None else None))
 
     # which references reach a loader: (scope, reference) pairs, following function parameters,
     # plain-name aliases (`loader = loaders["train"]`) and return values bound by the callers of a
@@ -491,7 +491,7 @@ def analyse(module: cst.Module, project=None) -> Anatomy:
                     and (dotted(a_node.targets[0].target) or "").startswith("self.")
                     and (
                         ref_text(a_node.value) == name
-                        or (moves_to_device(a_node.value) and dotted(a_node.value.func.value) == name)
+                        or (moves_to_device(a_node.value) and ref_text(a_node.value.func.value) == name)
                     )
                 ):
                     # `self.train_data = train_data` in a method: every method of the class sees it

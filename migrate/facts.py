@@ -251,6 +251,14 @@ class Facts:
             out = [c for c in self._by_callee.get(f"self.{name}", ()) if c.cls is cls]
             if name == "__init__" and isinstance(self.stmt_scope.get(cls), cst.Module):
                 out += self._by_callee.get(cls.name.value, [])  # `Trainer(model, loader)` runs __init__
+            elif isinstance(self.stmt_scope.get(cls), cst.Module):
+                # `simclr = SimCLR(...)` ... `simclr.train(loader)`: a method of an instance of the class
+                out += [
+                    c for c in self.calls
+                    if isinstance(c.call.func, cst.Attribute) and c.call.func.attr.value == name
+                    and isinstance(c.call.func.value, cst.Name) and c.scope is not None
+                    and dotted(getattr(self.instance_call(c.scope, c.call.func.value.value, c.stmt), "func", None)) == cls.name.value
+                ]
         self._callers[key] = out
         return out
 
@@ -275,6 +283,20 @@ class Facts:
                 if k is cls and m.name.value == d[5:]:
                     return m
         return None
+
+    def instance_call(self, scope: Scope, name: str, stmt: cst.CSTNode) -> Optional[cst.Call]:
+        """The call whose result `name` holds at `stmt` in `scope`: its last binding before `stmt`
+        is the single assignment ``name = <call>`` (``simclr = SimCLR(...)``); None otherwise."""
+        b = self.reaching_binding(scope, name, stmt)
+        small = b.stmt.body[0] if b is not None and isinstance(b.stmt, cst.SimpleStatementLine) and len(b.stmt.body) == 1 else None
+        if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.value, cst.Call)):
+            return None
+        return small.value if dotted(small.targets[0].target) == name else None
+
+    def bound_keywords(self, call: cst.Call, fn: cst.FunctionDef) -> Dict[str, cst.BaseExpression]:
+        """What `call` hands `fn` through its ``**kwargs``: ``kwargs["model"]`` -> the expression of
+        ``model=...`` (see ``keyword_bindings``)."""
+        return keyword_bindings(fn, call, self.params(fn))
 
     def params(self, fn: cst.FunctionDef) -> List[str]:
         """The positional parameters a call binds, in order (`self` of a method left out)."""
@@ -595,3 +617,18 @@ def _uses_by_name(scope: Scope) -> Dict[str, List[Tuple[cst.CSTNode, Tuple[cst.C
 
 
 __all__ = ["Binding", "Facts", "keeps_object", "stmt_bindings", "uses"]
+
+
+def keyword_bindings(fn: cst.FunctionDef, call: cst.Call, params: List[str]) -> Dict[str, cst.BaseExpression]:
+    """The keyword arguments of `call` that `fn` receives in its ``**`` parameter, by the reference
+    its body reads them with (``kwargs["model"]`` for ``model=net``, `params` being the names the
+    keywords could bind otherwise); empty when `fn` has no ``**`` parameter or `call` spreads one."""
+    star = fn.params.star_kwarg
+    if not isinstance(star, cst.Param) or any(a.star == "**" for a in call.args):
+        return {}
+    named = set(params) | {p.name.value for p in fn.params.kwonly_params}
+    return {
+        f'{star.name.value}["{a.keyword.value}"]': a.value
+        for a in call.args
+        if a.keyword is not None and a.keyword.value not in named
+    }

@@ -61,7 +61,7 @@ def effects(prog: Program, target: Target, depth: int = DEPTH, _seen: Optional[S
             reads = frozenset(n.value for n in all_nodes(c.call) if isinstance(n, cst.Name))
             out.append(Effect("print" if what == "print()" else "write", what, here, reads))
         elif depth > 0:
-            inner = prog.target(target.unit, c.call, c.scope, c.stmt) or _same_module(target, c)
+            inner = prog.target(target.unit, c.call, c.scope, c.stmt) or same_module(target, c)
             if inner is not None:
                 deeper.append((inner, c.call))
     for inner, call in deeper:
@@ -118,7 +118,7 @@ def project_calls(a) -> List[CallSite]:
             and c.qualname.split(".", 1)[0] not in _LIBRARY_ROOTS]
 
 
-def _same_module(target: Target, c: CallSite) -> Optional[Target]:
+def same_module(target: Target, c: CallSite) -> Optional[Target]:
     """The function of `target`'s own module that `c` calls (``with_log(state)`` beside it)."""
     from distify.program import Target as _Target
 
@@ -147,11 +147,14 @@ def advice(c: CallSite, t: Target, e: Effect) -> str:
             f"with `if runtime.is_main_process():` or let distify migrate {file}")
 
 
-def loaders_handed_to_training(a, path: Optional[str], options) -> List[Tuple[object, CallSite, Target]]:
+def loaders_handed_to_training(a, path: Optional[str], options) -> List[Tuple[object, CallSite, Target, bool]]:
     """Loaders of the script analysed as `a` (at `path`) that a call hands, as an argument, to a
     function of the user's project that trains (``simclr.train(train_loader)``): their batches
     reach training in code this analysis did not join, so a missing sampler is not seen by the
-    loops of this module."""
+    loops of this module. A loader is matched wherever its value flows in the script (the
+    anatomy's flow facts: ``ld = train_loader`` ... ``runner.fit(ld)``), never by its name. The
+    last field says whether a training loop of the function iterates the very parameter the
+    loader binds (it cannot have given the loader a sampler on the way)."""
     if not path or not a.loaders:
         return []
     refs = {}
@@ -172,5 +175,94 @@ def loaders_handed_to_training(a, path: Optional[str], options) -> List[Tuple[ob
         t = reached(a, path, options, c).target
         if t is None or not program_of(a).trains(t):
             continue
-        out += [(l, c, t) for l in handed]
+        prog = program_of(a)
+        bound = prog.bind(t, c.call)
+        iterated = {bl.ref for bl in prog.training_loops(t)}
+        for l in handed:
+            params = {p for p, v in bound.items() if refs.get((id(c.scope), dotted(v))) is l}
+            out.append((l, c, t, bool(params & iterated)))
+    return out
+
+
+def only_writes(prog: Program, target: Target, depth: int = DEPTH, _seen: Optional[Set[int]] = None) -> bool:
+    """`target` does nothing but write files, print and read values (``library.FILE_SYSTEM_MODULES``,
+    ``PURE_BUILTINS``, ``READ_METHODS``, methods of the files it opens, and project functions that
+    do as little): no assignment but to its own local names, no ``global``, no nested code, no
+    collective, no random draw, no call distify does not know. Run on one rank only, such a helper
+    leaves every other rank's state as it was."""
+    seen = _seen if _seen is not None else set()
+    if id(target.fn) in seen:
+        return True
+    seen.add(id(target.fn))
+    a = target.unit.anatomy
+    opened: Set[str] = set()  # the names bound to a file it opens (`with open(p, "w") as fh`)
+    for n in all_nodes(target.fn.body):
+        if isinstance(n, (cst.Global, cst.Nonlocal, cst.Yield, cst.Await, cst.Del, cst.NamedExpr,
+                          cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return False
+        if isinstance(n, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+            targets = [t.target for t in n.targets] if isinstance(n, cst.Assign) else [n.target]
+            if not all(isinstance(x, cst.Name) for t in targets for x in _elements(t)):
+                return False  # `state["k"] = v`, `args.x = v`: the caller's objects changed on one rank
+        if isinstance(n, cst.WithItem) and n.asname is not None and isinstance(n.asname.name, cst.Name):
+            if isinstance(n.item, cst.Call) and _pure_call(a, n.item, None):
+                opened.add(n.asname.name.value)
+    own = own_method_names(a.methods)
+    for c in a.calls:
+        if c.scope is not target.fn:
+            continue
+        if file_write(c, own) is not None or terminal_print(c) or _pure_call(a, c.call, c.qualname):
+            continue
+        f = c.call.func
+        if isinstance(f, cst.Attribute) and isinstance(f.value, cst.Name) and f.value.value in opened:
+            continue  # fh.write(...) on the file it opened
+        inner = prog.target(target.unit, c.call, c.scope, c.stmt) or same_module(target, c)
+        if inner is not None and depth > 0 and only_writes(prog, inner, depth - 1, seen):
+            continue
+        return False
+    return True
+
+
+def _elements(t: cst.BaseExpression):
+    return [e.value for e in t.elements] if isinstance(t, (cst.Tuple, cst.List)) else [t]
+
+
+def _pure_call(a, call: cst.Call, qualname: Optional[str]) -> bool:
+    """`call` reads values or touches the file system and does nothing else (library data)."""
+    from distify.library import FILE_SYSTEM_MODULES, LOGGING_MODULES, PURE_BUILTINS, READ_METHODS
+
+    if qualname is not None:
+        return qualname.startswith(FILE_SYSTEM_MODULES + LOGGING_MODULES)
+    f = call.func
+    if isinstance(f, cst.Name):  # a builtin, unless the module binds the name itself
+        return f.value in PURE_BUILTINS and f.value not in a.name_bindings and f.value not in a.functions
+    return isinstance(f, cst.Attribute) and f.attr.value in READ_METHODS
+
+
+def plain_arguments(a, call: cst.Call) -> bool:
+    """Computing the arguments of `call` changes nothing and reaches no collective: every call among
+    them reads a value (``model.state_dict()``, ``vars(args)``)."""
+    for n in all_nodes(call):
+        if n is call:
+            continue
+        if isinstance(n, (cst.Yield, cst.Await, cst.NamedExpr, cst.Lambda)):
+            return False
+        if isinstance(n, cst.Call) and not _pure_call(a, n, a.qualname(n.func)):
+            return False
+    return True
+
+
+def exact_helper_calls(a, path: Optional[str], options) -> List[Tuple[CallSite, Target, List[Effect]]]:
+    """The calls of ``unguarded_helper_calls`` that may run on the main process alone, exactly: the
+    call is a statement of its own (its value unused), its arguments only read values, and the
+    helper does nothing but write files and print (``only_writes``)."""
+    from distify.program import program_of
+
+    out = []
+    for c, t, found in unguarded_helper_calls(a, path, options):
+        small = c.stmt.body[0] if isinstance(c.stmt, cst.SimpleStatementLine) and len(c.stmt.body) == 1 else None
+        if not (isinstance(small, cst.Expr) and small.value is c.call):
+            continue
+        if plain_arguments(a, c.call) and only_writes(program_of(a), t):
+            out.append((c, t, found))
     return out

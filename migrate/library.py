@@ -216,6 +216,28 @@ MODEL_HOUSEKEEPING = (
     "add_", "freeze", "unfreeze",
 )
 
+# calls that only touch the file system, format values or read them: a project helper made of these,
+# file writes and prints (``save_checkpoint(state, is_best, filename)``: torch.save, shutil.copyfile)
+# may run on the main process alone without the other ranks missing anything (distify.helper_effects)
+FILE_SYSTEM_MODULES = ("os.", "shutil.", "json.", "pathlib.", "csv.", "time.", "datetime.")
+PURE_BUILTINS: FrozenSet[str] = frozenset({
+    "open", "print", "sorted", "vars", "str", "repr", "int", "float", "bool", "len", "max", "min", "range",
+    "enumerate", "zip", "dict", "list", "tuple", "isinstance", "format", "round", "abs", "sum",
+})
+# methods that read their receiver (a dict, a string, a module's or optimizer's state) and change nothing
+READ_METHODS: FrozenSet[str] = frozenset({
+    "items", "keys", "values", "get", "format", "join", "split", "strip", "startswith", "endswith", "lower",
+    "upper", "state_dict",
+})
+
+# building by name: these calls import a module whose name is a value (`importlib.import_module("models." +
+# name + "_model")`), and a call handed one of these modules builds one of its classes by name
+# (`config.init_obj('optimizer', torch.optim, params)`: an optimizer). What such code builds is known
+# only when it runs (distify.by_name).
+IMPORTS_BY_NAME: FrozenSet[str] = frozenset({"importlib.import_module", "builtins.__import__"})
+OPTIMIZER_MODULES: FrozenSet[str] = frozenset({"torch.optim"})
+SCHEDULER_MODULES: FrozenSet[str] = frozenset({"torch.optim.lr_scheduler"})
+
 # model constructors known by a method name on any receiver, or by the module that holds them
 MODEL_METHODS: FrozenSet[str] = frozenset({"from_pretrained", "from_config"})
 MODEL_MODULES = ("torchvision.models.", "timm.models.", "transformers.")

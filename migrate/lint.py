@@ -23,11 +23,14 @@ EXIT_OK, EXIT_FOUND, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 123
 lint_app = typer.Typer(add_completion=False, rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"]})
 
 
-def lint_source(source: bytes, select: Sequence[str] = (), ignore: Sequence[str] = (), backend: Optional[str] = None) -> Tuple:
+def lint_source(source: bytes, select: Sequence[str] = (), ignore: Sequence[str] = (), backend: Optional[str] = None,
+                path: Optional[str] = None) -> Tuple:
     """The warnings the audit finds in one script (raises engine.InputError for bad input). The checks
     read the backend from the script's own code; a ``backend`` the script is not written for (the
     project's, from ``--backend`` or ``[tool.distify]``) is reported as DST003, the conversion that
-    ``distify --backend BACKEND`` makes."""
+    ``distify --backend BACKEND`` makes. ``path``: the script's file, so that the checks follow its
+    calls into the modules of its project as the migration does (a helper that saves or prints on
+    every rank, a loader handed to a helper that trains on it)."""
     import libcst as cst
 
     from distify.anatomy import analyse
@@ -48,6 +51,7 @@ def lint_source(source: bytes, select: Sequence[str] = (), ignore: Sequence[str]
     anatomy = analyse(module)
     options = Options(backend=backend or anatomy.flavour or "ddp", select=tuple(select), ignore=tuple(ignore))
     ctx = Context(anatomy, options)
+    ctx.plan.script_path = path
     rules = selected(options.backend, options.select, options.ignore)
     for rule in rules:
         if getattr(rule, "checks_distributed", False):
@@ -104,7 +108,7 @@ def lint(
             else:
                 with open(path, "rb") as f:
                     source = f.read()
-            findings = lint_source(source, sel, ign, backend)
+            findings = lint_source(source, sel, ign, backend, path=None if path == "<stdin>" else path)
         except InputError as e:
             error(path, str(e))
             errors += 1

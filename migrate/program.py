@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Tuple
 
 import libcst as cst
 
+from distify.facts import keyword_bindings
 from distify.syntax import dotted
 from distify.library import known
 from distify.names import resolve
@@ -113,15 +114,9 @@ class Program:
 
     def _instance_of(self, unit: Unit, scope: Scope, name: str, stmt: cst.CSTNode) -> Optional[str]:
         """The qualified name of the project class whose instance `name` holds at `stmt`."""
-        b = unit.anatomy.facts.reaching_binding(scope, name, stmt)
-        small = b.stmt.body[0] if b is not None and isinstance(b.stmt, cst.SimpleStatementLine) and len(b.stmt.body) == 1 else None
-        if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.value, cst.Call)):
-            return None
-        if dotted(small.targets[0].target) != name:
-            return None
-        q = resolve(unit.aliases, small.value.func)
-        found = self._named(q, _DEPTH, want_class=True) if q else None
-        return found
+        call = unit.anatomy.facts.instance_call(scope, name, stmt)
+        q = resolve(unit.aliases, call.func) if call is not None else None
+        return self._named(q, _DEPTH, want_class=True) if q else None
 
     def _named(self, q: str, depth: int, want_class: bool = False):
         """The Target (or, with `want_class`, the class's qualified name) a qualified name is."""
@@ -139,11 +134,21 @@ class Program:
                 return f"{mod.name}.{head}" if not tail else None
             cls = a.classes[head]
             method = _method(cls, tail or "__init__")
+            if method is None and tail and "." not in tail:  # inherited: `class Trainer(BaseTrainer)`
+                for base in cls.bases:
+                    q = resolve(unit.aliases, base.value) or (f"{mod.name}.{dotted(base.value)}" if dotted(base.value) in a.classes else None)
+                    found = self._named(f"{q}.{tail}", depth - 1) if q else None
+                    if found is not None:
+                        return found
             return Target(unit, method, cls, f"{mod.name}.{head}.{tail or '__init__'}", self.project.root) if method is not None else None
         if head in a.functions and not tail and not want_class:
             return Target(unit, a.functions[head], None, f"{mod.name}.{head}", self.project.root)
         if head in unit.aliases:  # a re-export: `from .engine import train` in the package's __init__
             return self._named(f"{unit.aliases[head]}{'.' + tail if tail else ''}", depth - 1, want_class)
+        for star in self.project.star_modules(mod):  # `from .trainer import *` in the package's __init__
+            found = self._named(f"{star}.{rest}", depth - 1, want_class)
+            if found is not None:
+                return found
         return None
 
     def bind(self, target: Target, call: cst.Call) -> Dict[str, cst.BaseExpression]:
@@ -163,6 +168,7 @@ class Program:
         for a in call.args:
             if a.keyword is not None and (a.keyword.value in params or a.keyword.value in kwonly):
                 out[a.keyword.value] = a.value
+        out.update(keyword_bindings(target.fn, call, params))  # `**kwargs`: kwargs["model"] -> model=...
         return out
 
     # what a function does ---------------------------------------------------------------------

@@ -180,6 +180,18 @@ class Project:
                         out[a.asname or a.name] = f"{base}.{a.name}"
         return out
 
+    def star_modules(self, mod: ProjectModule) -> List[str]:
+        """The modules `mod` re-exports with ``from .trainer import *`` / ``from pkg.x import *``,
+        as absolute names, in source order."""
+        tree = read_ast(mod.path)
+        out: List[str] = []
+        for node in tree.body if tree is not None else ():
+            if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+                base = absolute(mod, node.module, node.level) if node.level else node.module
+                if base:
+                    out.append(base)
+        return out
+
     def imported_modules(self, mod: ProjectModule) -> Iterator[Tuple[ProjectModule, int]]:
         """The project modules `mod` imports, with the line: `import pkg.sub` reaches pkg and
         pkg.sub, `from pkg import sub` reaches pkg and, when it is a module, pkg.sub."""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import libcst as cst
+
+from distify.helper_effects import exact_helper_calls
 from distify.records import SAVE
-from distify.rules.base import Context, Rule, call_statement
+from distify.rules.base import FSDP_BACKEND, Context, Rule, call_statement
 
 
 class Rank0Save(Rule):
@@ -13,7 +16,12 @@ class Rank0Save(Rule):
         Puts every ``torch.save(...)`` statement (and every ``x.save_pretrained(...)`` /
         ``x.push_to_hub(...)`` of a Hugging Face model or tokenizer) under ``if runtime.is_main_process():`` (or
         ``hvd.rank() == 0``); when the save is the only statement of an ``if``, the condition is
-        extended instead: ``if args.save_model and runtime.is_main_process():``.
+        extended instead: ``if args.save_model and runtime.is_main_process():``. A call of a
+        function of the user's project that does nothing but write files and print
+        (``save_checkpoint(state, is_best, filename)`` in utils.py: ``torch.save``,
+        ``shutil.copyfile``), whose arguments only read values, is guarded the same way where it is
+        called; under FSDP one whose arguments read a model's state refuses the file (the state of
+        a sharded model is each rank's shard: it must be gathered on every rank first).
 
     Why:
         All ranks hold identical weights after every step, so N writers produce N copies of the
@@ -42,6 +50,28 @@ class Rank0Save(Rule):
             what = "torch.save" if site.qualname in SAVE else f"{site.call.func.attr.value}()"
             if ctx.guard_statement(site.stmt):
                 ctx.report(self.code, site.call, f"{what} runs on the main process only")
+        self._helpers(ctx)
+
+    def _helpers(self, ctx: Context) -> None:
+        """Calls of project helpers that only write files (``helper_effects.exact_helper_calls``)."""
+        for site, target, found in exact_helper_calls(ctx.anatomy, ctx.plan.script_path, ctx.options):
+            if ctx.in_rank_guard(site.stmt) or not any(e.kind == "write" for e in found):
+                continue
+            name = f"{target.qualname.rsplit('.', 1)[-1]}() ({target.where})"
+            state = [n for x in site.call.args for n in _calls(x.value) if n.func.attr.value == "state_dict"]
+            if ctx.backend == FSDP_BACKEND and state:
+                ctx.block(self.code, site.call, f"{name} writes a model's state, which fully_shard splits across the "
+                                                "ranks: gather it with get_model_state_dict(..., StateDictOptions("
+                                                "full_state_dict=True)) on every rank first; not migrated")
+                continue
+            if ctx.guard_statement(site.stmt):
+                ctx.report(self.code, site.call, f"{name} writes files only: it runs on the main process only")
+
+
+def _calls(expr: cst.BaseExpression):
+    from distify.syntax import all_nodes
+
+    return [n for n in all_nodes(expr) if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)]
 
 
 RULE = Rank0Save()

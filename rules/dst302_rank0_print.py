@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from distify.helper_effects import exact_helper_calls
 from distify.library import names_of
 from distify.rules.base import Context, Rule, call_statement
 
@@ -22,7 +23,9 @@ class Rank0Print(Rule):
         every other call that writes to the terminal (the ``console`` rows of ``distify.library``):
         ``sys.stdout.write``/``sys.stderr.write`` progress lines, ``tqdm.write``, ``pprint.pprint``;
         ``print(..., file=f)`` is a print too (a file opened for writing goes to ``os.devnull`` on
-        the other ranks, DST304).
+        the other ranks, DST304). A call of a function of the user's project that only prints
+        (``check_accuracy(loader, model)`` printing a score it computes from values it only reads
+        would not qualify: a forward is more than a print) is guarded where it is called.
 
     Why:
         Every rank runs the same code; without a guard each epoch log appears N times, interleaved.
@@ -56,6 +59,12 @@ class Rank0Print(Rule):
                 continue
             if ctx.guard_statement(site.stmt):
                 ctx.report(self.code, site.call, f"{ctx.code(site.call.func)} runs on the main process only")
+        for site, target, found in exact_helper_calls(a, ctx.plan.script_path, ctx.options):
+            if ctx.in_rank_guard(site.stmt) or any(e.kind != "print" for e in found):
+                continue  # a helper that also writes is DST301's
+            if ctx.guard_statement(site.stmt):
+                ctx.report(self.code, site.call, f"{target.qualname.rsplit('.', 1)[-1]}() ({target.where}) only prints: "
+                                                 "it runs on the main process only")
 
 
 def _is_print(call) -> bool:

@@ -65,14 +65,17 @@ class UnshardedLoader(AuditCheck):
             # what no fact traces, was not sharded by distify; a hand-written script may shard it there
             self._foreign(ctx, a)
             self._untraced(ctx, a)
-            self._handed(ctx, a, feeding)
+        self._handed(ctx, a, feeding, own=a.migrated_by_distify or ctx.plan.distify_output)
 
-    def _handed(self, ctx: Context, a: Anatomy, feeding) -> None:
-        """distify's output: a loader of the script handed to a function of the project that
-        trains (``simclr.train(train_loader)``, read through the program model) must be sharded
-        like one the script's own loops read."""
+    def _handed(self, ctx: Context, a: Anatomy, feeding, own: bool) -> None:
+        """A loader of the script handed to a function of the project that trains
+        (``simclr.train(train_loader)``, read through the program model) must be sharded like one the
+        script's own loops read: in distify's output (`own`) always, in a script distributed by hand
+        when a training loop of that function iterates the parameter the loader binds."""
         seen = set()
-        for loader, call, target in loaders_handed_to_training(a, ctx.plan.script_path, ctx.options):
+        for loader, call, target, direct in loaders_handed_to_training(a, ctx.plan.script_path, ctx.options):
+            if not (own or direct):
+                continue  # the helper may build its own sharded loader from it
             if loader in feeding or id(loader) in seen or sampler_of(a, loader)[0] or is_iterable_dataset(a, loader):
                 continue
             seen.add(id(loader))

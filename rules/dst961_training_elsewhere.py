@@ -7,6 +7,7 @@ from typing import List, Set, Tuple
 import libcst as cst
 
 from distify.anatomy import Anatomy
+from distify.by_name import built_by_name, builds_optimizer_by_name, builds_scheduler_by_name
 from distify.records import CallSite
 from distify.syntax import dotted, all_nodes
 from distify.library import known
@@ -29,6 +30,12 @@ class TrainingElsewhere(Rule):
         trains N copies on the same data: every rank reads all of it and saves and prints. The
         loop that needs the sampler and the wrapper lives in the module named here.
 
+        The same note names a call whose project function builds its object by name
+        (``create_model(opt)`` importing its class with ``importlib``) when the script's loop calls
+        that object's methods, and, in a module of helpers that only builds DataLoaders in its
+        functions, the first of them. An optimizer built by name (a call handed ``torch.optim``)
+        counts as an optimizer.
+
     Example:
         simclr = SimCLR(model=model, optimizer=optimizer)
         simclr.train(train_loader)    # DST961: no training loop in this file; training seems to run
@@ -44,11 +51,12 @@ class TrainingElsewhere(Rule):
         if a.has_training:
             return
         backward = any(isinstance(c.call.func, cst.Attribute) and c.call.func.attr.value == "backward" for c in a.calls)
-        optimizers = [c for c in a.calls if _builds_optimizer(c)]
+        optimizers = [c for c in a.calls if _builds_optimizer(c) or builds_optimizer_by_name(a, c)]
         if not optimizers and not backward:
             # a data or evaluation script, unless it hands a training function of the project to
-            # code that runs it (hogwild's `mp.Process(target=train, args=(...))`)
-            self._started_elsewhere(ctx)
+            # code that runs it (hogwild's `mp.Process(target=train, args=(...))`), builds what trains by
+            # name, or is a module of helpers that only builds loaders
+            self._started_elsewhere(ctx) or self._by_name(ctx, a) or self._builds_loaders(ctx, a)
             return
         loaders, built = _training_objects(a)
         # the call handed a loader first (`simclr.train(train_loader)`), else one handed an optimizer
@@ -80,11 +88,13 @@ class TrainingElsewhere(Rule):
                         kind="note",
                     )
                     return
+                how = (f"{there.target.qualname} at {there.target.where}: code distify reads but cannot follow to a "
+                       "training loop" if there.target is not None else "code distify does not read")
                 ctx.report(
                     self.code,
                     site.call,
                     f"left unchanged: no training loop in this file; training seems to run in {callee}() "
-                    "(code distify does not read): launched on N processes, every rank would train on all the "
+                    f"({how}): launched on N processes, every rank would train on all the "
                     "data; migrate that module's loop (or run distify on it)",
                     kind="note",
                 )
@@ -121,6 +131,43 @@ class TrainingElsewhere(Rule):
                     return True
         return False
 
+    def _builds_loaders(self, ctx: Context, a: Anatomy) -> None:
+        """A module of helpers (nothing of it runs when the file runs: every loader is built in a
+        function, no call at module level runs one of its own) whose functions build DataLoaders
+        that training elsewhere iterates: left as it is, and said."""
+        if not a.loaders or any(isinstance(l.call.scope, cst.Module) for l in a.loaders):
+            return
+        own = set(a.functions) | set(a.classes)
+        if any(isinstance(c.scope, cst.Module) and (dotted(c.call.func) or "").split(".")[0] in own for c in a.calls):
+            return  # it runs its own builders: a script (evaluation, data preparation)
+        first = a.loaders[0].call
+        ctx.report(
+            self.code,
+            first.call,
+            "left unchanged: this module only builds a DataLoader (in a function) and trains nothing itself: "
+            "its loaders are sharded, or said to be unsharded, where the training script that uses them is "
+            "migrated (run distify on that script)",
+            kind="note",
+        )
+
+    def _by_name(self, ctx: Context, a: Anatomy) -> bool:
+        """No loader, optimizer or backward in the file, but an object a project function builds by
+        name (``create_model(opt)`` importing its class with importlib) is used in a loop: what
+        trains is decided at run time, in code distify cannot follow."""
+        for b in built_by_name(a, ctx.plan.script_path, ctx.options):
+            used = ", ".join(f"{ctx.code(u.call.func)}() (line {a.position(u.call)[0]})" for u in b.uses[:3])
+            ctx.report(
+                self.code,
+                b.site.call,
+                f"left unchanged: no training loop distify can follow in this file: {dotted(b.site.call.func)}() "
+                f"({b.where}) builds its object by name ({b.importer}) and the loop calls {used} on it; if that "
+                "trains, launched on N processes every rank would train on all the data: distribute the class it "
+                "builds by hand (or import it by its name)",
+                kind="note",
+            )
+            return True
+        return False
+
 
 def _training_objects(a: Anatomy) -> Tuple[Set[str], Set[str]]:
     """The names this file binds to a loader it builds, and those with the optimizers too."""
@@ -133,7 +180,7 @@ def _training_objects(a: Anatomy) -> Tuple[Set[str], Set[str]]:
         target = _assigned(c)
         if target and row is not None and row.kind == "loader":
             loaders.add(target)
-        if target and (_builds_optimizer(c) or target in loaders):
+        if target and (_builds_optimizer(c) or builds_optimizer_by_name(a, c) or target in loaders):
             names.add(target)
     return loaders, names
 
@@ -156,7 +203,7 @@ def _assigned(c: CallSite) -> str:
 def _hands_over(a: Anatomy, site: CallSite, built: Set[str]) -> bool:
     """`site` passes one of `built` to code of another module: neither a function or class of this
     file, nor torch, a builtin or a library object distify knows (a loader, a wrapper...)."""
-    if not built or a.facts.callee(site.call, site.scope) is not None:
+    if not built or a.facts.callee(site.call, site.scope) is not None or builds_scheduler_by_name(a, site):
         return False
     head = (dotted(site.call.func) or "").split(".")[0]
     if head in a.functions or head in a.classes or (head == "self" and site.cls is not None):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import LOADER_SPY, assert_same_weights, load_state, run_horovodrun, run_torchrun, sitecustomize_env
+from e2e_support import _FS_SPY, LOADER_SPY, assert_same_weights, load_state, run_horovodrun, run_torchrun, sitecustomize_env
 from test_project_goldens import PROJECTS, migrated_copy
 
 pytestmark = pytest.mark.e2e
@@ -26,9 +26,12 @@ ARGS = ["--batch-size", "4", "--epochs", "2"]
 
 
 def _launch(launcher: str, project: Path, work: Path, sharded: bool = False):
+    """Run the project on NPROC ranks with the loader spy and the file-system spy (every file a
+    rank opens for writing or torch.saves, in work/fs.log)."""
     dumps = work / "dumps"
     dumps.mkdir(parents=True)
-    env = sitecustomize_env(work / "spy", LOADER_SPY, {"DISTIFY_E2E_DATA_DIR": str(dumps)})
+    env = sitecustomize_env(work / "spy", LOADER_SPY + "\n\n" + _FS_SPY,
+                            {"DISTIFY_E2E_DATA_DIR": str(dumps), "DISTIFY_E2E_FS_LOG": str(work / "fs.log")})
     args = ARGS + ["--checkpoint", str(work / "final.pt")]
     run = run_horovodrun if launcher == "horovodrun" else run_torchrun
     result = run(project / "train.py", args, nproc=NPROC, env=env, cwd=project)
@@ -183,6 +186,28 @@ def test_control_built_in_modules_without_a_helper_edit(module, problem, tmp_pat
     assert any(problem in p for p in problems), problems
 
 
+def _simclr_problems(work: Path, result, loaders, params) -> list:
+    """What the run of simclr_trainer got wrong: shards and weights (see `_sharded`), the step lines
+    of the helper printed more than once, a file written by more than one rank, the checkpoint's
+    state_dict keyed for the DDP wrapper (`module.`) instead of the user's model."""
+    out = _sharded(loaders, params)
+    steps = [line.split(" loss ")[0] for line in result.stdout.splitlines() if line.startswith("step ")]
+    if not steps or len(steps) != len(set(steps)):
+        out.append("progress lines printed more than once")
+    writers = {}
+    for line in (work / "fs.log").read_text().splitlines():
+        kind, _pid, rank, path = line.split("\t")
+        if kind in ("save", "write") and path.endswith(("final.pt", "config.txt")):
+            writers.setdefault(Path(path).name, set()).add(rank)
+    for name in ("final.pt", "config.txt"):
+        if len(writers.get(name, ())) != 1:
+            out.append(f"{name} written by ranks {sorted(writers.get(name, ()))}")
+    keys = list(load_state(work / "final.pt")["state_dict"])
+    if not keys or any(k.startswith("module.") for k in keys):
+        out.append(f"the checkpoint's keys are the wrapper's: {keys[:2]}")
+    return out
+
+
 @pytest.mark.parametrize("launcher,backend", [
     ("torchrun", "ddp"),
     pytest.param("horovodrun", "horovod", marks=pytest.mark.horovod),
@@ -221,3 +246,20 @@ def test_control_built_in_modules_without_the_wrap(tmp_path):
         "model.module.state_dict()", "model.state_dict()"))
     with pytest.raises(AssertionError, match="rank 0 vs rank 1"):
         _built_in_modules_problems(tmp_path, *_launch("torchrun", tmp_path / "p", tmp_path))
+def test_simclr_trainer(launcher, backend, tmp_path):
+    """SimCLR's shape: the loader handed to `SimCLR(...).train(loader)`, whose method owns the epoch
+    loop and saves through a helper of utils.py."""
+    migrated_copy("simclr_trainer", backend, tmp_path / "p")
+    run = _launch(launcher, tmp_path / "p", tmp_path)
+    assert _simclr_problems(tmp_path, *run) == [], run[0].stdout
+
+
+def test_control_simclr_trainer_without_the_method_edits(tmp_path):
+    """Control: simclr.py put back as the user wrote it (the script still migrated): each rank
+    prints and writes, and the checkpoint is the wrapper's."""
+    migrated_copy("simclr_trainer", "ddp", tmp_path / "p")
+    shutil.copy(PROJECTS / "simclr_trainer" / "in" / "simclr.py", tmp_path / "p" / "simclr.py")
+    problems = _simclr_problems(tmp_path, *_launch("torchrun", tmp_path / "p", tmp_path))
+    assert "progress lines printed more than once" in problems
+    assert "final.pt written by ranks ['0', '1']" in problems and "config.txt written by ranks ['0', '1']" in problems
+    assert any("keys are the wrapper's" in p for p in problems)
