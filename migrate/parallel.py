@@ -38,8 +38,8 @@ def sharded_root(a: Anatomy, c: CallSite) -> Optional[str]:
         return root
     held = held_modules(loop.iter)
     b = a.reaching_binding(c.scope, held, loop) if held else None
-    small = b.stmt.body[0] if b is not None and isinstance(b.stmt, cst.SimpleStatementLine) else None
-    if isinstance(small, cst.Assign) and module_container(a.qualname, small.value) is not None:
+    value = _binding_value(b.stmt, held) if b is not None else None
+    if value is not None and module_container(a.qualname, value) is not None:
         return held
     return root
 
@@ -111,9 +111,9 @@ def same_modules(a: Anatomy, names: Set[str]) -> Set[str]:
     `model = net.to(device)`."""
     pairs = []
     for stmt in a.stmt_parent:
-        if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign):
-            small = stmt.body[0]
-            if len(small.targets) == 1 and dotted(small.targets[0].target):
+        # every statement of a line (`k = 0; raw = model`)
+        for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
+            if isinstance(small, cst.Assign) and len(small.targets) == 1 and dotted(small.targets[0].target):
                 v = through_compile(a.qualname, small.value)
                 while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and v.func.attr.value in SELF_RETURNING:
                     v = v.func.value
@@ -153,12 +153,30 @@ def assigned_to(c: CallSite) -> Optional[str]:
 
 def container_of(c: CallSite) -> Optional[str]:
     """The name a statement binds a value holding the call to: ``loaders = {x: DataLoader(...)
-    for x in ...}`` or ``loaders = [DataLoader(a), DataLoader(b)]`` -> "loaders"."""
-    stmt = c.stmt
-    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
-        small = stmt.body[0]
-        if isinstance(small, cst.Assign) and len(small.targets) == 1 and small.value is not c.call:
-            return dotted(small.targets[0].target)
+    for x in ...}`` or ``loaders = [DataLoader(a), DataLoader(b)]`` -> "loaders", in any statement
+    of the line (``k = 0; loaders = [...]``)."""
+    small = _statement_of(c.stmt, c.call)
+    if isinstance(small, cst.Assign) and len(small.targets) == 1 and small.value is not c.call:
+        return dotted(small.targets[0].target)
+    return None
+
+
+def _statement_of(stmt: cst.CSTNode, node: cst.CSTNode) -> Optional[cst.BaseSmallStatement]:
+    """The statement of the line `stmt` that holds `node` (a line may hold several: `a = 1; b = f()`)."""
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return None
+    if len(stmt.body) == 1:
+        return stmt.body[0]
+    return next((small for small in stmt.body if any(n is node for n in all_nodes(small))), None)
+
+
+def _binding_value(stmt: cst.CSTNode, name: str) -> Optional[cst.BaseExpression]:
+    """The value the line `stmt` binds `name` to with a plain assignment, in any of its statements."""
+    for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
+        if isinstance(small, cst.Assign) and any(
+            isinstance(n, cst.Name) and n.value == name for t in small.targets for n in all_nodes(t.target)
+        ):
+            return small.value  # `bar = tqdm(loader)`, also `bar, n = tqdm(loader), 0`: the whole value
     return None
 
 
@@ -189,10 +207,9 @@ def _iter_refs(a: Anatomy, loop: cst.CSTNode, scope) -> Set[str]:
                     out.add(base)
             if depth < 2 and isinstance(n, cst.Name):
                 b = a.reaching_binding(scope, n.value, at)
-                if b is not None and b.kind == "assign" and isinstance(b.stmt, cst.SimpleStatementLine):
-                    small = b.stmt.body[0]
-                    if isinstance(small, cst.Assign):
-                        todo.append((small.value, b.stmt, depth + 1))
+                value = _binding_value(b.stmt, n.value) if b is not None and b.kind == "assign" else None
+                if value is not None:
+                    todo.append((value, b.stmt, depth + 1))
     return out
 
 

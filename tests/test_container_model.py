@@ -97,6 +97,7 @@ for m in model{held}:
 
 def test_the_loop_over_a_container_shards_the_container_and_no_other_loop_does():
     assert _root(SHARDS.format(value="nn.ModuleList([nn.Linear(2, 2)])", held="")) == "model"
+    assert _root(SHARDS.format(value="nn.ModuleList([nn.Linear(2, 2)])", held="").replace("model =", "k = 0; model =")) == "model"
     assert _root(SHARDS.format(value="nn.ModuleDict({'a': nn.Linear(2, 2)})", held=".values()")) == "model"
     # a plain list, or a module with parameters of its own (Sequential): each call shards its module only
     assert _root(SHARDS.format(value="[nn.Linear(2, 2)]", held="")) == "m"
