@@ -16,9 +16,23 @@ from typing import Collection, FrozenSet, Optional
 import libcst as cst
 
 from distify.library import FILE_METHODS, SAVE_METHODS, names_of
+from distify.records import SAVE
 from distify.syntax import arg
 
 PRINT_LIKE = names_of("print")  # tqdm.write, sys.stdout.write, pprint...: a print by another route
+
+
+def per_rank_file(a, site, where: Optional[cst.BaseExpression] = None) -> bool:
+    """The write `site` (a CallSite; `a` its Anatomy) goes to a file of this process's own: where it
+    writes (`where`, the path, when the caller knows it; else every argument but the object
+    ``torch.save`` pickles) names a rank or a value made from one, this process's device or id
+    (``torch.save(state, f"ckpt_rank{rank}.pt")``). Each process then writes its own file: no
+    duplicate, nothing to put on rank 0. The one notion the rules (DST301, DST304) and the audit
+    (DST955) ask; data flow from the rank sources (``Anatomy.mentions_rank``), never spelling."""
+    if where is not None:
+        return a.mentions_rank(where)
+    args = site.call.args[1:] if site.qualname in SAVE else site.call.args
+    return any(a.mentions_rank(x.value) for x in args)
 
 
 def own_method_names(methods: Collection[cst.FunctionDef]) -> FrozenSet[str]:

@@ -7,6 +7,7 @@ import libcst as cst
 from distify.helper_effects import exact_helper_calls
 from distify.records import SAVE
 from distify.rules.base import FSDP_BACKEND, Context, Rule, call_statement
+from distify.writes import per_rank_file
 
 
 class Rank0Save(Rule):
@@ -44,8 +45,7 @@ class Rank0Save(Rule):
         for site in ctx.anatomy.save_sites():
             if not call_statement(site.stmt, site.call) or ctx.in_rank_guard(site.stmt):
                 continue
-            target = site.call.args[1:] if site.qualname in SAVE else site.call.args  # where it writes
-            if any(ctx.anatomy.reads_rank(x.value) for x in target):
+            if per_rank_file(ctx.anatomy, site):
                 continue  # `torch.save(state, f"ckpt_rank{rank}.pt")`: each rank saves its own file
             what = "torch.save" if site.qualname in SAVE else f"{site.call.func.attr.value}()"
             if ctx.guard_statement(site.stmt):

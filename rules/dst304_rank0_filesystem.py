@@ -9,6 +9,7 @@ from distify.syntax import arg, dotted, all_nodes
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, call_statement
 from distify.rank import follows_barrier
 from distify.walk import walk
+from distify.writes import per_rank_file
 
 FILE_WRITES = {
     "numpy.save", "numpy.savetxt", "numpy.savez", "numpy.savez_compressed",
@@ -67,7 +68,7 @@ class Rank0Filesystem(Rule):
             )
             if not is_fs or not call_statement(site.stmt, site.call) or ctx.in_rank_guard(site.stmt):
                 continue
-            if any(a.reads_rank(x.value) for x in site.call.args):
+            if per_rank_file(a, site):
                 continue  # a per-rank file (`f"samples_rank{rank}.png"`): each rank writes its own
             if ctx.guard_statement(site.stmt):
                 ctx.report(self.code, site.call, f"{ctx.code(site.call.func)} runs on the main process only")
@@ -83,7 +84,7 @@ class Rank0Filesystem(Rule):
                 continue
             if not set(str(mode.value.evaluated_value)) & set("wax") or _devnull(a, path.value):
                 continue
-            if ctx.in_rank_guard(site.stmt) or a.reads_rank(path.value):
+            if ctx.in_rank_guard(site.stmt) or per_rank_file(a, site, path.value):
                 continue  # already on some ranks, or a per-rank file each rank writes itself
             os_name = ctx.imported("os", None, "os")
             cond = ctx.main_process

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from distify.anatomy import Anatomy
 from distify.helper_effects import advice, unguarded_helper_calls
-from distify.writes import file_write, own_method_names
+from distify.writes import file_write, own_method_names, per_rank_file
 from distify.rules.base import AuditCheck, Context
 
 
@@ -41,7 +41,7 @@ class WriteEveryRank(AuditCheck):
         own = own_method_names(a.methods)
         for c in a.calls:
             what = file_write(c, own)
-            if what is None or a.call_on_some_ranks(c) or a.mentions_rank(c.call):
+            if what is None or a.call_on_some_ranks(c) or per_rank_file(a, c):
                 continue
             ctx.warn(
                 self.code,

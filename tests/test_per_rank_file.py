@@ -1,0 +1,54 @@
+"""One notion of "a per-rank file" (distify.writes.per_rank_file): the rules that put writes on rank 0
+(DST301, DST304) and the audit that reports writes every rank makes (DST955) ask the same fact, so a
+write the migration leaves on every rank is one the audit accepts, and the other way round. Where a
+write goes decides it (its path), not what it writes: ``torch.save({"rank": rank}, "shared.pt")`` is
+every rank writing one file."""
+
+from __future__ import annotations
+
+from distify.engine import migrate_source
+from distify.lint import lint_source
+from distify.rules.base import Options
+
+SCRIPT = '''\
+import os
+import torch
+
+local_rank = int(os.environ.get("LOCAL_RANK", 0))
+model = torch.nn.Linear(2, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.ones(1, 2)).sum().backward()
+opt.step()
+torch.save(model.state_dict(), f"rank{local_rank}.pt")
+torch.save({"rank": local_rank}, "shared.pt")
+with open(f"log{local_rank}.txt", "w") as fh:
+    fh.write("done")
+with open("shared.txt", "w") as fh:
+    fh.write(str(local_rank))
+'''
+
+
+def _dst955_lines(source: bytes):
+    return [f.line for f in lint_source(source) if f.code == "DST955"]
+
+
+def test_the_migration_and_the_audit_agree_on_which_files_are_per_rank():
+    out = migrate_source(SCRIPT.encode(), Options(backend="ddp")).output.decode()
+    # the rule: the per-rank files stay on every rank, the shared ones go to rank 0
+    assert 'torch.save(model.module.state_dict(), f"rank{local_rank}.pt")\n' in out
+    assert 'if runtime.is_main_process():\n    torch.save({"rank": local_rank}, "shared.pt")\n' in out
+    assert 'with open(f"log{local_rank}.txt", "w") as fh:\n' in out
+    assert 'with open("shared.txt" if runtime.is_main_process() else os.devnull, "w") as fh:\n' in out
+    # the audit accepts the migrated script ...
+    assert _dst955_lines(out.encode()) == []
+    # ... and, with the rank-0 guards taken out again, reports exactly the shared files
+    unguarded = (
+        out.replace('if runtime.is_main_process():\n    torch.save({"rank": local_rank}, "shared.pt")\n',
+                    'torch.save({"rank": local_rank}, "shared.pt")\n')
+        .replace('"shared.txt" if runtime.is_main_process() else os.devnull', '"shared.txt"')
+    )
+    assert unguarded != out
+    lines = unguarded.splitlines()
+    assert [lines[n - 1].lstrip()[:20] for n in _dst955_lines(unguarded.encode())] == [
+        'torch.save({"rank": ', 'with open("shared.tx',
+    ]
