@@ -341,9 +341,6 @@ def _origin_calls(a: "Anatomy", scope: Scope, name: str, depth: int, via: tuple)
 
 # ------------------------------------------------------------------------------ streams
 
-ITERABLE = {"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"}
-
-
 def iterable_classes(a: "Anatomy") -> Set[str]:
     """Classes of the module deriving (directly or through each other) from IterableDataset."""
     found: Set[str] = set()
@@ -354,7 +351,8 @@ def iterable_classes(a: "Anatomy") -> Set[str]:
             if name in found:
                 continue
             for base in cls.bases:
-                if a.qualname(base.value) in ITERABLE or dotted(base.value) in found:
+                row = known(a.qualname(base.value))
+                if (row is not None and row.kind == "stream") or dotted(base.value) in found:
                     found.add(name)
                     changed = True
     return found

@@ -19,6 +19,11 @@ Kinds of rows:
   ``ModuleList``, ``ModuleDict``); ``modules`` says how its modules are reached: ``iter`` (iterating
   it), ``values`` (its ``.values()``). FSDP's ``fully_shard`` refuses such a module: what it holds is
   sharded instead.
+- ``copy``: copies the module it is handed, or averages it into a copy (``copy.deepcopy``, an EMA or
+  SWA model, ``torch.save`` pickling it whole); ``argument`` is the module's position. The copy must
+  be of the module, not of a DDP wrapper.
+- ``stream``: the base class of datasets that are streams (``IterableDataset``): no sampler can split
+  them; each rank must read its own share.
 - ``rank``: its value differs between the processes of one run (``dist.get_rank()``,
   ``hvd.local_rank()``, ``os.getpid()``): conditions on it run on some ranks, files named from it
   are per rank. ``process``: this process's device or id, no rank number (a file named from it is
@@ -36,13 +41,14 @@ from typing import Dict, FrozenSet, Iterable, Optional
 @dataclass(frozen=True)
 class Known:
     name: str  # qualified name, as distify.names resolves it
-    kind: str  # loader | wrapper | counter | framework | model | container | rank | process | print
+    kind: str  # loader | wrapper | counter | framework | model | container | copy | stream | rank | process | print
     shard: str = ""  # loader: sampler | input_nodes | none
     items: str = ""  # wrapper: first | all
     title: str = ""  # framework: how a user names it
     launch: str = ""  # framework: the command that starts the script on N processes
     endless: bool = False  # wrapper/counter: iterating it never ends (a loop over it is a loop around passes)
     modules: str = ""  # container: iter | values
+    argument: int = 0  # copy: the position of the module it copies
 
 
 def _rows(kind: str, names: Iterable[str], **kw) -> Dict[str, Known]:
@@ -120,6 +126,12 @@ TABLE: Dict[str, Known] = {
     **_rows("model", ("timm.create_model", "torch.hub.load")),
     **_rows("container", ("torch.nn.ModuleList", "torch.nn.modules.container.ModuleList"), modules="iter"),
     **_rows("container", ("torch.nn.ModuleDict", "torch.nn.modules.container.ModuleDict"), modules="values"),
+    **_rows("copy", ("copy.deepcopy", "copy.copy", "torch.save", "torch.optim.swa_utils.AveragedModel",
+                     "timm.utils.ModelEma", "timm.utils.ModelEmaV2", "timm.utils.ModelEmaV3",
+                     "timm.utils.model_ema.ModelEma", "timm.utils.model_ema.ModelEmaV2",
+                     "timm.utils.model_ema.ModelEmaV3")),
+    **_rows("copy", ("torch.optim.swa_utils.update_bn",), argument=1),
+    **_rows("stream", ("torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset")),
     # calls whose value differs between the processes of one run: a rank, a flag made from one, this
     # process's device or id (distify.rank_flow follows them through the script's names)
     **_rows(

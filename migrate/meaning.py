@@ -12,6 +12,7 @@ from typing import List, Optional
 
 import libcst as cst
 
+from distify.library import known
 from distify.syntax import all_nodes, dotted
 
 
@@ -82,24 +83,6 @@ def built_from(a, receiver: Optional[str], value: cst.BaseExpression) -> bool:
     return False
 
 
-# library calls that copy a model or read its parameters into a copy: argument position -> called
-COPIES = {
-    "copy.deepcopy": 0,
-    "copy.copy": 0,
-    # pickling the whole module (`torch.save(model, path)`): a pickled DDP wrapper loads only where a
-    # process group exists, and its state carries `module.` keys
-    "torch.save": 0,
-    "torch.optim.swa_utils.AveragedModel": 0,
-    "torch.optim.swa_utils.update_bn": 1,
-    "timm.utils.ModelEma": 0,
-    "timm.utils.ModelEmaV2": 0,
-    "timm.utils.ModelEmaV3": 0,
-    "timm.utils.model_ema.ModelEma": 0,
-    "timm.utils.model_ema.ModelEmaV2": 0,
-    "timm.utils.model_ema.ModelEmaV3": 0,
-}
-
-
 def pickled_members(site) -> List[cst.BaseExpression]:
     """The values of a dict / list / tuple literal that ``torch.save`` is handed to pickle
     (``torch.save({'encoder': encoder, 'epoch': epoch}, path)``): each is pickled whole, a model
@@ -118,8 +101,9 @@ def copies_argument(a, site, i: int) -> bool:
     """Argument `i` of this call is copied or averaged into a copy: an EMA / SWA model, a
     deepcopy. The copy must be of the module, not of the DDP wrapper (its state would carry
     `module.` keys and its updates would go through the wrapper)."""
-    if site.qualname in COPIES:
-        return COPIES[site.qualname] == i
+    row = known(site.qualname)
+    if row is not None and row.kind == "copy":
+        return row.argument == i
     func = site.call.func
     if site.qualname is not None or not isinstance(func, cst.Attribute) or i != 0:
         return False
