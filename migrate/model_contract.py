@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Set
 import libcst as cst
 
 from distify.facts import Facts, training_call
+from distify.library import known
 from distify.syntax import all_nodes, dotted
 from distify.walk import children
 
@@ -63,7 +64,9 @@ def _methods(cls: cst.ClassDef) -> Dict[str, cst.FunctionDef]:
 
 
 def _members(init: cst.FunctionDef, classes, qualname) -> Dict[str, cst.Assign]:
-    """`self.X = <a torch.nn module or parameter, or a class of this file>(...)` in ``__init__``."""
+    """`self.X = <a torch.nn module or parameter, a class of this file, or another library's model
+    (``timm.create_model``, ``torchvision.models.resnet18``, ``AutoModel.from_pretrained``: the
+    library table's model rows)>(...)` in ``__init__``."""
     out: Dict[str, cst.Assign] = {}
     for n in all_nodes(init.body, skip_nested=True):
         if not (isinstance(n, cst.Assign) and len(n.targets) == 1 and isinstance(n.value, cst.Call)):
@@ -74,7 +77,12 @@ def _members(init: cst.FunctionDef, classes, qualname) -> Dict[str, cst.Assign]:
         q = qualname(n.value.func) or ""
         if q in PARAMETER_FREE or q.endswith("Loss"):
             continue
-        if (q.startswith("torch.nn.") and not q.startswith(_NOT_MODULES)) or dotted(n.value.func) in classes:
+        row = known(q)
+        if (
+            (q.startswith("torch.nn.") and not q.startswith(_NOT_MODULES))
+            or dotted(n.value.func) in classes
+            or (row is not None and row.kind == "model")
+        ):
             out[target.attr.value] = n
     return out
 
