@@ -3,9 +3,9 @@
 It reads the commands where they are written -- the README's test command (`.ci/run` step 1 runs it
 verbatim, in a fresh virtualenv) and the `python -m pytest ... --full -m ...` line of `.ci/run`
 (step 2, with the variables `.ci/run` exports before it) -- and collects each, with
-`--collect-only`, in this one process: the libraries are imported once and the test modules again
-for every command, under that command's environment. Printed: {"step1": [...], "step2": [...],
-"full": [...]}, where "full" is step 2's command without its `-m` selection.
+`--collect-only`, in this one process: the libraries are imported once, the test modules again
+for a command whose environment differs from the previous one's. Printed: {"step1": [...],
+"full": [...], "step2": [...]}, where "full" is step 2's command without its `-m` selection.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def ci_steps() -> dict:
     args, env = step2
     assert "-m" in args, "step 2 has no marker selection"
     at = args.index("-m")
-    return {"step1": (step1[3:], {}), "step2": step2, "full": (args[:at] + args[at + 2:], env)}
+    return {"step1": (step1[3:], {}), "full": (args[:at] + args[at + 2:], env), "step2": step2}
 
 
 class _Recorder:
@@ -57,11 +57,13 @@ class _Recorder:
         self.ids = [item.nodeid for item in session.items]
 
 
-def collect(args: list, env: dict) -> list:
+def collect(args: list, env: dict, fresh: bool) -> list:
+    """The node ids `pytest ARGS` selects under `env`; `fresh`: import the test modules again
+    (they read the environment when imported)."""
     import pytest
 
     tests = str(ROOT / "tests") + os.sep
-    for name, module in list(sys.modules.items()):  # re-import the test modules under this env
+    for name, module in list(sys.modules.items()) if fresh else ():
         if (getattr(module, "__file__", None) or "").startswith(tests):
             del sys.modules[name]
     saved = dict(os.environ)
@@ -87,8 +89,10 @@ def main() -> None:
     with open(os.devnull, "w") as quiet:
         stdout, sys.stdout = sys.stdout, quiet
         try:
+            last = None
             for step, (args, env) in steps.items():
-                out[step] = collect(args, env)
+                out[step] = collect(args, env, fresh=env != last)
+                last = env
         finally:
             sys.stdout = stdout
     json.dump(out, sys.stdout)
