@@ -246,6 +246,12 @@ def test_control_built_in_modules_without_the_wrap(tmp_path):
         "model.module.state_dict()", "model.state_dict()"))
     with pytest.raises(AssertionError, match="rank 0 vs rank 1"):
         _built_in_modules_problems(tmp_path, *_launch("torchrun", tmp_path / "p", tmp_path))
+
+
+@pytest.mark.parametrize("launcher,backend", [
+    ("torchrun", "ddp"),
+    pytest.param("horovodrun", "horovod", marks=pytest.mark.horovod),
+])
 def test_simclr_trainer(launcher, backend, tmp_path):
     """SimCLR's shape: the loader handed to `SimCLR(...).train(loader)`, whose method owns the epoch
     loop and saves through a helper of utils.py."""
