@@ -6,7 +6,7 @@ import libcst as cst
 
 from distify.helper_effects import exact_helper_calls
 from distify.records import SAVE
-from distify.rules.base import FSDP_BACKEND, Context, Rule, call_statement
+from distify.rules.base import FSDP_BACKEND, Context, Rule, call_statement, reaching_scopes
 from distify.writes import per_rank_file
 
 
@@ -54,9 +54,14 @@ class Rank0Save(Rule):
 
     def _helpers(self, ctx: Context) -> None:
         """Calls of project helpers that only write files (``helper_effects.exact_helper_calls``)."""
+        held = {}  # (scope, name) of every reference that may hold a wrapped or sharded model
+        for model, anchor in ctx.plan.wrapped:
+            held.update(reaching_scopes(ctx, model, anchor))
         for site, target, found in exact_helper_calls(ctx.anatomy, ctx.plan.script_path, ctx.options):
             if ctx.in_rank_guard(site.stmt) or not any(e.kind == "write" for e in found):
                 continue
+            if _hands_model(site, held):
+                continue  # the helper reads the wrapper's state itself (`module.` keys, FSDP shards): DST955 says so
             name = f"{target.qualname.rsplit('.', 1)[-1]}() ({target.where})"
             state = [n for x in site.call.args for n in _calls(x.value) if n.func.attr.value == "state_dict"]
             if ctx.backend == FSDP_BACKEND and state:
@@ -66,6 +71,16 @@ class Rank0Save(Rule):
                 continue
             if ctx.guard_statement(site.stmt):
                 ctx.report(self.code, site.call, f"{name} writes files only: it runs on the main process only")
+
+
+def _hands_model(site, held) -> bool:
+    """`site` passes a wrapped or sharded model itself (not its ``state_dict()``) to the helper."""
+    from distify.syntax import all_nodes, dotted
+
+    nodes = [n for x in site.call.args for n in all_nodes(x.value)]
+    read = {id(n.value) for n in nodes if isinstance(n, cst.Attribute) and n.attr.value == "state_dict"}
+    return any(isinstance(n, (cst.Name, cst.Attribute)) and id(n) not in read and (id(site.scope), dotted(n)) in held
+               for n in nodes)
 
 
 def _calls(expr: cst.BaseExpression):
