@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, List, Sequence
 
 import libcst as cst
 
-from distify.syntax import all_nodes, dotted, flatten_target
+from distify.syntax import all_nodes, contains_node, dotted, flatten_target
 
 if TYPE_CHECKING:  # pragma: no cover
     from distify.anatomy import Anatomy
@@ -59,4 +59,29 @@ def _read_after(a: "Anatomy", name: str, stmt: cst.CSTNode, scope) -> bool:
             continue
         if any(isinstance(n, (cst.Name, cst.Attribute)) and dotted(n) == name for n in all_nodes(later, skip_nested=True)):
             return True
+    return False
+
+
+def host_dependent(a: "Anatomy", stmt: cst.CSTNode, node: cst.CSTNode) -> bool:
+    """`node` (a load in `stmt`) runs under an ``if`` whose test calls something that may answer
+    differently on another host (``os.path.isfile(path)``: only rank 0's disk may hold the file),
+    so some ranks may skip it without an error. A rank condition is no such test (the load is
+    meant for those ranks)."""
+    for n in all_nodes(stmt, skip_nested=True):
+        if isinstance(n, cst.If) and contains_node(n.body, node) and not a.facts.rank_condition(n.test):
+            if any(isinstance(x, cst.Call) for x in all_nodes(n.test)):
+                return True
+    return False
+
+
+BROADCASTS = frozenset({"distify.runtime.broadcast_module", "distify.runtime.broadcast_object"})
+
+
+def broadcast_follows(a: "Anatomy", stmt: cst.CSTNode) -> bool:
+    """The statement after `stmt` at its level broadcasts with the runtime already (distify's own
+    output, migrated again)."""
+    scope, level, at = a.stmt_scope.get(stmt), a.stmt_parent.get(stmt, ()), a.order(stmt)
+    for later in a.facts.statements(scope):
+        if a.order(later) > at and a.stmt_parent.get(later, ()) == level:
+            return any(c.qualname in BROADCASTS for c in a.calls if c.stmt is later or later in c.parents)
     return False

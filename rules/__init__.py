@@ -40,6 +40,7 @@ _MODULES = (
     "dst304_rank0_filesystem",
     "dst305_logging",
     "dst306_load_map_location",
+    "dst308_resume_broadcast",
     "dst401_scale_lr",
     "dst402_accumulation_no_sync",
     "dst403_seed_per_rank",

@@ -37,6 +37,7 @@ __all__ = [
     "all_reduce",
     "all_reduce_sum",
     "barrier",
+    "broadcast_module",
     "broadcast_object",
     "choose_backend",
     "cleanup",
@@ -443,6 +444,21 @@ def broadcast_object(obj: Any) -> Any:
         # differs between rank 0's object and the others' None (and the job hangs)
         return hvd.broadcast_object(obj, root_rank=0, name="distify.broadcast_object")
     return obj
+
+
+def broadcast_module(module: torch.nn.Module) -> None:
+    """Rank 0's parameters and buffers on every rank, in place: after a load that only rank 0 may
+    have done (a checkpoint on rank 0's disk), once the module is wrapped. A no-op without peers."""
+    tensors = [*module.parameters(), *module.buffers()]
+    if _group_ready():
+        dist = torch.distributed
+        with torch.no_grad():
+            for tensor in tensors:
+                dist.broadcast(tensor.data, src=0)
+        return
+    hvd = _horovod()
+    if hvd is not None:
+        hvd.broadcast_parameters(module.state_dict(), root_rank=0)
 
 
 _OPS = ("sum", "mean", "max", "min")

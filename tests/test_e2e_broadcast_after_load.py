@@ -17,6 +17,8 @@ are broadcast with the state, and the optimizer state is broadcast because rank 
 one (the load's ``os.path.isfile`` may differ between hosts), so both ranks train epoch 2 alone and
 end bit-identical. Controls: without the epoch broadcast rank 1 starts at epoch 0 and the job
 fails; without the optimizer-state broadcast rank 1 keeps a fresh momentum and the ranks drift.
+The third runs the same under DDP (DST308): rank 0's weights, momentum and epoch reach rank 1
+after the load; control: without the state broadcast the ranks drift.
 """
 from __future__ import annotations
 
@@ -27,9 +29,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e_support import PARAM_SPY, RANK0_ONLY_SPY, REPO_ROOT, migrate, run_horovodrun, sitecustomize_env  # noqa: E402
+from e2e_support import (  # noqa: E402
+    PARAM_SPY, RANK0_ONLY_SPY, REPO_ROOT, migrate, run_horovodrun, run_torchrun, sitecustomize_env,
+)
 
-pytestmark = [pytest.mark.e2e, pytest.mark.horovod]
+pytestmark = pytest.mark.e2e
 
 SOURCE = REPO_ROOT / "fixtures" / "DST112" / "load_in_function.in.py"
 BROADCAST = "    hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n"
@@ -63,6 +67,7 @@ def _same(found: list, expected: list) -> bool:
     return len(found) == len(expected) and all(torch.equal(a, b) for a, b in zip(found, expected))
 
 
+@pytest.mark.horovod
 @pytest.mark.parametrize("broadcast_first", [False, True], ids=["migrated", "control-broadcast-before-load"])
 def test_rank_that_cannot_read_the_checkpoint_gets_its_weights(tmp_path, broadcast_first):
     script = tmp_path / "train.py"
@@ -103,6 +108,19 @@ STATE = ("    if runtime.broadcast_object(len(optimizer.state) > 0):\n"
          "        hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n")
 
 
+def _resume(script: Path, work: Path, run, **kw):
+    """Run `script` on 2 ranks resuming from a checkpoint of epoch 1 that only rank 0 can read; the
+    launch's result and the folder of each rank's final parameters."""
+    ckpt = work / "resume.pt"
+    _epoch_checkpoint(ckpt)
+    dumps = work / "dumps"
+    dumps.mkdir()
+    env = sitecustomize_env(work / "spy", PARAM_SPY + RANK0_ONLY_SPY,
+                            {"DISTIFY_E2E_PARAM_DIR": str(dumps), "DISTIFY_E2E_RANK0_ONLY": str(ckpt)})
+    return run(script, ["--resume", str(ckpt), "--epochs", "3"], nproc=2, env=env, cwd=work, **kw), dumps
+
+
+@pytest.mark.horovod
 @pytest.mark.parametrize("removed", [None, RESUMED, STATE],
                          ids=["migrated", "control-no-epoch-broadcast", "control-no-optimizer-state"])
 def test_rank_that_cannot_read_the_checkpoint_resumes_at_its_epoch(tmp_path, removed):
@@ -115,14 +133,7 @@ def test_rank_that_cannot_read_the_checkpoint_resumes_at_its_epoch(tmp_path, rem
     assert STATE in text, "DST112 did not broadcast the loaded optimizer state"
     if removed:
         script.write_text(text.replace(removed, ""))
-    ckpt = tmp_path / "resume.pt"
-    _epoch_checkpoint(ckpt)
-    dumps = tmp_path / "dumps"
-    dumps.mkdir()
-    env = sitecustomize_env(tmp_path / "spy", PARAM_SPY + RANK0_ONLY_SPY,
-                            {"DISTIFY_E2E_PARAM_DIR": str(dumps), "DISTIFY_E2E_RANK0_ONLY": str(ckpt)})
-    result = run_horovodrun(script, ["--resume", str(ckpt), "--epochs", "3"], nproc=2, env=env, cwd=tmp_path,
-                            timeout=120, check=False)
+    result, dumps = _resume(script, tmp_path, run_horovodrun, timeout=120, check=False)
     if removed == RESUMED:
         # rank 1 starts at epoch 0 and waits for collectives rank 0 never runs: Horovod stops the job
         assert result.returncode != 0, "control: the ranks agreed on the epoch without the broadcast"
@@ -134,3 +145,29 @@ def test_rank_that_cannot_read_the_checkpoint_resumes_at_its_epoch(tmp_path, rem
         assert not _same(ranks[1], ranks[0]), "control: rank 1 kept its fresh momentum and still agreed"
     else:
         assert ranks[0] and _same(ranks[1], ranks[0]), "the ranks trained different epochs or weights"
+
+
+# DDP (DST308): the wrap broadcast the fresh weights before the load, so rank 0's loaded weights,
+# momentum and epoch are broadcast after it
+DDP_STATE = ("    runtime.broadcast_module(model)\n"
+             "    if runtime.broadcast_object(len(optimizer.state) > 0):\n"
+             "        optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n")
+
+
+@pytest.mark.parametrize("removed", [None, DDP_STATE], ids=["migrated", "control-no-state-broadcast"])
+def test_ddp_rank_that_cannot_read_the_checkpoint_gets_rank0s_state(tmp_path, removed):
+    import torch
+
+    script = tmp_path / "train.py"
+    migrate(REPO_ROOT / "fixtures" / "DST112" / "resume_epoch.in.py", script, backend="ddp")
+    text = script.read_text()
+    assert DDP_STATE + RESUMED in text, "DST308 did not broadcast the resumed state"
+    if removed:
+        script.write_text(text.replace(removed, ""))
+    result, dumps = _resume(script, tmp_path, run_torchrun)
+    assert "epoch 2 loss" in result.stdout and "epoch 0 loss" not in result.stdout
+    ranks = [torch.load(dumps / f"rank{r}.pt") for r in range(2)]
+    if removed:
+        assert not _same(ranks[1], ranks[0]), "control: rank 1 kept fresh weights and momentum and still agreed"
+    else:
+        assert ranks[0] and _same(ranks[1], ranks[0]), "the ranks trained different models"

@@ -1,0 +1,93 @@
+"""DST308 a resume that some ranks may skip hands rank 0's loaded state to every rank (DDP)."""
+
+from __future__ import annotations
+
+from typing import Set
+
+import libcst as cst
+
+from distify.model_state import LOAD, before_training, changes_in
+from distify.resume import broadcast_follows, host_dependent, resumed_values
+from distify.syntax import all_nodes
+from distify.rules.base import DDP_BACKEND, Context, Rule
+
+
+class ResumeBroadcast(Rule):
+    """Broadcast rank 0's resumed state when the load may run on rank 0 only (DDP).
+
+    What it does:
+        For a checkpoint load before training that runs under an ``if`` whose test asks the host
+        (``if os.path.isfile(args.resume):``), inserts right after it:
+        ``runtime.broadcast_module(model)`` for each model it loads (rank 0's parameters and
+        buffers, in place), ``optimizer.load_state_dict(runtime.broadcast_object(
+        optimizer.state_dict()))`` under ``if runtime.broadcast_object(len(optimizer.state) > 0):``
+        for an optimizer it loads (only when rank 0 has a state to give), and one
+        ``runtime.broadcast_object`` of the values the load binds and the script reads later
+        (``start_epoch, best_acc1``, ``distify.resume``).
+
+    Why:
+        On several nodes without a shared disk only rank 0 may see the checkpoint: the other ranks
+        skip the load without an error and keep fresh weights (DDP broadcast the parameters when it
+        wrapped the model, before the load), a fresh optimizer state and ``start_epoch = 0``. The
+        ranks then train different models in silence, or run different numbers of epochs.
+        Horovod's broadcasts (DST112) do the same for ``--backend horovod``.
+
+    Example:
+        if args.resume and os.path.isfile(args.resume):
+            checkpoint = torch.load(args.resume)
+            model.load_state_dict(checkpoint["model"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            start_epoch = checkpoint["epoch"] + 1
+
+        is followed by
+
+        runtime.broadcast_module(model)
+        if runtime.broadcast_object(len(optimizer.state) > 0):
+            optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))
+        start_epoch = runtime.broadcast_object(start_epoch)
+    """
+
+    code = "DST308"
+    name = "resume-broadcast"
+    backends = frozenset({DDP_BACKEND})
+    summary = "hand rank 0's resumed state to ranks that may not see the checkpoint"
+
+    def apply(self, ctx: Context) -> None:
+        a = ctx.anatomy
+        done: Set[int] = set()
+        rt = ctx.runtime
+        for opt in a.optimizers:
+            roots = [*opt.models, *([opt.target] if opt.target else [])]
+            loaded, found = None, []
+            for stmt in before_training(a.facts, opt.call.stmt):
+                changes = [c for c in changes_in(a.facts, a.qualname, stmt, roots) if c.kind == LOAD]
+                if changes:
+                    loaded, found = stmt, changes
+                if any(isinstance(n, (cst.For, cst.While)) for n in all_nodes(stmt, skip_nested=True)):
+                    break
+            if loaded is None or id(loaded) in done or not any(host_dependent(a, loaded, c.node) for c in found):
+                continue
+            if broadcast_follows(a, loaded):
+                continue  # an earlier run's
+            done.add(id(loaded))
+            lines = [f"{rt}.broadcast_module({m})" for m in opt.models if any(c.root == m for c in found)]
+            if opt.target and any(c.root == opt.target for c in found):
+                lines.append(
+                    f"if {rt}.broadcast_object(len({opt.target}.state) > 0):\n"
+                    f"    {opt.target}.load_state_dict({rt}.broadcast_object({opt.target}.state_dict()))"
+                )
+            values = resumed_values(a, loaded, roots)
+            if values:
+                names = ", ".join(values)
+                lines.append(f"{names} = {rt}.broadcast_object({names if len(values) == 1 else f'({names})'})")
+            if not lines:
+                continue
+            ctx.edits.insert_after(loaded, ctx.stmts("\n".join(lines)))
+            ctx.report(
+                self.code, loaded,
+                "the checkpoint may be readable on rank 0 only: its model and optimizer state"
+                + (f" and {', '.join(values)}" if values else "") + " are broadcast from rank 0 after the load",
+            )
+
+
+RULE = ResumeBroadcast()
