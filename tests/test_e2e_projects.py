@@ -187,10 +187,14 @@ def test_control_built_in_modules_without_a_helper_edit(module, problem, tmp_pat
 
 
 def _simclr_problems(work: Path, result, loaders, params) -> list:
-    """What the run of simclr_trainer got wrong: shards and weights (see `_sharded`), the step lines
+    """What the run of simclr_trainer got wrong: shards and weights (see `_sharded`), the same order
+    on both passes (no set_epoch in the method's epoch loop), the step lines
     of the helper printed more than once, a file written by more than one rank, the checkpoint's
     state_dict keyed for the DDP wrapper (`module.`) instead of the user's model."""
     out = _sharded(loaders, params)
+    passes = [rec["indices"] for rec in loaders[0] if rec.get("loader") == 0]
+    if len(passes) < 2 or passes[0] == passes[1]:
+        out.append("the sampler was not told the epoch: every pass reads the same order")
     steps = [line.split(" loss ")[0] for line in result.stdout.splitlines() if line.startswith("step ")]
     if not steps or len(steps) != len(set(steps)):
         out.append("progress lines printed more than once")
@@ -269,3 +273,16 @@ def test_control_simclr_trainer_without_the_method_edits(tmp_path):
     assert "progress lines printed more than once" in problems
     assert "final.pt written by ranks ['0', '1']" in problems and "config.txt written by ranks ['0', '1']" in problems
     assert any("keys are the wrapper's" in p for p in problems)
+
+
+def test_control_simclr_trainer_without_set_epoch(tmp_path):
+    """Control for the epoch: the set_epoch distify puts in `SimCLR.train`'s epoch loop taken out,
+    both passes read the same shards in the same order."""
+    migrated_copy("simclr_trainer", "ddp", tmp_path / "p")
+    helper = tmp_path / "p" / "simclr.py"
+    line = "            train_loader.sampler.set_epoch(epoch_counter)\n"
+    assert line in helper.read_text()
+    helper.write_text(helper.read_text().replace(line, ""))
+    problems = _simclr_problems(tmp_path, *_launch("torchrun", tmp_path / "p", tmp_path))
+    assert problems == ["the sampler was not told the epoch: every pass reads the same order"], problems
+
