@@ -7,6 +7,7 @@ import libcst as cst
 from distify.records import LOGGING_BASIC_CONFIG, SUMMARY_WRITER
 from distify.syntax import dotted, all_nodes
 from distify.rules.base import Context, Rule, add_kwarg, call_statement, kwarg_value
+from distify.writes import per_rank_file
 
 
 class Rank0Logging(Rule):
@@ -91,8 +92,8 @@ class Rank0Logging(Rule):
                 isinstance(stmt, cst.SimpleStatementLine)
                 and isinstance(stmt.body[0], cst.Assign)
                 and stmt.body[0].value is site.call
-            ) or ctx.in_rank_guard(stmt):
-                continue
+            ) or ctx.in_rank_guard(stmt) or per_rank_file(a, site):
+                continue  # already on some ranks, or each rank's own log directory: every rank keeps its writer
             name = dotted(stmt.body[0].targets[0].target)
             if name is None:
                 continue

@@ -2,7 +2,7 @@
 (DST301, DST304) and the audit that reports writes every rank makes (DST955) ask the same fact, so a
 write the migration leaves on every rank is one the audit accepts, and the other way round. Where a
 write goes decides it (its path), not what it writes: ``torch.save({"rank": rank}, "shared.pt")`` is
-every rank writing one file."""
+every rank writing one file. A tracker's log directory is a file too (DST305, DST956)."""
 
 from __future__ import annotations
 
@@ -52,3 +52,33 @@ def test_the_migration_and_the_audit_agree_on_which_files_are_per_rank():
     assert [lines[n - 1].lstrip()[:20] for n in _dst955_lines(unguarded.encode())] == [
         'torch.save({"rank": ', 'with open("shared.tx',
     ]
+
+
+TRACKERS = '''\
+import os
+import torch
+from torch.utils.tensorboard import SummaryWriter
+
+local_rank = int(os.environ.get("LOCAL_RANK", 0))
+own = SummaryWriter(f"runs/rank{local_rank}")
+shared = SummaryWriter("runs/shared")
+model = torch.nn.Linear(2, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.ones(1, 2)).sum().backward()
+opt.step()
+own.add_scalar("loss", 1.0, 0)
+shared.add_scalar("loss", 1.0, 0)
+'''
+
+
+def test_a_tracker_of_each_rank_s_own_directory_stays_on_every_rank():
+    out = migrate_source(TRACKERS.encode(), Options(backend="ddp")).output.decode()
+    assert 'own = SummaryWriter(f"runs/rank{local_rank}")\n' in out
+    assert 'shared = SummaryWriter("runs/shared") if runtime.is_main_process() else None\n' in out
+    assert 'own.add_scalar("loss", 1.0, 0)\n' in out
+    assert 'if runtime.is_main_process():\n    shared.add_scalar("loss", 1.0, 0)\n' in out
+    assert [f for f in lint_source(out.encode()) if f.code in ("DST955", "DST956")] == []
+    unguarded = out.replace('SummaryWriter("runs/shared") if runtime.is_main_process() else None', 'SummaryWriter("runs/shared")')
+    assert unguarded != out
+    found = [f for f in lint_source(unguarded.encode()) if f.code == "DST956"]
+    assert [unguarded.splitlines()[f.line - 1] for f in found] == ['shared = SummaryWriter("runs/shared")']
