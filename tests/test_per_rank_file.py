@@ -28,30 +28,34 @@ with open("shared.txt", "w") as fh:
 '''
 
 
-def _dst955_lines(source: bytes):
-    return [f.line for f in lint_source(source) if f.code == "DST955"]
+def _agree(source: str, kept, guarded, taken_out) -> None:
+    """Migrated, `source` keeps the lines `kept` as they are and has the lines `guarded`; the audit
+    accepts it; with each (guarded text -> plain text) of `taken_out` undone, the audit reports
+    exactly the lines that were guarded (whose first 20 characters `taken_out` gives last)."""
+    out = migrate_source(source.encode(), Options(backend="ddp")).output.decode()
+    for line in (*kept, *guarded):
+        assert line in out, line
+    assert [f for f in lint_source(out.encode()) if f.code in ("DST955", "DST956")] == []
+    unguarded = out
+    for guard, plain, _ in taken_out:
+        unguarded = unguarded.replace(guard, plain)
+    assert unguarded != out
+    lines = unguarded.splitlines()
+    found = [f for f in lint_source(unguarded.encode()) if f.code in ("DST955", "DST956")]
+    assert [lines[f.line - 1].lstrip()[:20] for f in found] == [start for _, _, start in taken_out]
 
 
 def test_the_migration_and_the_audit_agree_on_which_files_are_per_rank():
-    out = migrate_source(SCRIPT.encode(), Options(backend="ddp")).output.decode()
-    # the rule: the per-rank files stay on every rank, the shared ones go to rank 0
-    assert 'torch.save(model.module.state_dict(), f"rank{local_rank}.pt")\n' in out
-    assert 'if runtime.is_main_process():\n    torch.save({"rank": local_rank}, "shared.pt")\n' in out
-    assert 'with open(f"log{local_rank}.txt", "w") as fh:\n' in out
-    assert 'with open("shared.txt" if runtime.is_main_process() else os.devnull, "w") as fh:\n' in out
-    # the audit accepts the migrated script ...
-    assert _dst955_lines(out.encode()) == []
-    # ... and, with the rank-0 guards taken out again, reports exactly the shared files
-    unguarded = (
-        out.replace('if runtime.is_main_process():\n    torch.save({"rank": local_rank}, "shared.pt")\n',
-                    'torch.save({"rank": local_rank}, "shared.pt")\n')
-        .replace('"shared.txt" if runtime.is_main_process() else os.devnull', '"shared.txt"')
+    _agree(
+        SCRIPT,
+        kept=['torch.save(model.module.state_dict(), f"rank{local_rank}.pt")\n',
+              'with open(f"log{local_rank}.txt", "w") as fh:\n'],
+        guarded=['if runtime.is_main_process():\n    torch.save({"rank": local_rank}, "shared.pt")\n',
+                 'with open("shared.txt" if runtime.is_main_process() else os.devnull, "w") as fh:\n'],
+        taken_out=[('if runtime.is_main_process():\n    torch.save({"rank": local_rank}, "shared.pt")\n',
+                    'torch.save({"rank": local_rank}, "shared.pt")\n', 'torch.save({"rank": '),
+                   ('"shared.txt" if runtime.is_main_process() else os.devnull', '"shared.txt"', 'with open("shared.tx')],
     )
-    assert unguarded != out
-    lines = unguarded.splitlines()
-    assert [lines[n - 1].lstrip()[:20] for n in _dst955_lines(unguarded.encode())] == [
-        'torch.save({"rank": ', 'with open("shared.tx',
-    ]
 
 
 TRACKERS = '''\
@@ -71,14 +75,13 @@ shared.add_scalar("loss", 1.0, 0)
 '''
 
 
+
 def test_a_tracker_of_each_rank_s_own_directory_stays_on_every_rank():
-    out = migrate_source(TRACKERS.encode(), Options(backend="ddp")).output.decode()
-    assert 'own = SummaryWriter(f"runs/rank{local_rank}")\n' in out
-    assert 'shared = SummaryWriter("runs/shared") if runtime.is_main_process() else None\n' in out
-    assert 'own.add_scalar("loss", 1.0, 0)\n' in out
-    assert 'if runtime.is_main_process():\n    shared.add_scalar("loss", 1.0, 0)\n' in out
-    assert [f for f in lint_source(out.encode()) if f.code in ("DST955", "DST956")] == []
-    unguarded = out.replace('SummaryWriter("runs/shared") if runtime.is_main_process() else None', 'SummaryWriter("runs/shared")')
-    assert unguarded != out
-    found = [f for f in lint_source(unguarded.encode()) if f.code == "DST956"]
-    assert [unguarded.splitlines()[f.line - 1] for f in found] == ['shared = SummaryWriter("runs/shared")']
+    _agree(
+        TRACKERS,
+        kept=['own = SummaryWriter(f"runs/rank{local_rank}")\n', '\nown.add_scalar("loss", 1.0, 0)\n'],
+        guarded=['shared = SummaryWriter("runs/shared") if runtime.is_main_process() else None\n',
+                 'if runtime.is_main_process():\n    shared.add_scalar("loss", 1.0, 0)\n'],
+        taken_out=[('SummaryWriter("runs/shared") if runtime.is_main_process() else None', 'SummaryWriter("runs/shared")',
+                    'shared = SummaryWrit')],
+    )
