@@ -88,6 +88,10 @@ class TrainingElsewhere(Rule):
                         kind="note",
                     )
                     return
+                run = _method_run(a, site, ctx) if there.target is not None and there.target.cls is not None else None
+                if run is not None:  # `trainer = Trainer(...)` ... `trainer.train()`: name the method run
+                    site, there = run
+                    callee = dotted(site.call.func) or callee
                 how = (f"{there.target.qualname} at {there.target.where}: code distify reads but cannot follow to a "
                        "training loop" if there.target is not None else "code distify does not read")
                 ctx.report(
@@ -167,6 +171,22 @@ class TrainingElsewhere(Rule):
             )
             return True
         return False
+
+
+def _method_run(a: Anatomy, site: CallSite, ctx: Context):
+    """For a call building an instance of a project class (``trainer = Trainer(model, optimizer)``),
+    the first later call of one of its methods on that instance in the same scope
+    (``trainer.train()``, found through the class's bases) and where it lands; None without one."""
+    from distify.program import reached
+
+    for c in a.calls:
+        f = c.call.func
+        if c.scope is site.scope and isinstance(f, cst.Attribute) and isinstance(f.value, cst.Name) \
+                and a.facts.instance_call(c.scope, f.value.value, c.stmt) is site.call:
+            there = reached(a, ctx.plan.script_path, ctx.options, c)
+            if there.target is not None:
+                return c, there
+    return None
 
 
 def _training_objects(a: Anatomy) -> Tuple[Set[str], Set[str]]:

@@ -53,8 +53,10 @@ def _note(path: Path):
 
 def test_an_optimizer_built_by_name_is_said_with_the_call_that_takes_it():
     said = _note(PROJECTS / "template_config_trainer" / "train.py")
-    assert len(said) == 1 and said[0].line == 64, said  # `trainer = Trainer(model, criterion, metrics, optimizer, ...)`
-    assert "Trainer()" in said[0].message and "trainer/trainer.py:" in said[0].message
+    # `trainer = Trainer(model, criterion, metrics, optimizer, ...)` takes the optimizer; the note names
+    # the method the script then runs on it, `trainer.train()`, inherited from base/base_trainer.py
+    assert len(said) == 1 and said[0].line == 71, said
+    assert "trainer.train() (base.base_trainer.BaseTrainer.train at base/base_trainer.py:40" in said[0].message
 
 
 def test_a_model_object_built_by_importlib_is_said_with_the_import_and_the_loop():
