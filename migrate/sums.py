@@ -315,6 +315,58 @@ def training_sums(a: "Anatomy", loop: cst.For, scope: Scope) -> List[LoopSum]:
     return out
 
 
+def list_sums(a: "Anatomy", loop: cst.For, scope: Scope) -> List[LoopSum]:
+    """The lists a loop appends one value per batch to and its scope reads after it
+    (``losses = []`` right before the loop, ``losses.append(loss.item())`` in it, ``sum(losses) /
+    len(losses)`` after it), each with the kind of what it appends: the list is this rank's, entry
+    by entry. A list the loop also reads, rebinds or changes in another way is none."""
+    local = loop_locals(loop)
+    found: dict = {}
+    bad: Set[str] = set()
+    appends: Set[int] = set()
+    for node in all_nodes(loop.body, skip_nested=True):
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "append"):
+            continue
+        if not isinstance(node.func.value, cst.Name) or len(node.args) != 1 or node.args[0].keyword or node.args[0].star:
+            continue
+        name = node.func.value.value
+        if name in local:
+            continue
+        appends.add(id(node.func.value))
+        value = node.args[0].value
+        kind = "sample" if sample_sum(a, value, local) else "batch" if batch_mean(a, value, loop, scope) else None
+        prior = found.get(name)
+        if kind is None or (prior is not None and prior.kind != kind):
+            bad.add(name)
+        elif prior is None:
+            found[name] = LoopSum(name, node, kind)
+    for n in all_nodes(loop.body, skip_nested=False):
+        if isinstance(n, cst.Name) and n.value in found and id(n) not in appends:
+            bad.add(n.value)  # read, rebound or changed otherwise in the loop
+    out = []
+    for s in found.values():
+        if s.name in bad or not _starts_empty(a, s.name, loop, scope):
+            continue
+        read = first_read_after(a, s.name, loop, scope)
+        if read is not None and not reduces(a, read):
+            out.append(s)
+    return out
+
+
+def _starts_empty(a: "Anatomy", name: str, loop: cst.For, scope: Scope) -> bool:
+    """`name` is bound to an empty list literal in the loop's own block, with no loop between."""
+    b = a.reaching_binding(scope, name, loop)
+    if b is None or b.kind != "assign" or not isinstance(b.stmt, cst.SimpleStatementLine) or len(b.stmt.body) != 1:
+        return False
+    small = b.stmt.body[0]
+    if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.value, cst.List)):
+        return False
+    if small.value.elements or dotted(small.targets[0].target) != name:
+        return False
+    outer, around = a.stmt_parent.get(b.stmt, ()), a.stmt_parent.get(loop, ())
+    return around[: len(outer)] == outer and not any(isinstance(p, (cst.For, cst.While)) for p in around[len(outer):])
+
+
 def fed_only_by(a: "Anatomy", bl: "BatchLoop", sharded: Collection["Loader"]) -> bool:
     """Every batch the loop reads comes from one of the `sharded` loaders: each loader whose batches
     reach it is one, it takes no key of a loader family that stays whole (`for b in

@@ -7,7 +7,7 @@ from typing import Set
 import libcst as cst
 
 from distify.rules.base import Context, Rule
-from distify.sums import fed_only_by, training_sums
+from distify.sums import fed_only_by, list_sums, training_sums
 
 
 class ReduceTrainSums(Rule):
@@ -28,7 +28,10 @@ class ReduceTrainSums(Rule):
           ``len(train_loader)`` (this rank's count of batches) it is the mean the single process
           reports at N times the batch.
 
-        A counter also set, read or added to in another way inside the loop (a running loss printed
+        A list the loop appends one such value per batch to (``losses.append(loss.item())``, read
+        after the loop as ``sum(losses) / len(losses)`` and handed to a scheduler) is reduced entry
+        by entry (``runtime.reduce_each``): entry i becomes the value of the big batch the ranks'
+        batches i make together. A counter also set, read or added to in another way inside the loop (a running loss printed
         and reset every k batches) is left as it is. The same holds for a loop that does not train
         over a loader DST201 shards (the accuracy on the training set measured after training by
         ``check_accuracy(train_loader, model)``): its sums are this rank's shard too.
@@ -71,7 +74,8 @@ class ReduceTrainSums(Rule):
                 if not fed_only_by(a, bl, ctx.plan.samplers):
                     continue  # a loader that stays whole reaches it too: its sums are whole already
                 sums = training_sums(a, bl.loop, bl.scope)
-                if not sums:
+                lists = list_sums(a, bl.loop, bl.scope)
+                if not sums and not lists:
                     continue
                 stmts = []
                 summed = [s.name for s in sums if s.kind == "sample"]
@@ -81,6 +85,10 @@ class ReduceTrainSums(Rule):
                     stmts.append(f"{names} = {ctx.runtime}.all_reduce_sum({names})")
                 for name in averaged:
                     stmts.append(f"{name} = {ctx.runtime}.reduce_mean({name})")
+                for s in lists:
+                    op = ", \"sum\"" if s.kind == "sample" else ""
+                    stmts.append(f"{s.name} = {ctx.runtime}.reduce_each({s.name}{op})")
+                each = [s.name for s in lists]
                 ctx.edits.insert_after(bl.loop, ctx.stmts("\n".join(stmts)))
                 if isinstance(bl.scope, cst.FunctionDef):
                     ctx.gains_collective(bl.scope)  # `print(train(...))` must now run on every rank
@@ -89,6 +97,8 @@ class ReduceTrainSums(Rule):
                     parts.append(f"{', '.join(summed)} summed")
                 if averaged:
                     parts.append(f"{', '.join(averaged)} (a sum of batch means) averaged")
+                if each:
+                    parts.append(f"{', '.join(each)} (one entry per batch) reduced entry by entry")
                 what = "the training loop" if bl.trains else "this loop over the training data"
                 padded = "" if bl.trains else (
                     " (DistributedSampler repeats up to N-1 samples to even the shards: they are counted twice)"

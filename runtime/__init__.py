@@ -516,6 +516,33 @@ def reduce_mean(value: Union[int, float, torch.Tensor]) -> Any:
     return all_reduce(value, "mean")
 
 
+def reduce_each(values: Any, op: str = "mean") -> list:
+    """Reduce a list entry by entry over all ranks: entry i becomes the mean (or the sum) over the
+    ranks of their entry i (``losses = runtime.reduce_each(losses)``). A list with one loss per
+    batch then holds, batch by batch, the loss of the big batch the ranks make together, as the
+    single process at N times the batch would record it. Every rank must hold as many entries
+    (DistributedSampler gives every rank as many batches): lists of different lengths stop every
+    rank with an error instead of a mismatched collective. Numbers come back as numbers, tensors
+    as tensors; without a process group or Horovod (one process) the list comes back as it is."""
+    if op not in ("mean", "sum"):
+        raise ValueError(f"op must be mean or sum, got {op!r}")
+    items = list(values)
+    if not _group_ready() and _horovod() is None:
+        return items
+    n = len(items)
+    if all_reduce(n, "max") != all_reduce(n, "min"):
+        raise RuntimeError(
+            f"reduce_each: the ranks hold lists of different lengths (this rank: {n}); each rank must add "
+            "one entry per batch and run as many batches as the others"
+        )
+    if any(isinstance(v, torch.Tensor) for v in items):
+        return list(all_reduce(torch.stack([torch.as_tensor(v) for v in items]), op).unbind(0)) if items else []
+    out = all_reduce(torch.tensor([float(v) for v in items], dtype=torch.float64), op).tolist()
+    if op == "sum" and all(isinstance(v, int) for v in items):
+        return [int(v) for v in out]
+    return out
+
+
 def all_reduce_sum(*values: Union[int, float, torch.Tensor]) -> Any:
     """Sum each value over all ranks: one result for one argument, else a tuple in argument order.
 

@@ -90,3 +90,39 @@ def test_accuracy_on_the_training_set_counts_every_rank(tmp_path, reduced):
         assert got == want, f"2 ranks printed {got}, the single process {want}"
     else:
         assert len(got) == 1 and got[0][1] == "32", f"control: rank 0 alone counts its half: {got}"
+
+
+LIST = REPO_ROOT / "fixtures" / "DST206" / "loss_list_scheduler.in.py"
+LINE = re.compile(r"^epoch \d+ loss \S+ lr \S+$", re.M)
+
+
+@pytest.mark.parametrize(
+    "backend,reduced",
+    [("ddp", True), ("ddp", False), pytest.param("horovod", True, marks=pytest.mark.horovod)],
+    ids=["ddp", "control-ddp-unreduced", "horovod"],
+)
+def test_a_list_of_batch_losses_steers_the_scheduler_as_one_process(tmp_path, backend, reduced):
+    """fixtures/DST206/loss_list_scheduler: the batch losses kept in a list, averaged after the
+    epoch and handed to ReduceLROnPlateau. 2 ranks at batch 8 (no shuffle, deterministic) must print
+    the single process's lines at batch 16, learning-rate decisions included. Control: without
+    `runtime.reduce_each` rank 0 prints its own half's losses."""
+    original = tmp_path / "original" / "train.py"
+    original.parent.mkdir()
+    original.write_text(LIST.read_text())
+    want = LINE.findall(run_python(original, ["--batch-size", "16"], cwd=original.parent).stdout)
+    script = tmp_path / "train.py"
+    migrate(LIST, script, backend=backend)
+    text = script.read_text()
+    each = re.compile(r"^ *losses = runtime\.reduce_each\(losses\)\n", re.M)
+    assert len(each.findall(text)) == 1, "DST206 did not reduce the list of batch losses"
+    if not reduced:
+        script.write_text(each.sub("", text))
+    run = run_torchrun if backend == "ddp" else run_horovodrun
+    got = LINE.findall(run(script, ["--batch-size", "8"], nproc=2, cwd=tmp_path).stdout)
+    assert len(want) == 5 and len({w.split(" lr ")[1] for w in want}) > 1, f"the schedule must change the lr: {want}"
+    if reduced:
+        assert _numbers(got) and all(
+            abs(a - b) <= 2e-6 for g, w in zip(_numbers(got), _numbers(want)) for a, b in zip(g, w)
+        ) and len(got) == len(want), f"2 ranks printed {got}, the single process {want}"
+    else:
+        assert got != want, "control: rank 0's own losses already equal the whole batch's"

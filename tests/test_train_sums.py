@@ -75,3 +75,37 @@ def test_second_run_adds_nothing():
     source = SCRIPT.format(**BASE).encode()
     once = migrate_source(source, Options(backend="ddp")).output
     assert migrate_source(once, Options(backend="ddp")).output == once
+
+
+LIST_FIXTURE = "fixtures/DST206/loss_list_scheduler.in.py"
+
+
+@pytest.mark.parametrize(
+    "old,new,reduced",
+    [
+        ("", "", True),
+        # controls: the list read inside the loop (a running view), not empty at the start, or
+        # holding something that is neither a batch mean nor a per-sample sum
+        ("        losses.append(loss.item())\n", "        losses.append(loss.item())\n        print(losses[-1])\n", False),
+        ("    losses = []\n", "    losses = [0.0]\n", False),
+        ("losses.append(loss.item())", "losses.append(model.weight.norm().item())", False),
+    ],
+)
+def test_a_list_of_batch_values_is_reduced_entry_by_entry(old, new, reduced):
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parent.parent / LIST_FIXTURE).read_text()
+    if old:
+        assert old in source
+        source = source.replace(old, new)
+    out = migrate_source(source.encode(), Options(backend="ddp")).output.decode()
+    assert ("losses = runtime.reduce_each(losses)" in out) == reduced, out
+
+
+def test_reduce_each_in_one_process_returns_the_list():
+    from distify import runtime
+
+    assert runtime.reduce_each([1.5, 2.0]) == [1.5, 2.0]
+    assert runtime.reduce_each((1, 2), "sum") == [1, 2]
+    with pytest.raises(ValueError):
+        runtime.reduce_each([1.0], "max")
