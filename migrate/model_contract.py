@@ -132,35 +132,63 @@ def _structural(test: cst.BaseExpression, member: str) -> bool:
     return dotted(test) == f"self.{member}"
 
 
+def _always(node: cst.CSTNode, members: Set[str]) -> Set[str]:
+    """The members `node` reaches on every path through it: outside any condition, or in both
+    branches of an ``if``/``else`` (DCGAN's ``if ngpu > 1: data_parallel(self.main, x) else:
+    self.main(x)`` reaches ``self.main`` either way)."""
+    out: Set[str] = set()
+
+    def go(n: cst.CSTNode) -> None:
+        if isinstance(n, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            return
+        if isinstance(n, (cst.If, cst.IfExp)):
+            go(n.test)
+            if n.orelse is not None:
+                out.update(_always(n.body, members) & _always(n.orelse, members))
+            return
+        if isinstance(n, cst.BooleanOperation):
+            go(n.left)
+            return
+        if isinstance(n, cst.While):
+            go(n.test)
+            return
+        if isinstance(n, cst.Attribute) and dotted(n.value) == "self" and n.attr.value in members:
+            out.add(n.attr.value)
+            return
+        for child in children(n):
+            go(child)
+
+    go(node)
+    return out
+
+
 def _conditional_uses(fn: cst.FunctionDef, members: Set[str]):
-    """(member, reference, condition) for each ``self.X`` reached only under a condition."""
+    """(member, reference, condition) for each ``self.X`` reached only under a condition. A
+    condition whose every branch reaches the member (an ``if``/``else`` using it on both sides)
+    does not count for it."""
     found = []
 
     def visit(node: cst.CSTNode, conds: tuple) -> None:
         if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)) and node is not fn:
             return
-        if isinstance(node, cst.If):
+        if isinstance(node, (cst.If, cst.IfExp)):
+            both = _always(node.body, members) & _always(node.orelse, members) if node.orelse is not None else set()
             visit(node.test, conds)
-            visit(node.body, conds + (node.test,))
+            visit(node.body, conds + ((node.test, both),))
             if node.orelse is not None:
-                visit(node.orelse, conds + (node.test,))
-            return
-        if isinstance(node, cst.IfExp):
-            visit(node.test, conds)
-            visit(node.body, conds + (node.test,))
-            visit(node.orelse, conds + (node.test,))
+                visit(node.orelse, conds + ((node.test, both),))
             return
         if isinstance(node, cst.BooleanOperation):
             visit(node.left, conds)
-            visit(node.right, conds + (node.left,))
+            visit(node.right, conds + ((node.left, set()),))
             return
         if isinstance(node, cst.While):
             visit(node.test, conds)
-            visit(node.body, conds + (node.test,))
+            visit(node.body, conds + ((node.test, set()),))
             return
         if isinstance(node, cst.Attribute) and dotted(node.value) == "self" and node.attr.value in members:
             member = node.attr.value
-            real = [c for c in conds if not _structural(c, member)]
+            real = [c for c, either in conds if member not in either and not _structural(c, member)]
             if real:
                 found.append((member, node, real[-1]))
             return

@@ -189,3 +189,49 @@ def test_a_hidden_state_carried_into_the_next_step_with_its_graph_is_refused():
     assert fixed != src
     ok = migrate_source(fixed.encode(), Options(backend="ddp"))
     assert not ok.refused and not any(_RETAINED in f.message for f in ok.findings), [f.message for f in ok.findings]
+
+
+DCGAN_FORWARD = """\
+import torch
+import torch.nn as nn
+
+
+class Generator(nn.Module):
+    def __init__(self, ngpu):
+        super().__init__()
+        self.ngpu = ngpu
+        self.main = nn.Sequential(nn.Linear(4, 8), nn.Tanh())
+
+    def forward(self, x):
+        if x.is_cuda and self.ngpu > 1:
+            out = nn.parallel.data_parallel(self.main, x, range(self.ngpu))
+        else:
+            out = self.main(x)
+        return out
+
+
+netG = Generator(1)
+opt = torch.optim.Adam(netG.parameters())
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 4)), batch_size=4)
+for epoch in range(2):
+    for (x,) in loader:
+        opt.zero_grad()
+        netG(x).sum().backward()
+        opt.step()
+"""
+
+
+@pytest.mark.parametrize("backend", ["ddp", "fsdp"])
+def test_a_member_reached_on_both_branches_is_no_skip(backend):
+    """DCGAN's forward reaches `self.main` in the `if` and in the `else`: every step gives it a
+    gradient, so FSDP shards the model and DDP needs no find_unused_parameters. Control: reached in
+    the `if` branch alone, it is a skip (FSDP refuses, DDP gets the remedy)."""
+    out, findings = _migrate(DCGAN_FORWARD, backend)
+    assert out != DCGAN_FORWARD and "find_unused_parameters" not in out, [f.message for f in findings]
+    control = DCGAN_FORWARD.replace("out = self.main(x)", "out = x")
+    assert control != DCGAN_FORWARD
+    skipped, _ = _migrate(control, backend)
+    if backend == "fsdp":
+        assert skipped == control
+    else:
+        assert "find_unused_parameters=True" in skipped

@@ -1,8 +1,9 @@
 """A training loader built by a function of the project's own module next to the script (issue 13,
-category 4): distify reads that module to name the function and line, and to see what the
-DataLoader gets there: a plain loader is re-sharded in the script (runtime.shard_loader), one that
-has a DistributedSampler already only gets set_epoch, one with its own sampler/batch_sampler is
-left with a warning (shard_loader would refuse it at run time)."""
+category 4; issue 21): distify reads that module and migrates the loader where it is built: a plain
+loader gets its DistributedSampler in the factory, one that has a DistributedSampler already only
+gets set_epoch, one with its own sampler/batch_sampler has it shared out there (ShareSampler).
+Without the module to read (stdin), the script re-shards the loader at run time
+(runtime.shard_loader)."""
 from __future__ import annotations
 
 import subprocess
@@ -80,13 +81,24 @@ def test_find_builder_packages_and_what_it_cannot_read(tmp_path):
     assert find_builder(None, "data.loaders.train_loader") is None
 
 
+def _project_run(script: Path, backend="ddp") -> dict:
+    """The project migration (issue 21): {file name: (output text, findings)} for each file it rewrites."""
+    from distify.project import migrate_project
+
+    result = migrate_project([str(script)], Options(backend=backend))
+    return {Path(f.path).name: (f.output.decode(), f.findings) for f in result.files}
+
+
 @pytest.mark.parametrize("backend", ["ddp", "horovod"])
-def test_plain_loader_is_resharded_and_the_report_names_the_def(tmp_path, backend):
-    result = _migrate(_project(tmp_path, "plain"), backend)
-    out = result.output.decode()
-    assert "train_loader = runtime.shard_loader(train_loader" in out
-    assert "train_loader.sampler.set_epoch(epoch)" in out
-    assert any(f.code == "DST201" and "get_training_dataloader() in utils.py:4" in f.message for f in result.findings)
+def test_plain_loader_is_sharded_where_the_module_builds_it(tmp_path, backend):
+    """The module next to the script is the project's: its factory gets the sampler (not a run-time
+    re-shard in the script), the script the epoch's set_epoch, the report the factory's line."""
+    out = _project_run(_project(tmp_path, "plain"), backend)
+    utils, findings = out["utils.py"]
+    assert "sampler=DistributedSampler" in utils and "shuffle=True)" in utils
+    script, _ = out["train.py"]
+    assert "shard_loader" not in script and "train_loader.sampler.set_epoch(epoch)" in script
+    assert any(f.code == "DST201" and "returned by a helper" in f.message for f in findings)
 
 
 def test_loader_with_a_distributed_sampler_only_gets_set_epoch(tmp_path):
@@ -99,11 +111,13 @@ def test_loader_with_a_distributed_sampler_only_gets_set_epoch(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["sampler", "batch_sampler"])
-def test_loader_with_its_own_sampler_is_left_with_a_warning(tmp_path, kind):
-    result = _migrate(_project(tmp_path, kind))
-    assert b"shard_loader" not in result.output
-    warned = [f for f in result.findings if f.kind == "warning" and f.code == "DST201"]
-    assert len(warned) == 1 and f"utils.py:4 builds it with its own {kind}=" in warned[0].message
+def test_loader_with_its_own_sampler_is_shared_out_where_it_is_built(tmp_path, kind):
+    """The factory's own sampler keeps its draw and is shared out (DST901, runtime.ShareSampler)."""
+    out = _project_run(_project(tmp_path, kind))
+    utils, findings = out["utils.py"]
+    assert f"{kind}=runtime.ShareSampler(" in utils
+    assert "shard_loader" not in out["train.py"][0]
+    assert any(f.code == "DST901" for f in findings)
 
 
 def test_without_the_module_the_loader_is_resharded_all_the_same(tmp_path):
@@ -118,7 +132,8 @@ def test_cli_reads_the_module_next_to_the_file(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "distify", str(script), "--diff"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode in (0, 1), proc.stderr
-    assert "shard_loader" not in proc.stdout and "utils.py:4 builds it with its own batch_sampler=" in proc.stderr
+    assert "shard_loader" not in proc.stdout and "utils.py" in proc.stdout
+    assert "batch_sampler=runtime.ShareSampler(BucketSampler(ds, batch_size))" in proc.stdout
 
 
 def test_the_helper_modules_calls_are_known_by_their_imports(tmp_path: Path) -> None:
