@@ -92,13 +92,15 @@ class ReduceTrainSums(Rule):
                 ctx.edits.insert_after(bl.loop, ctx.stmts("\n".join(stmts)))
                 if isinstance(bl.scope, cst.FunctionDef):
                     ctx.gains_collective(bl.scope)  # `print(train(...))` must now run on every rank
-                parts = []
-                if summed:
-                    parts.append(f"{', '.join(summed)} summed")
-                if averaged:
-                    parts.append(f"{', '.join(averaged)} (a sum of batch means) averaged")
-                if each:
-                    parts.append(f"{', '.join(each)} (one entry per batch) reduced entry by entry")
+                parts = [
+                    f"{', '.join(names)} {how}"
+                    for names, how in (
+                        (summed, "summed"),
+                        (averaged, "(a sum of batch means) averaged"),
+                        (each, "(one entry per batch) reduced entry by entry"),
+                    )
+                    if names
+                ]
                 what = "the training loop" if bl.trains else "this loop over the training data"
                 padded = "" if bl.trains else (
                     " (DistributedSampler repeats up to N-1 samples to even the shards: they are counted twice)"
