@@ -63,6 +63,10 @@ class Plan:
     samplers: Dict[Any, Optional[str]] = field(default_factory=dict)
     foreign_epoch_loops: Dict[Any, list] = field(default_factory=dict)
 
+    # -- DST901, DST910: training loaders whose own sampler or stream is shared out
+    # (runtime.ShareSampler, runtime.ShareStream): their sums are this rank's share too (DST206)
+    shared: List[Any] = field(default_factory=list)
+
     # -- the evaluation plans (rules.eval_plan), computed once for DST201 and DST203
     eval_plans: Optional[Dict["Loader", Any]] = None
 

@@ -14,7 +14,7 @@ class ReduceTrainSums(Rule):
     """Reduce across ranks the sums a training loop adds up and the script reads after it.
 
     What it does:
-        For a training loop over a loader DST201 shards, finds the counters started from a number
+        For a training loop over a loader DST201 shards (or DST901/DST910 share out), finds the counters started from a number
         literal right before the loop, only added to inside it and read after it (an epoch's loss
         or accuracy printed, logged, returned or saved), and inserts one reduction right after the
         loop, by what each batch adds (``distify.sums``):
@@ -66,12 +66,13 @@ class ReduceTrainSums(Rule):
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
         done: Set[int] = set()
-        for loader in ctx.plan.samplers:
+        sharded = [*ctx.plan.samplers, *ctx.plan.shared]  # DistributedSampler, ShareSampler, ShareStream
+        for loader in sharded:
             for bl in loader.batch_loops:
                 if bl.via != "for" or id(bl.loop) in done:
                     continue
                 done.add(id(bl.loop))
-                if not fed_only_by(a, bl, ctx.plan.samplers):
+                if not fed_only_by(a, bl, sharded):
                     continue  # a loader that stays whole reaches it too: its sums are whole already
                 sums = training_sums(a, bl.loop, bl.scope)
                 lists = list_sums(a, bl.loop, bl.scope)

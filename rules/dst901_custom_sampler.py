@@ -71,6 +71,7 @@ class CustomSampler(Rule):
                     )
                     continue
                 ctx.edits.call_around(given.value, f"{ctx.runtime}.ShareSampler")
+                ctx.plan.shared.append(loader)
                 ctx.report(
                     self.code,
                     given.value,

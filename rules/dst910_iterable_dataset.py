@@ -50,6 +50,7 @@ class IterableDatasetShare(Rule):
                 )
                 continue
             ctx.edits.call_around(loader.dataset, f"{ctx.runtime}.ShareStream")
+            ctx.plan.shared.append(loader)
             ctx.report(
                 self.code,
                 loader.call.call,

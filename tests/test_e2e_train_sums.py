@@ -126,3 +126,28 @@ def test_a_list_of_batch_losses_steers_the_scheduler_as_one_process(tmp_path, ba
         ) and len(got) == len(want), f"2 ranks printed {got}, the single process {want}"
     else:
         assert got != want, "control: rank 0's own losses already equal the whole batch's"
+
+
+WEIGHTED = REPO_ROOT / "fixtures" / "DST206" / "weighted_sampler_epoch.in.py"
+SEEN = re.compile(r"^epoch \d+ seen (\d+) loss \S+$", re.M)
+
+
+@pytest.mark.parametrize("reduced", [True, False], ids=["ddp", "control-ddp-unreduced"])
+def test_sums_over_a_shared_sampler_count_every_rank(tmp_path, reduced):
+    """fixtures/DST206/weighted_sampler_epoch: the loader's own WeightedRandomSampler is shared out
+    (DST901, runtime.ShareSampler: each rank keeps every N-th draw of one sequence), so the epoch's
+    sums are each rank's share: reduced, the printed count is the whole epoch's 64 draws, as the
+    single process prints. Control: without the reduction rank 0 counts its 32."""
+    original = tmp_path / "original" / "train.py"
+    original.parent.mkdir()
+    original.write_text(WEIGHTED.read_text())
+    want = SEEN.findall(run_python(original, ["--batch-size", "16"], cwd=original.parent).stdout)
+    script = tmp_path / "train.py"
+    migrate(WEIGHTED, script, backend="ddp")
+    text = script.read_text()
+    assert "ShareSampler(" in text and len(REDUCTIONS.findall(text)) == 1, "DST206 did not reduce the shared loader's sums"
+    if not reduced:
+        script.write_text(REDUCTIONS.sub("", text))
+    got = SEEN.findall(run_torchrun(script, ["--batch-size", "8"], nproc=2, cwd=tmp_path).stdout)
+    assert want == ["64", "64"], want
+    assert got == (want if reduced else ["32", "32"]), got
