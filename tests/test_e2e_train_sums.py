@@ -63,6 +63,18 @@ def test_epoch_summary_equals_single_process(tmp_path, single_process, backend, 
         assert not close, "control: rank 0's own sums already equal the whole set's"
 
 
+def _single_and_migrated(tmp_path, source: Path, pattern, backend: str = "ddp"):
+    """The lines `pattern` finds in the single process's run of `source` at batch 16, and the
+    migrated script (in `tmp_path`) with its text."""
+    original = tmp_path / "original" / "train.py"
+    original.parent.mkdir()
+    original.write_text(source.read_text())
+    want = pattern.findall(run_python(original, ["--batch-size", "16"], cwd=original.parent).stdout)
+    script = tmp_path / "train.py"
+    migrate(source, script, backend=backend)
+    return want, script, script.read_text()
+
+
 ACCURACY = REPO_ROOT / "fixtures" / "DST206" / "accuracy_on_train_set.in.py"
 GOT = re.compile(r"^Got (\S+) / (\S+) with accuracy (\S+)$", re.M)
 
@@ -74,13 +86,7 @@ def test_accuracy_on_the_training_set_counts_every_rank(tmp_path, reduced):
     single process's weights at batch 16 (no shuffle, deterministic), so the printed line must be the
     single process's: every one of the 64 samples counted. Control: without the reduction rank 0
     prints its 32."""
-    original = tmp_path / "original" / "train.py"
-    original.parent.mkdir()
-    original.write_text(ACCURACY.read_text())
-    want = GOT.findall(run_python(original, ["--batch-size", "16"], cwd=original.parent).stdout)
-    script = tmp_path / "train.py"
-    migrate(ACCURACY, script, backend="ddp")
-    text = script.read_text()
+    want, script, text = _single_and_migrated(tmp_path, ACCURACY, GOT)
     assert len(REDUCTIONS.findall(text)) == 1, "DST206 did not reduce the accuracy's sums"
     if not reduced:
         script.write_text(REDUCTIONS.sub("", text))
@@ -106,13 +112,7 @@ def test_a_list_of_batch_losses_steers_the_scheduler_as_one_process(tmp_path, ba
     epoch and handed to ReduceLROnPlateau. 2 ranks at batch 8 (no shuffle, deterministic) must print
     the single process's lines at batch 16, learning-rate decisions included. Control: without
     `runtime.reduce_each` rank 0 prints its own half's losses."""
-    original = tmp_path / "original" / "train.py"
-    original.parent.mkdir()
-    original.write_text(LIST.read_text())
-    want = LINE.findall(run_python(original, ["--batch-size", "16"], cwd=original.parent).stdout)
-    script = tmp_path / "train.py"
-    migrate(LIST, script, backend=backend)
-    text = script.read_text()
+    want, script, text = _single_and_migrated(tmp_path, LIST, LINE, backend)
     each = re.compile(r"^ *losses = runtime\.reduce_each\(losses\)\n", re.M)
     assert len(each.findall(text)) == 1, "DST206 did not reduce the list of batch losses"
     if not reduced:
@@ -138,13 +138,7 @@ def test_sums_over_a_shared_sampler_count_every_rank(tmp_path, reduced):
     (DST901, runtime.ShareSampler: each rank keeps every N-th draw of one sequence), so the epoch's
     sums are each rank's share: reduced, the printed count is the whole epoch's 64 draws, as the
     single process prints. Control: without the reduction rank 0 counts its 32."""
-    original = tmp_path / "original" / "train.py"
-    original.parent.mkdir()
-    original.write_text(WEIGHTED.read_text())
-    want = SEEN.findall(run_python(original, ["--batch-size", "16"], cwd=original.parent).stdout)
-    script = tmp_path / "train.py"
-    migrate(WEIGHTED, script, backend="ddp")
-    text = script.read_text()
+    want, script, text = _single_and_migrated(tmp_path, WEIGHTED, SEEN)
     assert "ShareSampler(" in text and len(REDUCTIONS.findall(text)) == 1, "DST206 did not reduce the shared loader's sums"
     if not reduced:
         script.write_text(REDUCTIONS.sub("", text))
