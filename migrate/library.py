@@ -306,3 +306,14 @@ def random_draw(qualname: Optional[str]) -> Optional[str]:
         return None
     module, _, fn = qualname.rpartition(".")
     return module if module in RANDOM_MODULES and fn[:1].isalpha() else None
+
+
+# contexts in which torch records no graph (the evaluation plans, distify.retained_graph)
+NO_GRAD = frozenset({
+    "torch.no_grad",
+    "torch.inference_mode",
+    "torch.autograd.no_grad",
+    "torch.autograd.inference_mode",
+    "torch.autograd.grad_mode.no_grad",
+    "torch.autograd.grad_mode.inference_mode",
+})

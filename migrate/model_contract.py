@@ -252,14 +252,14 @@ def training_freezes(facts: Facts, qualname, scope, root: str) -> List[Gap]:
     from distify.model_state import FREEZE, changes_in  # noqa: E402 - keeps this module light
 
     out: List[Gap] = []
-    for stmt in _training_loops(facts, scope):
+    for stmt in training_loops(facts, scope):
         for c in changes_in(facts, qualname, stmt, [root]):
             if c.kind == FREEZE:
                 out.append(Gap("freeze" if _sets_false(c.node) else "unfreeze", c.node, root))
     return out
 
 
-def _training_loops(facts: Facts, scope) -> List[cst.CSTNode]:
+def training_loops(facts: Facts, scope) -> List[cst.CSTNode]:
     """The outermost loops of `scope` that train (call backward()/step(), or a function that does)."""
     return [
         stmt
@@ -281,7 +281,7 @@ def dtype_flips(facts: Facts, qualname, scope, root: str) -> List[Gap]:
     the model that rebinds its parameters' ``.data`` (``p.data = p.data.float()``, the CLIP
     fine-tune's fp16/fp32 flip around each step)."""
     out: List[Gap] = []
-    for loop in _training_loops(facts, scope):
+    for loop in training_loops(facts, scope):
         for n in all_nodes(loop, skip_nested=True):
             if isinstance(n, cst.Call) and _flips(qualname, n, root):
                 out.append(Gap("dtype", n, root))

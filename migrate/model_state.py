@@ -156,19 +156,8 @@ def _through_call(facts, qualname, call: cst.Call, scope, roots: Sequence[str], 
         return _through_project(facts, qualname, call, roots, depth)
     if fn is scope:
         return []
-    out: List[Change] = []
-    for a in call.args:
-        root = dotted(a.value)
-        if root not in roots:
-            continue
-        param = facts.param_for(fn, call, a)
-        if param is None:
-            continue
-        for s in facts.statements(fn):
-            if facts.stmt_parent.get(s, ()):
-                continue  # nested statements are read with the one at the function's top level
-            out += [Change(c.kind, root, call) for c in changes_in(facts, qualname, s, [param], depth + 1)]
-    return out
+    pairs = [(dotted(a.value), facts.param_for(fn, call, a)) for a in call.args if dotted(a.value) in roots]
+    return _in_function(facts, qualname, fn, call, pairs, depth)
 
 
 def _through_project(facts, qualname, call: cst.Call, roots: Sequence[str], depth: int) -> List[Change]:
@@ -180,15 +169,21 @@ def _through_project(facts, qualname, call: cst.Call, roots: Sequence[str], dept
     if got is None:
         return []
     other, other_qualname, fn, bound = got
+    pairs = [(dotted(expr), param) for param, expr in bound.items() if dotted(expr) in roots]
+    return _in_function(other, other_qualname, fn, call, pairs, depth)
+
+
+def _in_function(facts, qualname, fn: cst.FunctionDef, call: cst.Call, pairs, depth: int) -> List[Change]:
+    """What `fn` (read in `facts`) does to each parameter of `pairs` (root, parameter), as changes
+    of the root made by `call`."""
     out: List[Change] = []
-    for param, expr in bound.items():
-        root = dotted(expr)
-        if root not in roots:
+    for root, param in pairs:
+        if param is None:
             continue
-        for s in other.statements(fn):
-            if other.stmt_parent.get(s, ()):
-                continue
-            out += [Change(c.kind, root, call) for c in changes_in(other, other_qualname, s, [param], depth + 1)]
+        for s in facts.statements(fn):
+            if facts.stmt_parent.get(s, ()):
+                continue  # nested statements are read with the one at the function's top level
+            out += [Change(c.kind, root, call) for c in changes_in(facts, qualname, s, [param], depth + 1)]
     return out
 
 

@@ -23,11 +23,12 @@ from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
-from distify.facts import Facts, training_call
+from distify.facts import Facts
+from distify.library import NO_GRAD
+from distify.model_contract import training_loops
 from distify.syntax import all_nodes, dotted
 
 NO_GRAPH_METHODS = frozenset({"detach", "item", "tolist", "numpy", "detach_"})
-NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad"})
 BACKWARD = frozenset({"torch.autograd.backward"})
 
 Origin = Tuple[int, int]  # (iteration, id of the forward call)
@@ -46,7 +47,7 @@ def retained_backwards(facts: Facts, qualname, scope, roots: Sequence[str]) -> L
     already backpropagated with ``retain_graph``."""
     roots = tuple(roots)
     out: List[Retained] = []
-    for loop in _loops(facts, scope):
+    for loop in training_loops(facts, scope):
         body = [s for s in facts.statements(scope) if loop in facts.stmt_parent.get(s, ()) and isinstance(s, cst.SimpleStatementLine)]
         if not any(_keeps_graph(n) for s in body for n in all_nodes(s, skip_nested=True) if isinstance(n, cst.Call)):
             continue
@@ -60,16 +61,6 @@ def retained_backwards(facts: Facts, qualname, scope, roots: Sequence[str]) -> L
                     _step(small, it, quiet, qualname, roots, flows, kept, forwards, out)
     seen: Set[int] = set()
     return [r for r in out if not (id(r.backward) in seen or seen.add(id(r.backward)))]
-
-
-def _loops(facts: Facts, scope) -> List[cst.CSTNode]:
-    return [
-        s
-        for s in facts.statements(scope)
-        if isinstance(s, (cst.For, cst.While))
-        and not facts.loops_around(s)
-        and any(training_call(n) for n in all_nodes(s, skip_nested=True))
-    ]
 
 
 def _no_grad(qualname, stmt: cst.CSTNode) -> bool:

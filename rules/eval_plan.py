@@ -17,7 +17,7 @@ from distify.dataflow import iterated_ref
 from distify.records import CallSite, Loader
 from distify.syntax import arg, dotted, all_nodes, flatten_target, header_names, names
 from distify.facts import uses
-from distify.library import names_of
+from distify.library import NO_GRAD, names_of
 from distify.rules.base import FSDP_BACKEND, HOROVOD_BACKEND, Context, binds_locally, hoistable_argument
 from distify.data_sources import is_iterable_dataset
 from distify.sums import COLLECTIVES, initialised, loop_locals, root as _root, sample_sum
@@ -30,14 +30,6 @@ FSDP_WHOLE = (
 )
 Scope = Union[cst.Module, cst.FunctionDef]
 
-NO_GRAD = {
-    "torch.no_grad",
-    "torch.inference_mode",
-    "torch.autograd.no_grad",
-    "torch.autograd.inference_mode",
-    "torch.autograd.grad_mode.no_grad",
-    "torch.autograd.grad_mode.inference_mode",
-}
 PRINTS = names_of("print")  # tqdm.write and its twins (distify.library)
 LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "exception", "log", "write"}
 
