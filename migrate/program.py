@@ -300,7 +300,12 @@ def _model(anatomy, path: str, options) -> Tuple[Program, Unit]:
     """The program model around the script at `path`, built once per anatomy."""
     cache = anatomy.__dict__.setdefault("_program", {})
     if "model" not in cache:
-        prog, mod = for_script(path, getattr(options, "project_root", None), tuple(getattr(options, "exclude", ())))
+        reach = getattr(getattr(anatomy, "facts", None), "project", None)
+        if isinstance(reach, ProjectReach) and reach.path == path:
+            prog = reach.program()  # the one the fact layer already asks: modules analysed once
+            mod = prog.project.script(path)
+        else:
+            prog, mod = for_script(path, getattr(options, "project_root", None), tuple(getattr(options, "exclude", ())))
         cache["model"] = (prog, prog.adopt(mod, anatomy))
     return cache["model"]
 
@@ -312,19 +317,24 @@ class ProjectReach:
     first question, so a file that never hands its model to another module pays nothing."""
 
     def __init__(self, path: str, options) -> None:
-        self._path, self._options = path, options
+        self.path, self._options = path, options
         self._prog: Optional[Program] = None
 
-    def __call__(self, q: str, call: cst.Call):
+    def program(self) -> Program:
+        """The program model around the script, built on first use (``reached`` shares it)."""
         if self._prog is None:
             self._prog, _ = for_script(
-                self._path, getattr(self._options, "project_root", None), tuple(getattr(self._options, "exclude", ()))
+                self.path, getattr(self._options, "project_root", None), tuple(getattr(self._options, "exclude", ()))
             )
-        target = self._prog._named(q, _DEPTH)
+        return self._prog
+
+    def __call__(self, q: str, call: cst.Call):
+        prog = self.program()
+        target = prog._named(q, _DEPTH)
         if not isinstance(target, Target):
             return None
         unit = target.unit
-        return unit.anatomy.facts, (lambda e: resolve(unit.aliases, e)), target.fn, self._prog.bind(target, call)
+        return unit.anatomy.facts, (lambda e: resolve(unit.aliases, e)), target.fn, prog.bind(target, call)
 
 
 def program_of(anatomy) -> Optional[Program]:
