@@ -304,12 +304,12 @@ class Anatomy:
         return self.facts.holds(scope, name, since, use)
 
 
-def analyse(module: cst.Module, project=None) -> Anatomy:
-    """The anatomy of `module`. `project`, when given, answers which function of another module of
-    the user's project a qualified name is (``distify.program.ProjectReach``): the facts then
-    follow the model into that function too (an initialisation or a load written there)."""
+def analyse(module: cst.Module, project=None, joined=None) -> Anatomy:
+    """The anatomy of `module`. `project` answers which function of another module of the project a
+    qualified name is (``distify.program.ProjectReach``): the facts follow the model there too. For a
+    project view, `joined` is (homes, relative aliases): see ``distify.records._Collector``."""
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    col = _Collector()
+    col = _Collector(*(joined or ()))
     walk(module, col)  # the collector's hooks, in libcst's order, without rebuilding the tree
     q = col.qualname
 
@@ -434,7 +434,7 @@ def analyse(module: cst.Module, project=None) -> Anatomy:
         calls of a generator over its parameter (see generator_passes)."""
         refs = iterated_refs(value, q)
         if not refs and isinstance(value, cst.Call):
-            fn = col.functions.get(dotted(value.func) or "")
+            fn = col.functions.named(dotted(value.func))
             if fn is not None:
                 for pname, loop in generator_passes(fn, q, col.yielding):
                     if loop in passes:
@@ -689,10 +689,10 @@ def _entry(
         for c in col.calls:
             if c.scope is fn:
                 d = dotted(c.call.func)
-                if d in col.functions and col.functions[d] not in seen and col.functions[d] is not fn:
-                    if relevant(col.functions[d], seen | {fn}):
-                        return True
-                if d in col.classes and col.classes[d] in construction_classes:
+                f = col.functions.named(d)
+                if f is not None and f not in seen and f is not fn and relevant(f, seen | {fn}):
+                    return True
+                if col.classes.named(d) in construction_classes:
                     return True
         return False
 
@@ -702,7 +702,7 @@ def _entry(
             sites = [c for c in col.calls if c.stmt is stmt or stmt in c.parents]
             for c in sites:
                 d = dotted(c.call.func)
-                fn = col.functions.get(d) if d else None
+                fn = col.functions.named(d)
                 if fn is not None and fn not in seen and relevant(fn):
                     is_bare_call = (
                         isinstance(stmt, cst.SimpleStatementLine)
@@ -712,7 +712,7 @@ def _entry(
                     if is_bare_call:
                         return descend(fn, fn.body.body, seen | {fn})
                     return owner, body
-                if c.scope in construction_scopes or (d in col.classes and col.classes[d] in construction_classes):
+                if c.scope in construction_scopes or col.classes.named(d) in construction_classes:
                     return owner, body
         return owner, body
 

@@ -210,7 +210,7 @@ def _bound_to_known_data(a: "Anatomy", scope: Scope, ref: str, own_refs: Set[str
 def _foreign_builder(a: "Anatomy", site: "CallSite") -> Optional[str]:
     """The qualified name of the function `site` calls when another module (not torch) defines
     it, else None."""
-    here = a.functions.get(dotted(site.call.func) or "")
+    here = a.functions.named(dotted(site.call.func))
     if here is not None:  # a function of this file: only one that builds training and evaluation loaders alike
         return here.name.value if shared_factory(a, here) else None
     q = site.qualname or star_import(a.star_modules, site.call.func, a.name_bindings) or ""
@@ -233,7 +233,7 @@ def resharded_at_its_calls(a: "Anatomy", loader) -> bool:
     fn = loader.call.scope
     if loader.role != "shared" or not isinstance(fn, cst.FunctionDef):
         return False
-    mine = [f for f in foreign_loaders(a) if a.functions.get(f.builder) is fn]
+    mine = [f for f in foreign_loaders(a) if a.functions.named(f.builder) is fn]
     return bool(mine) and all(f.resharded for f in mine)
 
 
@@ -399,7 +399,7 @@ def built_classes(a: "Anatomy", expr: cst.BaseExpression, depth: int = 0) -> Set
 def _returned_classes(a: "Anatomy", call: cst.Call, item: Optional[tuple], depth: int) -> Set[str]:
     """What the values a module-level function of the script returns are built by (`item`: the
     position in a returned tuple of that length)."""
-    fn = a.functions.get(dotted(call.func) or "")
+    fn = a.functions.named(dotted(call.func))
     out: Set[str] = set()
     if fn is None:
         return out
@@ -425,7 +425,7 @@ def splits_itself(a: "Anatomy", expr: cst.BaseExpression) -> bool:
     the world size (a call of ``RANK_CALLS`` or a launcher's rank variable): it chooses its own share,
     and taking a share of that again would drop data."""
     for name in built_classes(a, expr):
-        cls = a.classes.get(name)
+        cls = a.classes.named(name)
         if cls is None:
             continue
         for n in all_nodes(cls):

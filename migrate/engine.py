@@ -126,12 +126,13 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
     except (RecursionError, MemoryError) as e:  # pathological nesting
         raise InputError(f"cannot parse: {type(e).__name__}") from None
 
-    reach = None
+    reach = joined = None
     if path is not None:
         from distify.program import ProjectReach
 
         reach = ProjectReach(path, options)
-    anatomy = analyse(module, reach)
+        joined = reach.joined(source)
+    anatomy = analyse(module, reach, joined)
     project_view = None
     if path is not None and not options.standalone and (anatomy.optimizers or anatomy.loaders) and (
             not anatomy.has_training or _builds_elsewhere(anatomy)):
@@ -148,7 +149,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
                            "module again; run distify on the original files of every script that uses it together "
                            "(distify a.py b.py)", kind="warning")
             return MigrationResult(source, source, (said,), note="not migrated: see warnings", encoding=encoding, refused=True)
-        seen = analyse(project_view.module, reach) if project_view is not None else None
+        seen = analyse(project_view.module, reach, project_view.joined) if project_view is not None else None
         if seen is not None and seen.has_training and (seen.flavour is None or seen.migrated_by_distify):
             from distify.project_view import seen_as_script
 
@@ -198,7 +199,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
             return MigrationResult(
                 source, source, tuple(findings), note="not converted: see warnings", encoding=encoding, refused=True
             )
-        anatomy = analyse(module, reach)
+        anatomy = analyse(module, reach, joined)
         anatomy.want_positions = options.positions
         line_map = _line_map(source, module.bytes)
 
@@ -257,7 +258,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
         return _refusal(source, findings, [replace(f, line=to_source(f.line)) for f in unbound], encoding)
     # the audit: the rewritten module, analysed afresh, must hold the invariants of a correct
     # data-parallel script; its findings are reported against the user's lines
-    audited = _audit(analyse(new_module), options, findings, migrated=True, path=path)
+    audited = _audit(analyse(new_module, joined=joined), options, findings, migrated=True, path=path)
     # a partial migration the user asked for (--select / --ignore) is written with its warnings
     drift = _drift(audited) if not (options.select or options.ignore) else []
     if drift:

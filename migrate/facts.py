@@ -236,8 +236,8 @@ class Facts:
             self._by_callee = {}
             for c in self.calls:
                 d = dotted(c.call.func)
-                if d is not None:
-                    self._by_callee.setdefault(d, []).append(c)
+                if d is not None:  # by what the callee names, not how it is spelled (see Defined.local)
+                    self._by_callee.setdefault(self.functions.local(d), []).append(c)
         name = fn.name.value
         cls = self.methods.get(fn)
         if cls is None:
@@ -257,7 +257,7 @@ class Facts:
                     c for c in self.calls
                     if isinstance(c.call.func, cst.Attribute) and c.call.func.attr.value == name
                     and isinstance(c.call.func.value, cst.Name) and c.scope is not None
-                    and dotted(getattr(self.instance_call(c.scope, c.call.func.value.value, c.stmt), "func", None)) == cls.name.value
+                    and self.functions.local(dotted(getattr(self.instance_call(c.scope, c.call.func.value.value, c.stmt), "func", None)) or "") == cls.name.value
                 ]
         self._callers[key] = out
         return out
@@ -275,8 +275,8 @@ class Facts:
                 if isinstance(s, cst.FunctionDef) and s.name.value == d:
                     return s
             here = self.stmt_scope.get(here)
-        if d in self.functions:
-            return self.functions[d]
+        if self.functions.named(d) is not None:
+            return self.functions.named(d)
         if d.startswith("self.") and d.count(".") == 1 and isinstance(scope, cst.FunctionDef):
             cls = self.methods.get(scope)
             for m, k in self.methods.items():
@@ -397,7 +397,7 @@ class Facts:
         if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and dotted(small.targets[0].target) == name):
             return False
         call = small.value
-        fn = self.functions.get(dotted(call.func) or "") if isinstance(call, cst.Call) else None
+        fn = self.functions.named(dotted(call.func)) if isinstance(call, cst.Call) else None
         if fn is None:
             return False
         params = [p for p in self.params(fn) if (a := self.bound_value(call, fn, p)) is not None and dotted(a) == name]

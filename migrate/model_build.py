@@ -86,11 +86,10 @@ def built_class(classes, qualname, expr: Optional[cst.BaseExpression]) -> Option
     built = constructor(qualname, expr)
     if not isinstance(built, cst.Call):
         return None
-    name = dotted(built.func)
-    if name in classes:
-        return classes[name]
+    if classes.named(dotted(built.func)) is not None:
+        return classes.named(dotted(built.func))
     if isinstance(built.func, cst.Attribute):
-        owner = classes.get(dotted(built.func.value) or "")
+        owner = classes.named(dotted(built.func.value))
         if owner is not None and _builds_own_instance(classes, owner, built.func.attr.value):
             return owner
     return None

@@ -26,7 +26,11 @@ _BUILTINS = frozenset(dir(builtins))
 
 def resolve(aliases: Dict[str, str], expr: cst.BaseExpression) -> Optional[str]:
     """Qualified name of a Name/Attribute chain through the module's imports (None if local)."""
-    d = dotted(expr)
+    return resolve_dotted(aliases, dotted(expr))
+
+
+def resolve_dotted(aliases: Dict[str, str], d: Optional[str]) -> Optional[str]:
+    """`resolve` of a chain already spelled out (``"U.train_one_epoch"``)."""
     if d is None:
         return None
     head, _, rest = d.partition(".")
@@ -39,6 +43,40 @@ def resolve(aliases: Dict[str, str], expr: cst.BaseExpression) -> Optional[str]:
         # these uses; resolving them now keeps the two runs alike
         return d
     return None
+
+
+class Defined(dict):
+    """The functions (or the classes) an analysed module defines at its top level, by their own
+    name, and the one way to ask which of them a callee names: ``named``. The spelling is resolved
+    through the module's imports, so that in a project view (``distify.project_view``: the script
+    and the helper module analysed as one) ``train_one_epoch(...)``, ``step(...)`` after ``from
+    utils import train_one_epoch as step``, ``utils.train_one_epoch(...)`` and
+    ``U.train_one_epoch(...)`` after ``import utils as U`` all name the definition the view holds
+    for ``utils.train_one_epoch``. `aliases` is the module's import map (filled while it is
+    analysed), `homes` maps the qualified name of each definition joined from another module to
+    its name here."""
+
+    def __init__(self, aliases: Dict[str, str], homes: Optional[Dict[str, str]] = None) -> None:
+        super().__init__()
+        self.aliases = aliases
+        self.homes = homes or {}
+
+    def named(self, d: Optional[str]):
+        """The definition the callee spelled `d` (a dotted chain) names, or None."""
+        if not d:
+            return None
+        return self[d] if d in self else self.get(self.local(d))
+
+    def local(self, d: str) -> str:
+        """The name, in the analysed module, of what the chain `d` names: the joined definition's
+        own name when `d` reaches it through an import (``U.train_one_epoch``:
+        ``train_one_epoch``), `d` itself otherwise. Holds for classes as for functions (one
+        `homes` map for both)."""
+        if self.homes and d not in self:
+            local = self.homes.get(resolve_dotted(self.aliases, d) or "")
+            if local is not None:
+                return local
+        return d
 
 
 def qualified(aliases: Dict[str, str], expr: cst.BaseExpression, bound: Collection[str] = ()) -> Optional[str]:

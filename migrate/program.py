@@ -328,6 +328,17 @@ class ProjectReach:
             )
         return self._prog
 
+    def joined(self, source: bytes):
+        """For ``distify.anatomy.analyse`` of the script: its relative imports (``from . import
+        utils``) made absolute, which its own import statements cannot say; None for a script whose
+        text holds none (no project is built for it)."""
+        from distify.project import RELATIVE_IMPORT
+
+        if not RELATIVE_IMPORT.search(source):
+            return None
+        project = self.program().project
+        return {}, project.relative_aliases(project.script(self.path))
+
     def __call__(self, q: str, call: cst.Call):
         prog = self.program()
         target = prog._named(q, _DEPTH)

@@ -170,7 +170,7 @@ class Project:
         """Local name -> qualified name for the relative imports of `mod` (``from .data import
         get_loader``), which a module's own alias map leaves out: it does not know its package.
         A file whose text holds no ``from`` followed by a dot is not parsed: it has none."""
-        tree = read_ast(mod.path, _RELATIVE_IMPORT)
+        tree = read_ast(mod.path, RELATIVE_IMPORT)
         out: Dict[str, str] = {}
         for node in ast.walk(tree) if tree is not None else ():
             if isinstance(node, ast.ImportFrom) and node.level:
@@ -243,7 +243,7 @@ def package_root(folder: str) -> str:
 
 # `from .x import y`, `from . import y`, also across a line continuation: a relative import's text
 # always matches (a match that is none, in a string or a comment, costs only the parse)
-_RELATIVE_IMPORT = re.compile(rb"\bfrom[ \t\f\\\r\n]*\.")
+RELATIVE_IMPORT = re.compile(rb"\bfrom[ \t\f\\\r\n]*\.")
 
 
 def read_ast(path: str, needle: Optional["re.Pattern[bytes]"] = None) -> Optional[ast.Module]:

@@ -10,10 +10,13 @@ trains, across the files; the rules record their edits against nodes of the orig
 file is then rendered from its own tree (``render``) with the edits that fall in it, and findings
 are reported against the file and line where their node lives (``locate``).
 
-The view is built only where it is exact: the script names each function or class it calls by the
-name the module defines (``from utils import train_one_epoch``, no ``as``); no name of the helper's
-top level is bound by the script otherwise; no local import name means different things in the two
-files. Anything else keeps the refusal (DST961).
+However the script spells the call (``from utils import train_one_epoch``, ``... as step``,
+``import utils as U`` then ``U.train_one_epoch``, ``from . import utils``), the view's anatomy
+finds the joined definition by what the callee resolves to: the view hands it the qualified name
+of every joined definition (``View.joined``, asked through ``distify.names.Defined``). The view is
+built only where it is exact: no name of the helper's top level is bound by the script to anything
+else; no local import name means different things in the two files. Anything else keeps the
+refusal (DST961).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import libcst as cst
 
-from distify.syntax import dotted
 from distify.data_sources import foreign_loaders
 from distify.findings import Finding
 from distify.program import Program, program_of, reached
@@ -50,6 +52,9 @@ class View:
     # the script itself is not: the two cannot be migrated apart (see `half_migrated`)
     half: Optional[Tuple[cst.Call, str]] = None
     _spans: Optional[List[Tuple[int, int, Part, int]]] = None  # (first, last line in the view, part, first line there)
+    # for the analysis of the view (``distify.anatomy.analyse``): the qualified name of each joined
+    # definition -> its name in the view, and the relative imports of the script and the parts
+    joined: Tuple[Dict[str, str], Dict[str, str]] = ({}, {})
 
 
 def view(script: cst.Module, anatomy, path: Optional[str], options) -> Optional[View]:
@@ -58,37 +63,40 @@ def view(script: cst.Module, anatomy, path: Optional[str], options) -> Optional[
     if not path:
         return None
     parts: Dict[str, Tuple[ProjectModule, object]] = {}
-    called: Dict[str, set] = {}
     half = None
     for site, t in _joining(anatomy, path, options):
-        spelled = _spelled(site.call.func, t, anatomy, site)
-        if spelled is None:
-            return None  # `utils.train(...)`, `from utils import train as fit`: not exact yet
         if half is None and t.unit.anatomy.migrated_by_distify and not anatomy.migrated_by_distify:
             half = (site.call, f"{t.qualname}() at {t.where}")
         parts.setdefault(t.unit.module.path, (t.unit.module, t.unit))
-        called.setdefault(t.unit.module.path, set()).add(spelled)
     if not parts:
         return None
-    bound = set(anatomy.name_bindings) | set(anatomy.functions) | set(anatomy.classes)
+    prog = program_of(anatomy)
+    relative = prog.project.relative_aliases(prog.project.script(path))
+    aliases = {**anatomy.aliases, **relative}  # the script's imports, as the program model resolves them
+    bound = set(anatomy.name_bindings) | set(anatomy.functions) | set(anatomy.classes) | set(relative)
+    homes: Dict[str, str] = {}
     joined: List[Part] = []
-    aliases = dict(anatomy.aliases)
     for key, (mod, unit) in parts.items():
         tree = unit.anatomy.module
         stmts = [s for s in tree.body if _joins(s)]
         names = {s.name.value for s in stmts if isinstance(s, (cst.FunctionDef, cst.ClassDef))}
-        imported_here = {local for local, q in anatomy.aliases.items() if q.rpartition(".")[0] == mod.name}
-        if (names & bound) - imported_here:
+        # a name the script binds may be a helper's own only where it imports that very definition
+        if any(aliases.get(n) != f"{mod.name}.{n}" for n in names & bound):
             return None  # a helper's function shares a name the script binds to something else
         for local, q in unit.aliases.items():
             if local in aliases and aliases[local] != q and local not in names:
                 return None  # `F` or `np` meaning one thing here and another there
             aliases.setdefault(local, q)
+            if local not in unit.anatomy.aliases:
+                relative.setdefault(local, q)
         if any(local in names for local in unit.aliases):
             return None  # the helper imports a name it also defines
+        if names & set(homes.values()):
+            return None  # two modules defining the same name: one module cannot hold both
+        homes.update({f"{mod.name}.{n}": n for n in names})
         joined.append(Part(mod, tree, unit.source, stmts, frozenset(unit.anatomy.aliases)))
     body = list(script.body) + [s for p in joined for s in p.stmts]
-    return View(script.with_changes(body=body), joined, len(script.body), half=half)
+    return View(script.with_changes(body=body), joined, len(script.body), half=half, joined=(homes, relative))
 
 
 def _joining(anatomy, path: str, options):
@@ -130,20 +138,6 @@ def builds_elsewhere(anatomy) -> bool:
     from distify.helper_effects import project_calls
 
     return anatomy.has_training and (bool(foreign_loaders(anatomy)) or bool(project_calls(anatomy)))
-
-
-def _spelled(func: cst.BaseExpression, t, anatomy, site) -> Optional[str]:
-    """The name the script calls `t` by, when it is the helper's own top-level name: a function
-    imported by its name, a class imported by its name (its ``__init__``), or a method of an
-    instance of such a class; None otherwise."""
-    top = t.cls.name.value if t.cls is not None else t.fn.name.value
-    d = dotted(func)
-    if d == top and anatomy.aliases.get(top) == f"{t.unit.module.name}.{top}":
-        return top
-    if t.cls is not None and isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
-        if anatomy.aliases.get(top) == f"{t.unit.module.name}.{top}":
-            return top
-    return None
 
 
 def _joins(stmt: cst.CSTNode) -> bool:
@@ -269,8 +263,8 @@ def finish(v: View, anatomy, ctx, rules, source: bytes, output: bytes, findings:
         new_parts.append(Part(p.module, tree, out, [s for s in tree.body if _joins(s)]))
     new_script = cst.parse_module(output)
     new_view = View(new_script.with_changes(body=list(new_script.body) + [s for p in new_parts for s in p.stmts]), new_parts,
-                    len(new_script.body))
-    seen = analyse(new_view.module)
+                    len(new_script.body), joined=v.joined)
+    seen = analyse(new_view.module, joined=v.joined)
     seen.want_positions = options.positions
     audited = _audit(seen, options, findings, migrated=True, path=ctx.plan.script_path)
     drift = _drift(audited) if not (options.select or options.ignore) else []

@@ -81,7 +81,7 @@ def _spawn_seeds(facts: "Facts") -> Set[str]:
             continue
         fn_arg = arg(c.call, 0, "fn")
         name = dotted(fn_arg.value) if fn_arg is not None else None
-        fn = facts.functions.get(name or "")
+        fn = facts.functions.named(name)
         if fn is not None and fn.params.params:
             out.add(fn.params.params[0].name.value)
     return out

@@ -13,7 +13,7 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from distify.syntax import dotted
 from distify.library import PROGRESS_BARS, names_of
-from distify.names import resolve
+from distify.names import Defined, resolve
 from distify.positions import ranges
 from distify.standalone import is_standalone_block
 
@@ -204,14 +204,17 @@ def positions(wrapper: MetadataWrapper) -> Mapping[cst.CSTNode, CodeRange]:
 
 
 class _Collector(cst.CSTVisitor):
-    def __init__(self) -> None:
+    def __init__(self, homes: Optional[Dict[str, str]] = None, aliases: Optional[Dict[str, str]] = None) -> None:
+        """`homes` and `aliases`, for a project view: the qualified name of each definition joined
+        from another module (see ``distify.names.Defined``) and the relative imports, which the
+        module's own import statements cannot resolve."""
         super().__init__()
-        self.aliases: Dict[str, str] = {}
+        self.aliases: Dict[str, str] = dict(aliases or {})
         self.calls: List[CallSite] = []
         self.fors: List[Tuple[cst.For, Scope, Optional[cst.ClassDef], Tuple[cst.For, ...]]] = []
         self.assigns: List[Tuple[cst.Assign, Stmt, Scope, Optional[cst.ClassDef]]] = []
-        self.functions: Dict[str, cst.FunctionDef] = {}  # module-level functions
-        self.classes: Dict[str, cst.ClassDef] = {}
+        self.functions: Defined = Defined(self.aliases, homes)  # module-level functions
+        self.classes: Defined = Defined(self.aliases, homes)
         self.methods: Dict[cst.FunctionDef, cst.ClassDef] = {}
         self.main_guard: Optional[cst.If] = None
         self.func_scope: Dict[cst.FunctionDef, Scope] = {}

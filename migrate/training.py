@@ -13,7 +13,7 @@ import libcst as cst
 from distify.facts import training_call
 from distify.syntax import arg, dotted
 from distify.library import DISTRIBUTION_DRAWS, DISTRIBUTIONS
-from distify.names import row_of
+from distify.names import Defined, row_of
 from distify.walk import walk
 from distify.dataflow import _contains, _data_of, _is_training_body, _parameter_roots, iterated_refs, ref_text
 from distify.records import CallSite, NOT_OPTIMIZERS, Scope, assigned_name
@@ -26,7 +26,7 @@ def _trains_directly(node: cst.CSTNode) -> bool:
     return _is_training_body(node)
 
 
-def training_functions(functions: Mapping[str, cst.FunctionDef], methods: Mapping[cst.FunctionDef, cst.ClassDef],
+def training_functions(functions: Defined, methods: Mapping[cst.FunctionDef, cst.ClassDef],
                        calls: Sequence["CallSite"], stmt_scope: Mapping[cst.CSTNode, Scope]) -> Set[cst.FunctionDef]:
     """Functions and methods whose body reaches backward()/optimizer.step(), directly or through a
     call of another such module-level function (`name(...)`) or method of the same class
@@ -51,8 +51,8 @@ def training_functions(functions: Mapping[str, cst.FunctionDef], methods: Mappin
                 if direct:
                     trains.add(fn)
                 own = by_class.get(methods[fn], {}) if fn in methods else {}
-                if d in functions:
-                    callees[fn].add(functions[d])
+                if functions.named(d) is not None:
+                    callees[fn].add(functions.named(d))
                 elif d is not None and d.startswith("self.") and d[5:] in own:
                     callees[fn].add(own[d[5:]])
             fn, inside = stmt_scope.get(fn), True
@@ -66,9 +66,9 @@ def training_functions(functions: Mapping[str, cst.FunctionDef], methods: Mappin
     return trains
 
 
-def body_trains(node: cst.CSTNode, trainers: Set[cst.FunctionDef], functions, methods, cls) -> bool:
+def body_trains(node: cst.CSTNode, trainers: Set[cst.FunctionDef], functions: Defined, methods, cls) -> bool:
     """`node` reaches backward()/step() itself or calls a function in `trainers` (see
-    `training_functions`): by name for module-level functions, through self for methods of `cls`."""
+    `training_functions`): module-level functions as `Defined.named` finds them, through self for methods of `cls`."""
     if _trains_directly(node):
         return True
     if not trainers:
@@ -81,7 +81,7 @@ def body_trains(node: cst.CSTNode, trainers: Set[cst.FunctionDef], functions, me
         d = dotted(n.func)
         if d is None:
             return False
-        if d in functions and functions[d] in trainers:
+        if functions.named(d) in trainers:
             return True
         return d.startswith("self.") and own.get(d[5:]) in trainers
 

@@ -437,8 +437,7 @@ def reaching_scopes(ctx: Context, model, anchor) -> dict:
     for site in a.calls:
         if site.scope is not model.scope or not a.is_before(anchor, site.stmt):
             continue
-        d = dotted(site.call.func)
-        fn = a.functions.get(d) if d else None
+        fn = a.functions.named(dotted(site.call.func))
         if fn is None:
             continue
         params = [p.name.value for p in fn.params.params]

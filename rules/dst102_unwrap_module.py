@@ -192,11 +192,10 @@ def _callee(a, site):
     """The FunctionDef a call reaches: a module function, a class's __init__, or a method of an
     instance built from a class of this module in the same scope."""
     func = site.call.func
-    if isinstance(func, cst.Name):
-        if func.value in a.functions:
-            return a.functions[func.value]
-        cls = a.classes.get(func.value)
-        return _method(a, cls, "__init__") if cls is not None else None
+    if a.functions.named(dotted(func)) is not None:
+        return a.functions.named(dotted(func))
+    if a.classes.named(dotted(func)) is not None:
+        return _method(a, a.classes.named(dotted(func)), "__init__")
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
         owner = func.value.value
         for stmt, scope in a.stmt_scope.items():
@@ -207,9 +206,9 @@ def _callee(a, site):
                 isinstance(small, cst.Assign)
                 and any(dotted(t.target) == owner for t in small.targets)
                 and isinstance(small.value, cst.Call)
-                and dotted(small.value.func) in a.classes
+                and a.classes.named(dotted(small.value.func)) is not None
             ):
-                return _method(a, a.classes[dotted(small.value.func)], func.attr.value)
+                return _method(a, a.classes.named(dotted(small.value.func)), func.attr.value)
     return None
 
 

@@ -175,7 +175,7 @@ class DistributedSamplerRule(Rule):
         training call."""
         done, local, failed = set(), set(), set()
         for f in foreign_loaders(ctx.anatomy):
-            fn = ctx.anatomy.functions.get(f.builder)
+            fn = ctx.anatomy.functions.named(f.builder)
             local |= {id(fn)} if fn is not None else set()
             if not self._reshard(ctx, f, samplers, done, fn) and fn is not None:
                 failed.add(id(fn))

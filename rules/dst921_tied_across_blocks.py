@@ -6,6 +6,7 @@ from typing import List, Optional
 
 import libcst as cst
 
+from distify.syntax import dotted
 from distify.rules.base import FSDP_BACKEND, Context, Rule
 
 
@@ -78,8 +79,8 @@ def _model_class(ctx: Context, model) -> Optional[cst.ClassDef]:
     value = model.value
     while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):  # Net().to(device)
         value = value.func.value
-    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
-        return ctx.anatomy.classes.get(value.func.value)
+    if isinstance(value, cst.Call):
+        return ctx.anatomy.classes.named(dotted(value.func))
     return None
 
 

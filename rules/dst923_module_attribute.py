@@ -64,7 +64,7 @@ def _has_module_attribute(a, model) -> bool:
     value = model.value
     while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):  # Net().to(device)
         value = value.func.value
-    cls = a.classes.get(value.func.value) if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) else None
+    cls = a.classes.named(dotted(value.func)) if isinstance(value, cst.Call) else None
     if cls is None:
         return False
     return "self.module =" in cst.Module(body=[]).code_for_node(cls)

@@ -137,7 +137,7 @@ def _escapes(a: Anatomy, scope, name: str) -> bool:
         if c.scope is not scope or not any(dotted(x.value) == name for x in c.call.args):
             continue
         fn = a.callee(c.call, scope)
-        cls = a.classes.get(dotted(c.call.func) or "")
+        cls = a.classes.named(dotted(c.call.func))
         if (fn is not None and id(fn) in wrapping) or (cls is not None and id(cls) in wrapping):
             return True
     if isinstance(scope, cst.FunctionDef):

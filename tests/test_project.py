@@ -186,14 +186,29 @@ def _run(cwd, *args):
     return subprocess.run([sys.executable, "-m", "distify", "--no-cache", *args], cwd=cwd, capture_output=True, text=True)
 
 
-def test_loop_in_project_module_is_refused_with_its_line(tmp_path):
+def test_loop_in_project_module_called_through_a_module_alias_is_migrated_where_it_lives(tmp_path):
+    """``import utils as U`` ... ``U.train_one_epoch(...)``: the view finds the helper's function by
+    what the callee resolves to (see test_project_spellings.py for every spelling)."""
     write(tmp_path, {k: v for k, v in PROJECT.items() if k != "engine.py"})
     (tmp_path / "train.py").write_text(textwrap.dedent(PROJECT["train.py"]).replace(
         "    runner = Trainer(model, optimizer)\n    runner.fit(loader)\n", "").replace("from engine import Trainer\n", ""))
+    r = _run(tmp_path, "train.py")
+    assert r.returncode == 1, r.stderr
+    assert "utils.py:6:12: DST201" in r.stderr and "train.py:11:5: DST202 loader.sampler.set_epoch(epoch)" in r.stderr
+    assert "runtime.unwrap(model).scale" in (tmp_path / "utils.py").read_text()
+
+
+def test_loop_in_project_module_is_refused_with_its_line(tmp_path):
+    """The view is not built where one module cannot hold both files: here the script binds a name
+    the helper module defines (`train_one_epoch = None`, though it calls U.train_one_epoch)."""
+    write(tmp_path, {k: v for k, v in PROJECT.items() if k != "engine.py"})
+    (tmp_path / "train.py").write_text(textwrap.dedent(PROJECT["train.py"]).replace(
+        "    runner = Trainer(model, optimizer)\n    runner.fit(loader)\n", "").replace(
+        "from engine import Trainer\n", "train_one_epoch = None\n"))
     before = {p: p.read_bytes() for p in tmp_path.rglob("*.py")}
     r = _run(tmp_path, "train.py")
     assert r.returncode == 3, r.stderr
-    assert "train.py:12:9: DST961 not migrated: training runs in U.train_one_epoch() (utils.train_one_epoch at utils.py:10)" in r.stderr
+    assert "train.py:13:9: DST961 not migrated: training runs in U.train_one_epoch() (utils.train_one_epoch at utils.py:10)" in r.stderr
     assert {p: p.read_bytes() for p in tmp_path.rglob("*.py")} == before
     result = migrate_project([str(tmp_path / "train.py")], Options(), Mode.WRITE)
     assert [f.status.value for f in result.files] == ["refused"] and not result.changed
