@@ -20,7 +20,7 @@ from libcst.metadata import CodeRange, MetadataWrapper
 
 from distify.blocks import RepeatedBlocks, repeated_blocks
 from distify.dataflow import (
-    _loop_var, _parameter_roots, _returns, bound_from_return, iterated_refs, ref_text, return_slot,
+    _loop_var, optimizer_parameter_roots, _returns, bound_from_return, iterated_refs, ref_text, return_slot,
 )
 from distify.facts import Binding, Facts
 from distify.model_build import (
@@ -614,7 +614,7 @@ def analyse(module: cst.Module, project=None, joined=None) -> Anatomy:
         p = arg(c.call, 0, "params")
         roots: List[str] = []
         if p is not None:
-            roots = _parameter_roots(p.value)
+            roots = optimizer_parameter_roots(facts, c.scope, c.stmt, p.value)
         optimizers.append(Optimizer(call=c, target=target, models=roots))
 
     models: List[Model] = []

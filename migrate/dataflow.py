@@ -211,3 +211,28 @@ def _parameter_roots(expr: cst.BaseExpression) -> List[str]:
 
     expr.visit(V())
     return roots
+
+
+def optimizer_parameter_roots(facts, scope, stmt: cst.CSTNode, expr: cst.BaseExpression) -> List[str]:
+    """The models whose parameters an optimizer's `params` argument holds: `_parameter_roots` of the
+    expression, or – when it is a plain name (`params = [p for p in model.parameters() if
+    p.requires_grad]; SGD(params, ...)`, the torchvision detection recipe) – of the one value that
+    name is bound to in `scope` before `stmt`. A name bound more than once, augmented, or reached
+    through an attribute in the scope (`params.append(...)`, `params.extend(...)`: it may gain another
+    model's parameters) gives no roots: the optimizer's model stays unknown."""
+    roots = _parameter_roots(expr)
+    if roots or not isinstance(expr, cst.Name):
+        return roots
+    name = expr.value
+    bound = facts.bindings(scope).get(name, [])
+    if len(bound) != 1 or bound[0].kind != "assign" or facts.reaching_binding(scope, name, stmt) is not bound[0]:
+        return []
+    line = bound[0].stmt
+    assign = line.body[0] if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 else line
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1
+            and isinstance(assign.targets[0].target, cst.Name)):
+        return []
+    for node, parents, _nested in facts.uses(scope, name):
+        if parents and isinstance(parents[-1], cst.Attribute) and parents[-1].value is node:
+            return []
+    return _parameter_roots(assign.value)

@@ -108,12 +108,20 @@ def changes_in(
         elif isinstance(n, cst.For) and any(_iterates_parameters(x, r) for x in all_nodes(n.iter) for r in roots):
             # for p in model.parameters(): p.requires_grad = False
             root = next(r for r in roots if any(_iterates_parameters(x, r) for x in all_nodes(n.iter)))
-            var = dotted(n.target)
+            # the parameter's name: `p` in `for p in model.parameters()`, also `para` in `for name, para in
+            # model.named_parameters()` (any name of the target: the others are not tensors)
+            loop_vars = [v for v in (
+                [dotted(e.value) for e in n.target.elements] if isinstance(n.target, (cst.Tuple, cst.List)) else [dotted(n.target)]
+            ) if v]
+
+            def on_var(x: cst.CSTNode) -> bool:
+                return any(_rooted(x, v) for v in loop_vars)
+
             for inner in all_nodes(n.body, skip_nested=True):
-                if isinstance(inner, cst.Assign) and var and any(
+                if isinstance(inner, cst.Assign) and loop_vars and any(
                     isinstance(t.target, cst.Attribute)
                     and t.target.attr.value == "requires_grad"
-                    and _rooted(t.target.value, var)
+                    and on_var(t.target.value)
                     for t in inner.targets
                 ):
                     out.append(Change(FREEZE, root, n))
@@ -122,8 +130,7 @@ def changes_in(
                     isinstance(inner, cst.Call)
                     and (qualname(inner.func) or "").startswith(INIT_PREFIX)
                     and inner.args
-                    and var
-                    and _rooted(inner.args[0].value, var)
+                    and on_var(inner.args[0].value)
                 ):
                     out.append(Change(INIT, root, n))  # for m in model.modules(): nn.init.zeros_(m.bias)
                     break
@@ -131,8 +138,7 @@ def changes_in(
                     isinstance(inner, cst.Call)
                     and isinstance(inner.func, cst.Attribute)
                     and inner.func.attr.value in FREEZE_METHODS | INIT_METHODS
-                    and var
-                    and _rooted(inner.func.value, var)
+                    and on_var(inner.func.value)
                 ):
                     out.append(Change(FREEZE if inner.func.attr.value in FREEZE_METHODS else INIT, root, n))
                     break

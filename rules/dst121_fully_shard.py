@@ -10,7 +10,7 @@ from distify.model_build import COMPILE, compiled_module, compiles_model, module
 from distify.parallel import sharded_root
 from distify.forward_methods import runs_forward
 from distify.records import Model, assigned_name
-from distify.syntax import dotted, all_nodes, names
+from distify.syntax import arg, dotted, all_nodes, names
 from distify.facts import stmt_bindings
 from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
 
@@ -129,6 +129,14 @@ class FullyShard(Rule):
                 ctx.block("DST907", model.assign, point)
                 continue
             stmt, where, compiled = point
+            stale = _list_made_before(ctx, model, stmt, where)
+            if stale is not None:
+                ctx.block("DST907", stale, (
+                    f"the optimizer's parameters are collected into a list here, before {model.name} can be sharded "
+                    "(fully_shard replaces every parameter with a sharded one, so the optimizer would step the old "
+                    "ones): file not migrated; collect them after the model's last change"
+                ))
+                continue
             if compiled is not None:
                 handled.add(compiled)
             blocks = a.repeated_blocks(model)
@@ -287,6 +295,22 @@ def _shard_point(ctx: Context, model: Model):
             )
         return at, "before", node
     return model.place, "after", None
+
+
+def _list_made_before(ctx: Context, model: Model, point: cst.CSTNode, where: str):
+    """The statement binding the list the optimizer is built over (`params = [p for p in
+    model.parameters() if p.requires_grad]`) when it runs before the shard point, else None."""
+    a = ctx.anatomy
+    opt = model.optimizer
+    p = arg(opt.call.call, 0, "params")
+    if p is None or not isinstance(p.value, cst.Name):
+        return None
+    b = a.facts.reaching_binding(opt.call.scope, p.value.value, opt.call.stmt)
+    if b is None or opt.call.scope is not model.scope:
+        return None
+    if b.stmt is point and where == "after":
+        return b.stmt
+    return b.stmt if a.is_before(b.stmt, point) else None
 
 
 def _move_optimizer(ctx: Context, model: Model, point: cst.CSTNode, where: str):

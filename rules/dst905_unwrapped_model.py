@@ -59,11 +59,17 @@ class UnwrappedModel(Rule):
                     how = "not wrapped; wrap it with runtime.DDP(model, device_ids=runtime.device_ids()) yourself"
                 if opt.target is not None and opt.target in steps:
                     # it steps: written with a warning, the ranks would drift apart from the first step
+                    whose = (
+                        f"the parameters of {m}, which no distributed wrapper owns (it is not built in this scope "
+                        "before the optimizer)"
+                        if opt.models else
+                        "parameters distify cannot trace to a model (not `model.parameters()`, nor a name bound "
+                        "once to a value made from it)"
+                    )
                     ctx.block(
                         self.code,
                         opt.call.call,
-                        f"{opt.target} steps the parameters of {m}, which no distributed wrapper owns (it is not "
-                        f"built in this scope before the optimizer): file not migrated; its updates would not be "
+                        f"{opt.target} steps {whose}: file not migrated; its updates would not be "
                         f"averaged across ranks. Build the model and its optimizer in one scope, or {how.split('; ', 1)[1]}",
                     )
                     continue
