@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Set, 
 import libcst as cst
 
 from distify.facts import training_call
-from distify.syntax import arg, dotted
+from distify.syntax import all_nodes, arg, dotted
 from distify.library import DISTRIBUTION_DRAWS, DISTRIBUTIONS
 from distify.names import Defined, row_of
 from distify.walk import walk
@@ -414,3 +414,32 @@ def steps_parameters(site: "CallSite", stepped: Set[str]) -> bool:
     ):
         return False  # a wrapper around an optimizer built inline (hvd.DistributedOptimizer(SGD(...)), Lookahead(...))
     return bool(_parameter_roots(p.value))
+
+
+PERMUTATIONS = {"torch.randperm", "numpy.random.permutation"}
+
+
+def walked_permutation(d: GlobalDraw) -> Optional[cst.For]:
+    """The inner loop that walks, slice by slice, a permutation the training loop draws once per pass
+    (`perm = torch.randperm(n)` then `for i in range(0, n, bs): idx = perm[i:i + bs]`): a pass over
+    the whole data per outer iteration, an epoch. None for other draws (a fresh `randperm(n)[:bs]`
+    every step, a helper's draw)."""
+    if d.via is not None or d.what not in PERMUTATIONS:
+        return None
+    name = assigned_name(d.draw.stmt, d.draw.call)
+    if name is None or "." in name:
+        return None
+    for inner in all_nodes(d.loop.body, skip_nested=True):
+        if not isinstance(inner, cst.For) or inner in d.draw.loops or not isinstance(inner.target, cst.Name):
+            continue
+        var = inner.target.value
+        for sub in all_nodes(inner.body, skip_nested=True):
+            if not (isinstance(sub, cst.Subscript) and isinstance(sub.value, cst.Name) and sub.value.value == name):
+                continue
+            for el in sub.slice:
+                s = el.slice
+                if isinstance(s, cst.Slice) and s.lower is not None and _contains(
+                    s.lower, lambda n, v=var: isinstance(n, cst.Name) and n.value == v
+                ):
+                    return inner
+    return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.syntax import dotted
-from distify.training import global_draws
+from distify.training import global_draws, walked_permutation
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule
 from distify.walk import walk
 
@@ -98,6 +98,18 @@ class DataRng(Rule):
                 f"{what}{where} draws the batches: each rank re-seeded with initial_seed() + rank once the "
                 "models are built",
             )
+            if walked_permutation(d) is not None:
+                # an epoch walks the permutation in slices: with a stream per rank, every rank walks a
+                # whole permutation of its own, so a pass reads N times the data in as many steps as one
+                # process took (the shards are neither disjoint nor a split of the data)
+                ctx.warn(
+                    self.code, d.draw.call,
+                    f"each rank now walks its own {what} permutation of the whole data in every pass: a pass "
+                    "reads world-size times the data in as many steps as one process took (no speed-up, and "
+                    "an epoch is no longer one pass over the data); shard one permutation instead (the same "
+                    "seed on every rank, perm[rank::world_size] and the batch loop over its length) or draw "
+                    "the batches with a DataLoader",
+                )
 
 
 def _reseeded(a, d) -> bool:
