@@ -9,6 +9,9 @@ parsed on every run.
 The key of an entry:
 - the file's bytes (sha256): the path, size and mtime do not matter, an edit that restores the
   content finds its entry again;
+- the bytes of every module of the user's project the file reaches through its imports
+  (``distify.project``: the results of a script depend on its helper modules): an entry records
+  each one's path and sha256, and is a miss as soon as one of them differs or is gone;
 - the settings (one directory per settings hash): every field of ``Options`` (backend, select,
   ignore, each flag, standalone, positions, the size limit), distify's version, a fingerprint of
   distify's own code (path, size and mtime of every ``.py`` file of the ``distify`` and
@@ -37,7 +40,7 @@ from typing import Optional, Tuple
 
 from distify.findings import Finding
 
-FORMAT = 2  # bump when the entry layout changes
+FORMAT = 3  # bump when the entry layout changes
 ENV_DIR = "DISTIFY_CACHE_DIR"
 
 
@@ -132,6 +135,8 @@ class Cache:
                 data = json.loads(f.read())
             if data["format"] != FORMAT or data["sha256"] != digest or data["size"] != len(source):
                 return None
+            if not all(isinstance(p, str) and _file_digest(p) == d for p, d in data["depends"]):
+                return None  # a module of the project it reads has changed since
             findings = tuple(_finding(x) for x in data["findings"])
             note, encoding, refused = data["note"], data["encoding"], data["refused"]
             if not isinstance(note, str) or not isinstance(encoding, str) or not isinstance(refused, bool):
@@ -140,12 +145,16 @@ class Cache:
         except (OSError, ValueError, KeyError, TypeError):  # missing, truncated, corrupt: a miss
             return None
 
-    def put(self, source: bytes, findings, note: str, encoding: str, refused: bool = False) -> None:
-        """Store the result of a file that came out unchanged (the caller's promise)."""
+    def put(self, source: bytes, findings, note: str, encoding: str, refused: bool = False, depends=()) -> None:
+        """Store the result of a file that came out unchanged (the caller's promise); `depends`: the
+        files of the project it was computed from (not stored when one cannot be read)."""
         digest = self.digest(source)
+        deps = [[p, _file_digest(p)] for p in depends]
+        if any(d is None for _, d in deps):
+            return
         data = {
             "format": FORMAT, "sha256": digest, "size": len(source), "note": note, "encoding": encoding, "refused": refused,
-            "findings": [[f.code, f.line, f.col, f.message, f.kind] for f in findings],
+            "findings": [[f.code, f.line, f.col, f.message, f.kind] for f in findings], "depends": deps,
         }
         import tempfile
 
@@ -167,6 +176,14 @@ class Cache:
                     os.unlink(tmp)
                 except OSError:
                     pass
+
+
+def _file_digest(path: str) -> Optional[str]:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
 
 
 STALE_DAYS = 30

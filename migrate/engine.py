@@ -479,8 +479,10 @@ def process_file(path: str, mode: Mode, options: Options, cache=None, parse: boo
                           source, source, result.encoding, others)
     if not result.changed:
         if cache is not None and not any(f.code == "DST961" for f in result.findings) and not others:
-            # (DST961's answer depends on the project's other modules, which the cache does not see)
-            cache.put(source, result.findings, result.note, result.encoding, result.refused)
+            # (DST961 is said of modules distify could not follow: asked again on every run)
+            from distify.project import project_files
+
+            cache.put(source, result.findings, result.note, result.encoding, result.refused, project_files(real, options))
         return FileResult(
             path, Status.REFUSED if result.refused else Status.UNCHANGED, result.findings, message=result.note, source=source, output=source,
             encoding=result.encoding, others=others,

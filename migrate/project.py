@@ -218,6 +218,13 @@ class Project:
         return order
 
 
+def project_files(script: str, options) -> Tuple[str, ...]:
+    """The files of every project module `script` reaches through its imports (what a result of
+    the script may depend on: ``distify.cache`` keys an entry on their bytes too)."""
+    project = Project.around(script, getattr(options, "project_root", None), tuple(getattr(options, "exclude", ())))
+    return tuple(m.path for m in project.reachable(script))
+
+
 def absolute(mod: ProjectModule, module: Optional[str], level: int) -> Optional[str]:
     """The absolute module of ``from <level dots><module> import ...`` written in `mod`; None when
     the dots climb above the top package."""

@@ -146,6 +146,43 @@ def test_cache_is_read_and_no_cache_ignores_it(tmp_path):
 
 # --- what the key holds ------------------------------------------------------------------------
 
+HELPED = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from helpers import penalty
+
+
+def main():
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4, shuffle=True)
+    for epoch in range(2):
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y) + penalty(model)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_an_edit_of_a_project_module_the_script_imports_is_a_miss(tmp_path):
+    """The result of a script depends on the modules of its project: refused while helpers.py reads
+    `.weight` on the model its result trains (DST102), cached so; once helpers.py no longer does,
+    the same script bytes must be migrated, not answered from the cache."""
+    (tmp_path / "train.py").write_text(HELPED)
+    (tmp_path / "helpers.py").write_text("def penalty(model):\n    return model.weight.pow(2).sum() * 0.01\n")
+    first = distify("--check", "train.py", cwd=tmp_path)
+    assert first.returncode == 3 and b"DST102 helpers.penalty()" in first.stderr, first.stderr
+    assert len(entries()) == 1  # the refusal is stored
+    (tmp_path / "helpers.py").write_text("def penalty(model):\n    return sum(p.pow(2).sum() for p in model.parameters())\n")
+    again = distify("--check", "train.py", cwd=tmp_path)
+    assert again.returncode == 1 and b"DST201" in again.stderr, again.stderr
+
 def test_options_are_in_the_key(tmp_path):
     """A file clean with no rule selected must still change under the full rule set."""
     script = tmp_path / "train.py"
