@@ -12,6 +12,12 @@ applied (comments and layout aside; distify's own new names compared by position
 finding codes. To keep the run within a few minutes on one core, each (fixture, backend) pair runs one
 transformation, rotated so that every fixture meets all three over its three backends.
 
+A fourth, `reorder` (tests/reordering.py), moves what the language leaves free to move: keyword
+arguments with effect-free values, adjacent independent imports, definitions and simple assignments.
+Every fixture meets it once, under one backend (rotated by fixture). The two migrations are compared in
+the reordering's normal form (each block in its least order up to swapping commuting statements,
+keyword runs sorted), so a difference is a decision distify took by position, not by meaning.
+
 The quick run (`python -m pytest`) checks the first fixture of every fixture folder (each rule's
 folder, the scenarios, the corpus...) under its three backends, so every transformation once per
 folder; the other fixtures' cases are marked `sweep` and run with `--full` (CI), see conftest.py.
@@ -28,9 +34,11 @@ import pytest
 
 from distify.engine import InputError, migrate_source
 from metamorphic import add_comments, canonical, imported_in, names_of, rename
+from reordering import normal_form, reorder
 from test_fixtures import BACKENDS, FIXTURES, _options
 
 TRANSFORMS = ("neutral", "misleading", "comments")
+REORDER = "reorder"  # one more case per fixture, under one backend (rotated like the others)
 
 # Cases known to fail, each with the spelling decision still behind it (issue #21, item 3); an entry
 # that starts passing fails the run (strict xfail), so the list cannot go stale.
@@ -53,6 +61,13 @@ def cases():
             if sampled[path.parent] != path:
                 marks += (pytest.mark.sweep,)
             yield pytest.param(path, backend, kind, id=case_id, marks=marks)
+        backend = BACKENDS[start % len(BACKENDS)]
+        marks = ()
+        if REORDER in KNOWN_FAILURES.get(name, ((), ""))[0]:
+            marks = (pytest.mark.xfail(reason=KNOWN_FAILURES[name][1], strict=True),)
+        if sampled[path.parent] != path:
+            marks += (pytest.mark.sweep,)
+        yield pytest.param(path, backend, REORDER, id=f"{name}-{backend}-{REORDER}", marks=marks)
 
 
 def _migrate(source: str, options):
@@ -72,7 +87,17 @@ def difference(src: Path, backend: str, kind: str):
     original = src.read_text()
     options = _options(src, backend)
     out, codes = _migrate(original, options)
-    if kind == "comments":
+    normalise = str
+    if kind == REORDER:
+        transformed = reorder(original)
+        rename_output = str
+        known = names_of(original)
+        normalise = lambda text: normal_form(text, known)  # noqa: E731
+        # not vacuous: something moved (every fixture has a movable import, keyword or definition);
+        # and the normal form undoes what moved, or every migration would differ
+        assert transformed != original, f"nothing in {src.name} is free to move: the case would prove nothing"
+        assert canonical(normalise(transformed), known) == canonical(normalise(original), known)
+    elif kind == "comments":
         transformed = add_comments(original)
         rename_output = str
     else:
@@ -86,8 +111,8 @@ def difference(src: Path, backend: str, kind: str):
     if out is None:
         return None
     known = names_of(transformed)
-    expected = canonical(rename_output(out), known)
-    got = canonical(t_out, known)
+    expected = canonical(normalise(rename_output(out)), known)
+    got = canonical(normalise(t_out), known)
     return None if got == expected else f"{kind} changes the migration:\n{_diff(expected, got)}"
 
 
@@ -122,12 +147,26 @@ def test_control_a_method_name_prefix_put_back_fails(monkeypatch) -> None:
     assert difference(case, "fsdp", "neutral") is not None
 
 
+def test_control_a_reordering_that_moves_nothing_is_caught(monkeypatch) -> None:
+    """Control: a reorder transformation that leaves the input as it is would pass every case
+    vacuously; the case says so instead."""
+    import test_metamorphic as me
+
+    case = FIXTURES / "DST305" / "logging_basic_config.in.py"
+    monkeypatch.setattr(me, "reorder", lambda source: source)
+    with pytest.raises(AssertionError, match="free to move"):
+        difference(case, "ddp", REORDER)
+
+
 def test_rotation_gives_every_fixture_every_transformation() -> None:
-    seen = {}
+    seen, reordered_under = {}, set()
     for p in cases():
-        path, _, kind = p.values
+        path, backend, kind = p.values
         seen.setdefault(path, set()).add(kind)
-    assert seen and all(kinds == set(TRANSFORMS) for kinds in seen.values())
+        if kind == REORDER:
+            reordered_under.add(backend)
+    assert seen and all(kinds == {*TRANSFORMS, REORDER} for kinds in seen.values())
+    assert reordered_under == set(BACKENDS)
 
 
 def test_the_quick_runs_sample_meets_every_folder_and_transformation() -> None:
@@ -139,4 +178,21 @@ def test_the_quick_runs_sample_meets_every_folder_and_transformation() -> None:
         if not any(mark.name == "sweep" for mark in p.marks):
             sample.setdefault(path.parent, set()).add(kind)
     assert set(sample) == {path.parent for path in FIXTURES.rglob("*.in.py")}
-    assert all(kinds == set(TRANSFORMS) for kinds in sample.values())
+    assert all(kinds == {*TRANSFORMS, REORDER} for kinds in sample.values())
+
+
+def test_control_a_first_keyword_only_lookup_fails(monkeypatch) -> None:
+    """Control: make DST305 read a call's keyword only when it comes first (a decision by position).
+    basicConfig(level=..., format=...) reordered puts `format` first, the level is no longer found and
+    the migration changes, so the reorder check sees it; with today's lookup by keyword it does not."""
+    import distify.rules.dst305_logging as dst305
+
+    case = FIXTURES / "DST305" / "logging_basic_config.in.py"
+    assert difference(case, "ddp", REORDER) is None
+
+    def first_keyword_only(call, keyword):
+        first = next((a for a in call.args if a.keyword is not None), None)
+        return first.value if first is not None and first.keyword.value == keyword else None
+
+    monkeypatch.setattr(dst305, "kwarg_value", first_keyword_only)
+    assert difference(case, "ddp", REORDER) is not None
