@@ -173,6 +173,7 @@ def seen_as_script(v: View, seen, script_anatomy) -> None:
     """The view's anatomy names the imports an edit needs as the script spells them: a name only
     a helper imports (its `from distify import runtime`, once migrated) is not bound in the script."""
     seen.local_name_for = script_anatomy.local_name_for
+    seen.script_bindings = frozenset(script_anatomy.name_bindings)  # see Context._bound_alike
 
 
 def split_findings(v: View, anatomy, findings: Sequence[Finding]) -> Tuple[List[Finding], Dict[str, List[Finding]]]:

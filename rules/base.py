@@ -91,7 +91,7 @@ class Context:
         if existing is not None:
             self._names[qualified] = existing
             return existing
-        local = self.fresh(preferred)
+        local = preferred if self._bound_alike(preferred, qualified) else self.fresh(preferred)
         if name is None:
             line = f"import {module} as {local}" if local != module else f"import {module}"
         elif local == name:
@@ -101,6 +101,13 @@ class Context:
         self.edits.add_import(line)
         self._names[qualified] = local
         return local
+
+    def _bound_alike(self, local: str, qualified: str) -> bool:
+        """In a project view, `local` is taken only by a helper module's import of this very object
+        (``from torch.utils.data.distributed import DistributedSampler`` in utils.py) and the script
+        binds it to nothing: the script may import it under the same name."""
+        script = getattr(self.anatomy, "script_bindings", None)
+        return script is not None and local not in script and self.anatomy.aliases.get(local) == qualified
 
     @property
     def runtime(self) -> str:

@@ -243,6 +243,24 @@ def test_a_module_two_scripts_share_is_rewritten_once_from_its_original(tmp_path
     assert again.returncode == 0 and "3 files unchanged" in again.stderr, again.stderr
 
 
+def test_an_object_a_helper_module_imports_too_is_imported_under_its_own_name(tmp_path):
+    """trainlib.py imports DistributedSampler itself: the sampler distify adds in the script is
+    imported as DistributedSampler (the same object), not as DistributedSampler_2."""
+    import shutil
+
+    shutil.copytree(LOOP / "in", tmp_path / "p")
+    helper = tmp_path / "p" / "trainlib.py"
+    helper.write_text(helper.read_text().replace("import torch\n", "import torch\nfrom torch.utils.data.distributed import DistributedSampler\n", 1))
+    result = migrate_project([str(tmp_path / "p" / "train.py")], Options(), Mode.WRITE)
+    assert result.changed
+    script = (tmp_path / "p" / "train.py").read_text()
+    assert "from torch.utils.data.distributed import DistributedSampler\n" in script, script
+    assert "DistributedSampler_2" not in script and "train_sampler = DistributedSampler(" in script
+    compile(script, "train.py", "exec")
+    assert "DistributedSampler_2" not in helper.read_text()
+    assert not migrate_project([str(tmp_path / "p" / "train.py")], Options(), Mode.CHECK).changed
+
+
 def test_a_script_of_a_module_migrated_before_is_refused(tmp_path):
     import shutil
 
