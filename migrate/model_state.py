@@ -23,11 +23,12 @@ Read-only, over ``distify.facts.Facts``; the anatomy and the rules ask it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence
 
 import libcst as cst
 
 from distify.facts import Facts, training_call
+from distify.model_refs import Refs
 from distify.syntax import all_nodes, dotted
 
 # nn.Module methods that rewrite the parameters they are called on (or below)
@@ -49,124 +50,129 @@ class Change:
     node: cst.CSTNode  # the call or assignment that changes it (in a called function: the call)
 
 
-def _rooted(expr: Optional[cst.CSTNode], root: str) -> bool:
-    d = dotted(expr) if expr is not None else None
-    return d is not None and (d == root or d.startswith(root + "."))
-
-
 def changes_in(
     facts: Facts,
     qualname: Callable[[cst.BaseExpression], Optional[str]],
     stmt: cst.CSTNode,
     roots: Sequence[str],
     depth: int = 0,
+    held: Optional[Dict[str, FrozenSet[str]]] = None,
+    named: Optional[Dict[str, FrozenSet[str]]] = None,
 ) -> List[Change]:
     """What `stmt` (with the statements nested in it, not the functions it defines) does to the
-    modules or optimizers named `roots`, including through the script's own functions it calls
-    with one of them as an argument."""
+    modules or optimizers named `roots`, including under another name (an alias, a loop over a
+    container holding them: ``distify.model_refs``) and through the script's own functions it
+    calls with one of them as an argument. `named` / `held`: further names holding (a container
+    of) them, name -> the roots (a called function's parameters)."""
     from distify.model_build import compiles_model, moves_model  # model_build imports this module: import it late
 
     out: List[Change] = []
     scope = facts.stmt_scope.get(stmt)
+    direct = {**{r: frozenset({r}) for r in roots}, **(named or {})}
+    refs = Refs(facts, scope, direct, held or {})
+    upto = facts.order(last_within(facts, stmt)) if scope is not None else -1
+
+    def of(expr) -> List[str]:
+        return sorted(refs.roots_of(expr, upto))
+
     for n in all_nodes(stmt, skip_nested=True):
         if isinstance(n, cst.Call):
             func = n.func
             if isinstance(func, cst.Attribute):
                 attr = func.attr.value
-                for root in roots:
-                    if not _rooted(func.value, root):
-                        continue
-                    if attr in LOAD_METHODS:
-                        out.append(Change(LOAD, root, n))
-                    elif attr in INIT_METHODS:
-                        out.append(Change(INIT, root, n))
-                    elif attr in FREEZE_METHODS:
-                        out.append(Change(FREEZE, root, n))
+                kind = LOAD if attr in LOAD_METHODS else INIT if attr in INIT_METHODS else FREEZE if attr in FREEZE_METHODS else None
+                if kind is not None:
+                    out += [Change(kind, root, n) for root in of(func.value)]
             q = qualname(func) or ""
-            if q.startswith(INIT_PREFIX) and n.args and any(_rooted(n.args[0].value, r) for r in roots):
-                out.append(Change(INIT, next(r for r in roots if _rooted(n.args[0].value, r)), n))
-            for root in roots:
-                if moves_model(qualname, n, root):
-                    out.append(Change(MOVE, root, n))
+            if q.startswith(INIT_PREFIX) and n.args:
+                out += [Change(INIT, root, n) for root in of(n.args[0].value)]
+            for name, labels in direct.items():
+                if moves_model(qualname, n, name):
+                    out += [Change(MOVE, root, n) for root in sorted(labels)]
             if depth < 3 and scope is not None:
-                out += _through_call(facts, qualname, n, scope, roots, depth)
+                out += _through_call(facts, qualname, n, scope, refs, upto, depth)
         elif isinstance(n, cst.Assign):
             # model = torch.compile(model): the name now holds the compiled module (a compiled copy
             # under another name changes nothing the wrapper holds)
             out += [
-                Change(COMPILE, r, n)
-                for r in roots
-                if compiles_model(qualname, n.value, r) and any(dotted(t.target) == r for t in n.targets)
+                Change(COMPILE, root, n)
+                for name, labels in direct.items()
+                if compiles_model(qualname, n.value, name) and any(dotted(t.target) == name for t in n.targets)
+                for root in sorted(labels)
             ]
             for t in n.targets:
                 target = t.target
                 if isinstance(target, cst.Attribute) and target.attr.value == "requires_grad":
-                    out += [Change(FREEZE, r, n) for r in roots if _rooted(target.value, r)]
+                    out += [Change(FREEZE, r, n) for r in of(target.value)]
                 elif isinstance(target, cst.Attribute) and isinstance(n.value, cst.Call):
                     # model.fc = nn.Linear(...): a submodule (or parameter) the model did not have
-                    out += [Change(SURGERY, r, n) for r in roots if _rooted(target.value, r)]
-        elif isinstance(n, cst.For) and any(_iterates_parameters(x, r) for x in all_nodes(n.iter) for r in roots):
-            # for p in model.parameters(): p.requires_grad = False
-            root = next(r for r in roots if any(_iterates_parameters(x, r) for x in all_nodes(n.iter)))
-            # the parameter's name: `p` in `for p in model.parameters()`, also `para` in `for name, para in
-            # model.named_parameters()` (any name of the target: the others are not tensors)
-            loop_vars = [v for v in (
-                [dotted(e.value) for e in n.target.elements] if isinstance(n.target, (cst.Tuple, cst.List)) else [dotted(n.target)]
-            ) if v]
-
-            def on_var(x: cst.CSTNode) -> bool:
-                return any(_rooted(x, v) for v in loop_vars)
-
-            for inner in all_nodes(n.body, skip_nested=True):
-                if isinstance(inner, cst.Assign) and loop_vars and any(
-                    isinstance(t.target, cst.Attribute)
-                    and t.target.attr.value == "requires_grad"
-                    and on_var(t.target.value)
-                    for t in inner.targets
-                ):
-                    out.append(Change(FREEZE, root, n))
-                    break
-                if (
-                    isinstance(inner, cst.Call)
-                    and (qualname(inner.func) or "").startswith(INIT_PREFIX)
-                    and inner.args
-                    and on_var(inner.args[0].value)
-                ):
-                    out.append(Change(INIT, root, n))  # for m in model.modules(): nn.init.zeros_(m.bias)
-                    break
-                if (
-                    isinstance(inner, cst.Call)
-                    and isinstance(inner.func, cst.Attribute)
-                    and inner.func.attr.value in FREEZE_METHODS | INIT_METHODS
-                    and on_var(inner.func.value)
-                ):
-                    out.append(Change(FREEZE if inner.func.attr.value in FREEZE_METHODS else INIT, root, n))
-                    break
+                    out += [Change(SURGERY, r, n) for r in of(target.value)]
+        elif isinstance(n, cst.For):
+            over = [r for x in all_nodes(n.iter) if _iterates_parameters(x) for r in of(x.func.value)]
+            if over:
+                # for p in model.parameters(): p.requires_grad = False
+                kind = _parameter_loop(qualname, n)
+                if kind is not None:
+                    out.append(Change(kind, over[0], n))
     return out
 
 
-def _iterates_parameters(node: cst.CSTNode, root: str) -> bool:
+def _iterates_parameters(node: cst.CSTNode) -> bool:
     return (
         isinstance(node, cst.Call)
         and isinstance(node.func, cst.Attribute)
         and node.func.attr.value in PARAMETER_ITERATORS
-        and _rooted(node.func.value, root)
     )
 
 
-def _through_call(facts, qualname, call: cst.Call, scope, roots: Sequence[str], depth: int) -> List[Change]:
+def _parameter_loop(qualname, loop: cst.For) -> Optional[str]:
+    """FREEZE or INIT when the body of a loop over a module's parameters or submodules freezes or
+    initialises the loop variable (``p.requires_grad = False``, ``nn.init.zeros_(m.bias)``)."""
+    # the parameter's name: `p` in `for p in model.parameters()`, also `para` in `for name, para in
+    # model.named_parameters()` (any name of the target: the others are not tensors)
+    target = loop.target
+    loop_vars = [v for v in (
+        [dotted(e.value) for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [dotted(target)]
+    ) if v]
+    if not loop_vars:
+        return None
+
+    def on_var(expr) -> bool:
+        d = dotted(expr)
+        return d is not None and any(d == v or d.startswith(v + ".") for v in loop_vars)
+
+    for inner in all_nodes(loop.body, skip_nested=True):
+        if isinstance(inner, cst.Assign) and any(
+            isinstance(t.target, cst.Attribute) and t.target.attr.value == "requires_grad" and on_var(t.target.value)
+            for t in inner.targets
+        ):
+            return FREEZE
+        if isinstance(inner, cst.Call):
+            if (qualname(inner.func) or "").startswith(INIT_PREFIX) and inner.args and on_var(inner.args[0].value):
+                return INIT  # for m in model.modules(): nn.init.zeros_(m.bias)
+            if (
+                isinstance(inner.func, cst.Attribute)
+                and inner.func.attr.value in FREEZE_METHODS | INIT_METHODS
+                and on_var(inner.func.value)
+            ):
+                return FREEZE if inner.func.attr.value in FREEZE_METHODS else INIT
+    return None
+
+
+def _through_call(facts, qualname, call: cst.Call, scope, refs: Refs, upto: int, depth: int) -> List[Change]:
     """Changes a function of the script makes to the arguments it is handed: the call stands for
-    them (``load_checkpoint(path, model, optimizer)`` loads `model` and `optimizer`)."""
+    them (``load_checkpoint(path, model, optimizer)`` loads `model` and `optimizer`; an argument
+    may also be an alias of one, or a container holding them: ``init_all([gen, disc])``)."""
     fn = facts.callee(call, scope)
     if fn is None:
-        return _through_project(facts, qualname, call, roots, depth)
+        return _through_project(facts, qualname, call, refs, upto, depth)
     if fn is scope:
         return []
-    pairs = [(dotted(a.value), facts.param_for(fn, call, a)) for a in call.args if dotted(a.value) in roots]
-    return _in_function(facts, qualname, fn, call, pairs, depth)
+    bound = [(facts.param_for(fn, call, a), a.value) for a in call.args]
+    return _in_function(facts, qualname, fn, call, _handed(refs, bound, upto), depth)
 
 
-def _through_project(facts, qualname, call: cst.Call, roots: Sequence[str], depth: int) -> List[Change]:
+def _through_project(facts, qualname, call: cst.Call, refs: Refs, upto: int, depth: int) -> List[Change]:
     """Changes a function of another module of the project makes to the arguments it is handed
     (``initialize_weights(gen)`` with ``from model import initialize_weights``): the call stands for
     them, read in that module's own facts."""
@@ -175,21 +181,36 @@ def _through_project(facts, qualname, call: cst.Call, roots: Sequence[str], dept
     if got is None:
         return []
     other, other_qualname, fn, bound = got
-    pairs = [(dotted(expr), param) for param, expr in bound.items() if dotted(expr) in roots]
-    return _in_function(other, other_qualname, fn, call, pairs, depth)
+    return _in_function(other, other_qualname, fn, call, _handed(refs, list(bound.items()), upto), depth)
 
 
-def _in_function(facts, qualname, fn: cst.FunctionDef, call: cst.Call, pairs, depth: int) -> List[Change]:
-    """What `fn` (read in `facts`) does to each parameter of `pairs` (root, parameter), as changes
-    of the root made by `call`."""
-    out: List[Change] = []
-    for root, param in pairs:
+def _handed(refs: Refs, bound, upto: int):
+    """(named, held): the parameters bound to one of the roots, and those bound to a container of them."""
+    named: Dict[str, FrozenSet[str]] = {}
+    held: Dict[str, FrozenSet[str]] = {}
+    for param, expr in bound:
         if param is None:
             continue
-        for s in facts.statements(fn):
-            if facts.stmt_parent.get(s, ()):
-                continue  # nested statements are read with the one at the function's top level
-            out += [Change(c.kind, root, call) for c in changes_in(facts, qualname, s, [param], depth + 1)]
+        got = refs.roots_of(expr, upto)
+        if got:
+            named[param] = got
+        got = refs.held_by(expr, upto)
+        if got:
+            held[param] = got
+    return named, held
+
+
+def _in_function(facts, qualname, fn: cst.FunctionDef, call: cst.Call, handed, depth: int) -> List[Change]:
+    """What `fn` (read in `facts`) does to the parameters `handed` names, as changes of the roots
+    they hold made by `call`."""
+    named, held = handed
+    if not named and not held:
+        return []
+    out: List[Change] = []
+    for s in facts.statements(fn):
+        if facts.stmt_parent.get(s, ()):
+            continue  # nested statements are read with the one at the function's top level
+        out += [Change(c.kind, c.root, call) for c in changes_in(facts, qualname, s, [], depth + 1, held, named)]
     return out
 
 

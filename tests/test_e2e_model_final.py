@@ -26,6 +26,7 @@ from e2e_support import (  # noqa: E402
     assert_same_weights,
     load_state,
     migrate,
+    run_horovodrun,
     run_python,
     run_torchrun,
     sitecustomize_env,
@@ -55,7 +56,7 @@ def _saved_models(workdir: Path) -> None:
         torch.save(state, workdir / "saved_models" / f"{name}_1.pth")
 
 
-def _ranks(script: Path, workdir: Path, args, real: bool = False) -> dict:
+def _ranks(script: Path, workdir: Path, args, real: bool = False, launch=run_torchrun) -> dict:
     """Launch on NPROC ranks in `workdir`; each rank's optimizer parameters at exit. ``real``: a real
     torchrun launch, whose processes each seed torch's default generator from the OS (ranks forked
     from one warm process would share its stream, and an unseeded init would agree by accident)."""
@@ -64,7 +65,7 @@ def _ranks(script: Path, workdir: Path, args, real: bool = False) -> dict:
     dumps = workdir / "dumps"
     dumps.mkdir(parents=True)
     env = sitecustomize_env(workdir / "spy", PARAM_SPY, {"DISTIFY_E2E_PARAM_DIR": str(dumps)})
-    run_torchrun(script, args, nproc=NPROC, env=env, cwd=workdir, real=real)
+    launch(script, args, nproc=NPROC, env=env, cwd=workdir, real=real)
     return {r: torch.load(dumps / f"rank{r}.pt") for r in range(NPROC)}
 
 
@@ -133,4 +134,55 @@ def test_wrap_after_an_init_in_another_module(tmp_path):
     script.write_text(text.replace(wrap, "").replace(call, wrap + call))
     assert not _same_on_every_rank(_ranks(script, tmp_path / "control", args, real=True)), (
         "control: with the wrap before initialize_weights(net) the ranks should differ"
+    )
+
+
+OTHER_NAMES = REPO_ROOT / "fixtures" / "DST101" / "init_under_other_names.in.py"
+BUILT = "G_BA = Mapper(6)\n"
+REINIT = "reinit(layers=[G_AB.dec, G_BA.dec], init_fn=weights_init_uniform)\n"
+SETUP = {  # what makes the ranks start from one model, per backend
+    "ddp": ("G_AB = runtime.DDP(G_AB)\nG_BA = runtime.DDP(G_BA)\n", run_torchrun),
+    "horovod": ("hvd.broadcast_parameters(G_AB.state_dict(), root_rank=0)\n"
+                "hvd.broadcast_parameters(G_BA.state_dict(), root_rank=0)\n", run_horovodrun),
+}
+
+
+@pytest.mark.parametrize("backend", ["ddp", pytest.param("horovod", marks=pytest.mark.horovod)])
+def test_wrap_after_inits_that_reach_the_model_under_other_names(tmp_path, backend):
+    """fixtures/DST101/init_under_other_names: the networks are initialised through a dict's
+    ``.items()`` before the optimizer and through a list of their submodules handed by keyword to
+    the script's own ``reinit`` after it, from the unseeded global generator. Real launches: every
+    rank ends with the same parameters; seeded, the run equals the original at twice the batch.
+    Control: the wrap (Horovod: the broadcast) where distify put it while it matched only the
+    model's own name leaves the ranks different."""
+    setup, launch = SETUP[backend]
+    script = tmp_path / "script" / "init_under_other_names.py"
+    migrate(OTHER_NAMES, script, backend=backend)
+    text = script.read_text()
+    assert text.index(REINIT) < text.index(setup), "the wrap/broadcast must follow the re-initialisation"
+    args = ["--batch-size", B, "--epochs", 1, "--checkpoint", "final.pt"]
+
+    fresh = _ranks(script, tmp_path / "fresh", args, real=True, launch=launch)
+    assert fresh[0] and _same_on_every_rank(fresh), "ranks trained different models after the inits"
+
+    original = tmp_path / "original"
+    original.mkdir()
+    seeded = ["--seed", 3, "--batch-size", B, "--epochs", 1, "--checkpoint", "final.pt"]
+    run_python(OTHER_NAMES, [*seeded[:3], NPROC * B, *seeded[4:]], cwd=original)
+    migrated = tmp_path / "seeded"
+    migrated.mkdir()
+    launch(script, seeded, nproc=NPROC, cwd=migrated)
+    assert_same_weights(load_state(original / "final.pt"), load_state(migrated / "final.pt"), atol=1e-5,
+                        label=f"{backend}, 2 ranks x {B} vs batch {NPROC * B}")
+
+    # control: the wrap/broadcast where it was before (after the construction, or before `reinit`)
+    early = text.replace(setup, "")
+    if backend == "ddp":
+        early = early.replace(BUILT, BUILT + setup).replace("[G_AB.dec, G_BA.dec]", "[G_AB.module.dec, G_BA.module.dec]")
+    else:
+        early = early.replace(REINIT, setup + REINIT)
+    assert early != text
+    script.write_text(early)
+    assert not _same_on_every_rank(_ranks(script, tmp_path / "control", args, real=True, launch=launch)), (
+        "control: with the wrap/broadcast before an initialisation the ranks should differ"
     )
