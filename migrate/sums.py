@@ -114,13 +114,34 @@ def batch_mean(a: "Anatomy", e: cst.BaseExpression, loop: cst.For, scope: Scope)
     return len(values) == 1 and isinstance(values[0], cst.Call) and _mean_loss(a, values[0], scope)
 
 
-def _mean_loss(a: "Anatomy", call: cst.Call, scope: Scope) -> bool:
+def _mean_loss(a: "Anatomy", call: cst.Call, scope: Scope, depth: int = 0) -> bool:
     """A call of a mean loss: `F.cross_entropy(out, y)`, or `criterion(out, y)` of a name bound to
-    `nn.CrossEntropyLoss()` without another reduction (followed through parameters to the callers)."""
+    `nn.CrossEntropyLoss()` without another reduction (followed through parameters to the callers),
+    or a call of the script's own function every return of which is one (`compute_loss(model,
+    batch)` ending in ``return loss``)."""
     q = a.qualname(call.func)
     if q in MEAN_LOSSES:
         return _reduction_mean(call)
+    fn = a.facts.callee(call, scope)
+    if fn is not None:
+        return fn is not scope and depth < 3 and _returns_mean_loss(a, fn, depth + 1)
     return isinstance(call.func, cst.Name) and _mean_loss_name(a, call.func.value, scope, 0)
+
+
+def _returns_mean_loss(a: "Anatomy", fn: cst.FunctionDef, depth: int) -> bool:
+    """Every ``return`` of `fn` hands back a mean loss: a call of one, or a name the function binds
+    once, to one (``loss = F.cross_entropy(out, y)``; ``return loss`` or ``return loss.item()``)."""
+    returns = [n for n in all_nodes(fn.body, skip_nested=True) if isinstance(n, cst.Return)]
+    if not returns:
+        return False
+    for r in returns:
+        e = _converted(a, r.value) if r.value is not None else None
+        if isinstance(e, cst.Name):
+            values = _loop_assigned(fn, e.value)
+            e = values[0] if len(values) == 1 else None
+        if not (isinstance(e, cst.Call) and _mean_loss(a, e, fn, depth)):
+            return False
+    return True
 
 
 def _mean_loss_name(a: "Anatomy", name: str, scope: Scope, depth: int) -> bool:
@@ -164,8 +185,9 @@ def _reduction_mean(call: cst.Call) -> bool:
     return True
 
 
-def _loop_assigned(loop: cst.For, name: str) -> List[cst.BaseExpression]:
-    """The values a plain `name = value` in the loop's body binds (another kind of binding: None)."""
+def _loop_assigned(loop: Union[cst.For, cst.FunctionDef], name: str) -> List[cst.BaseExpression]:
+    """The values a plain `name = value` in the loop's (or function's) body binds (another kind of
+    binding: None)."""
     out: List[cst.BaseExpression] = []
     for node in all_nodes(loop.body, skip_nested=True):
         if isinstance(node, cst.Assign) and any(dotted(t.target) == name for t in node.targets):

@@ -75,6 +75,26 @@ def _single_and_migrated(tmp_path, source: Path, pattern, backend: str = "ddp"):
     return want, script, script.read_text()
 
 
+# each run twice under torchrun (the second without the reduction: the control) and once under horovodrun
+WITH_CONTROL = pytest.mark.parametrize(
+    "backend,reduced",
+    [("ddp", True), ("ddp", False), pytest.param("horovod", True, marks=pytest.mark.horovod)],
+    ids=["ddp", "control-ddp-unreduced", "horovod"],
+)
+
+
+def _two_ranks(tmp_path, source: Path, pattern, backend: str, reduction, reduced: bool):
+    """(the single process's lines at batch 16, the migrated script's on 2 ranks at batch 8), the
+    lines `pattern` finds; the migrated script must hold the one `reduction` (a pattern), which
+    the control (`reduced` False) takes out."""
+    want, script, text = _single_and_migrated(tmp_path, source, pattern, backend)
+    assert len(reduction.findall(text)) == 1, "DST206 did not reduce the sum"
+    if not reduced:
+        script.write_text(reduction.sub("", text))
+    run = run_horovodrun if backend == "horovod" else run_torchrun
+    return want, pattern.findall(run(script, ["--batch-size", "8"], nproc=2, cwd=tmp_path).stdout)
+
+
 ACCURACY = REPO_ROOT / "fixtures" / "DST206" / "accuracy_on_train_set.in.py"
 GOT = re.compile(r"^Got (\S+) / (\S+) with accuracy (\S+)$", re.M)
 
@@ -102,23 +122,14 @@ LIST = REPO_ROOT / "fixtures" / "DST206" / "loss_list_scheduler.in.py"
 LINE = re.compile(r"^epoch \d+ loss \S+ lr \S+$", re.M)
 
 
-@pytest.mark.parametrize(
-    "backend,reduced",
-    [("ddp", True), ("ddp", False), pytest.param("horovod", True, marks=pytest.mark.horovod)],
-    ids=["ddp", "control-ddp-unreduced", "horovod"],
-)
+@WITH_CONTROL
 def test_a_list_of_batch_losses_steers_the_scheduler_as_one_process(tmp_path, backend, reduced):
     """fixtures/DST206/loss_list_scheduler: the batch losses kept in a list, averaged after the
     epoch and handed to ReduceLROnPlateau. 2 ranks at batch 8 (no shuffle, deterministic) must print
     the single process's lines at batch 16, learning-rate decisions included. Control: without
     `runtime.reduce_each` rank 0 prints its own half's losses."""
-    want, script, text = _single_and_migrated(tmp_path, LIST, LINE, backend)
     each = re.compile(r"^ *losses = runtime\.reduce_each\(losses\)\n", re.M)
-    assert len(each.findall(text)) == 1, "DST206 did not reduce the list of batch losses"
-    if not reduced:
-        script.write_text(each.sub("", text))
-    run = run_torchrun if backend == "ddp" else run_horovodrun
-    got = LINE.findall(run(script, ["--batch-size", "8"], nproc=2, cwd=tmp_path).stdout)
+    want, got = _two_ranks(tmp_path, LIST, LINE, backend, each, reduced)
     assert len(want) == 5 and len({w.split(" lr ")[1] for w in want}) > 1, f"the schedule must change the lr: {want}"
     if reduced:
         assert _numbers(got) and all(
@@ -145,3 +156,20 @@ def test_sums_over_a_shared_sampler_count_every_rank(tmp_path, reduced):
     got = SEEN.findall(run_torchrun(script, ["--batch-size", "8"], nproc=2, cwd=tmp_path).stdout)
     assert want == ["64", "64"], want
     assert got == (want if reduced else ["32", "32"]), got
+
+
+OWN_LOSS = REPO_ROOT / "fixtures" / "DST206" / "loss_from_own_function.in.py"
+EPOCH = re.compile(r"^epoch \d+ loss (\S+) val-accuracy (\S+)$", re.M)
+
+
+@WITH_CONTROL
+def test_a_loss_from_the_scripts_own_function_is_averaged(tmp_path, backend, reduced):
+    """fixtures/DST206/loss_from_own_function: the batch loss is what `compute_loss(model, batch,
+    criterion)` returns (a mean loss, followed through the function's return), added up over the
+    epoch: 2 ranks at batch 8 print the single process's figures at batch 16. Control: without that
+    reduction rank 0 prints its own shard's figure."""
+    reduction = re.compile(r"^ *epoch_loss = runtime\.reduce_mean\(epoch_loss\)\n", re.M)
+    want, found = _two_ranks(tmp_path, OWN_LOSS, EPOCH, backend, reduction, reduced)
+    assert len(found) == len(want) == 3, found
+    close = all(abs(float(a) - float(b)) <= 2e-6 for got, exp in zip(found, want) for a, b in zip(got, exp))
+    assert close == reduced, f"2 ranks printed {found}, the single process {want}"

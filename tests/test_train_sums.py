@@ -21,6 +21,16 @@ def own_loss(out, y):
     return ((out - y) ** 2).mean()
 
 
+def compute_loss(model, x, y):
+    out = model(x)
+    loss = F.mse_loss(out, y)
+    return loss
+
+
+def loss_with(crit, out, y):
+    return crit(out, y).detach()
+
+
 data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
 loader = DataLoader(data, batch_size=8, shuffle=True)
 model = nn.Linear(4, 1)
@@ -47,6 +57,12 @@ CASES = {
     "mean-times-batch": ({"add": "total += loss.item() * x.size(0)"}, "all_reduce_sum"),
     "sum-module": ({"criterion": 'nn.MSELoss(reduction="sum")'}, "all_reduce_sum"),
     "count": ({"add": "total += y.size(0)"}, "all_reduce_sum"),
+    # the script's own function returning a mean loss: followed through its returns
+    "own-function-mean": ({"loss": "compute_loss(model, x, y)"}, "reduce_mean"),
+    "own-function-criterion": ({"loss": "criterion(model(x), y)", "add": "total += loss_with(criterion, model(x), y).item()"},
+                               "reduce_mean"),
+    "own-function-sum-criterion": ({"criterion": 'nn.MSELoss(reduction="sum")', "loss": "criterion(model(x), y)",
+                                    "add": "total += loss_with(criterion, model(x), y).item()"}, None),
     # what distify cannot tell is a mean or a sum stays as it is
     "own-loss": ({"loss": "own_loss(model(x), y)"}, None),
     "no-reduction": ({"criterion": 'nn.MSELoss(reduction="none")', "loss": "criterion(model(x), y).mean()"}, None),
