@@ -73,6 +73,7 @@ _MODULES = (
     "dst958_call_before_init",
     "dst959_same_random_batches",
     "dst963_same_input_every_rank",
+    "dst964_schedule_length",
     # what a file left unchanged says about why
     "dst960_framework_distributes",
     "dst961_training_elsewhere",
