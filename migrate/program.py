@@ -22,7 +22,7 @@ from distify.syntax import dotted
 from distify.library import known
 from distify.names import resolve
 from distify.project import MAX_BYTES, Project, ProjectModule, read_ast
-from distify.records import MODULE_API, STATE_API, BatchLoop, CallSite, Scope
+from distify.records import DIST_SAMPLER, MODULE_API, STATE_API, BatchLoop, CallSite, Scope
 
 _DEPTH = 6  # re-exports followed (`from .train import fit` in a package's __init__)
 
@@ -151,6 +151,42 @@ class Program:
                 return found
         return None
 
+    def loader_base(self, unit: Unit, cls: cst.ClassDef) -> Optional[Tuple[str, bool]]:
+        """For a project class (`cls` of `unit`): the library loader it derives from
+        (``torch.utils.data.DataLoader``, a row of kind "loader"), through its bases and theirs in
+        the project, resolved through each module's imports; and whether an ``__init__`` of that
+        chain builds a ``DistributedSampler`` itself. None when it derives from no loader."""
+        todo = [(unit, cls)]
+        seen, base_q, shards = set(), None, False
+        while todo and len(seen) < _DEPTH:
+            unit, cls = todo.pop()
+            if id(cls) in seen:
+                continue
+            seen.add(id(cls))
+            init = _method(cls, "__init__")
+            shards = shards or any(c.scope is init and c.qualname in DIST_SAMPLER for c in unit.anatomy.calls)
+            for base in cls.bases:
+                name = dotted(base.value)
+                q = resolve(unit.aliases, base.value) or (f"{unit.module.name}.{name}" if name in unit.anatomy.classes else None)
+                row = known(q) if q else None
+                if row is not None and row.kind == "loader":
+                    base_q = base_q or q
+                elif q is not None:
+                    found = self._class(q, _DEPTH)
+                    if found is not None:
+                        todo.append(found)
+        return (base_q, shards) if base_q is not None else None
+
+    def _class(self, q: str, depth: int) -> Optional[Tuple[Unit, cst.ClassDef]]:
+        """The project class a qualified name is, with its module's unit (through re-exports)."""
+        where = self.project.locate(q)
+        unit = self.unit(where[0]) if where is not None and depth > 0 else None
+        if unit is None or not where[1] or "." in where[1]:
+            return None
+        if where[1] in unit.anatomy.classes:
+            return unit, unit.anatomy.classes[where[1]]
+        return self._class(unit.aliases[where[1]], depth - 1) if where[1] in unit.aliases else None
+
     def bind(self, target: Target, call: cst.Call) -> Dict[str, cst.BaseExpression]:
         """Parameter -> the expression `call` passes for it (positional or keyword); a call with
         ``*args``/``**kwargs`` binds nothing it cannot be sure of."""
@@ -253,7 +289,7 @@ def _def_line(path: str, name: str) -> int:
 
     tree = read_ast(path)
     for node in ast.walk(tree) if tree is not None else ():
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
             return node.lineno
     return 0
 
@@ -284,6 +320,34 @@ def reached(anatomy, path: Optional[str], options, site: CallSite) -> Reached:
         return Reached(target=target)
     q = resolve(unit.aliases, site.call.func)
     return Reached(outside=prog.project.outside(q)) if q else Reached()
+
+
+@dataclass(frozen=True)
+class LoaderSubclass:
+    """A class of the user's project that a call of the script builds and that derives from a
+    library loader (``class MyLoader(DataLoader)``)."""
+
+    name: str  # "loaders.MyLoader"
+    where: str  # "loaders.py:4", its `class` line
+    base: str  # "torch.utils.data.DataLoader"
+    shards_itself: bool  # an __init__ of its chain builds a DistributedSampler
+
+
+def loader_subclass(anatomy, path: Optional[str], options, site: CallSite) -> Optional[LoaderSubclass]:
+    """The project class deriving from a loader that `site` (a call of the script at `path`)
+    builds, found through the same program model as `reached`; None otherwise or without a path."""
+    if not path:
+        return None
+    prog, unit = _model(anatomy, path, options)
+    q = resolve(unit.aliases, site.call.func)
+    found = prog._class(q, _DEPTH) if q else None
+    base = prog.loader_base(*found) if found is not None else None
+    if base is None:
+        return None
+    home, cls = found
+    line = home.anatomy.position(cls)[0] or _def_line(home.module.path, cls.name.value)
+    rel = os.path.relpath(home.module.path, prog.project.root or os.sep).replace(os.sep, "/")
+    return LoaderSubclass(f"{home.module.name}.{cls.name.value}", f"{rel}:{line}", base[0], base[1])
 
 
 def handed_functions(anatomy, path: Optional[str], options, site: CallSite) -> List[Target]:

@@ -188,6 +188,19 @@ class DistributedSamplerRule(Rule):
         if f.resharded or key in done:
             return True
         done.add(key)
+        from distify.program import loader_subclass  # here: most files never ask
+
+        sub = loader_subclass(ctx.anatomy, ctx.plan.script_path, ctx.options, f.call)
+        if sub is not None and not sub.shards_itself:
+            ctx.block(
+                self.code, f.call.call,
+                f"{f.name} feeds the training loop and is a {sub.name} ({sub.where}), a subclass of {sub.base} "
+                f"defined in this project: distify cannot give it a DistributedSampler from here "
+                f"(runtime.shard_loader rebuilds only a plain DataLoader): not migrated; in its __init__, pass "
+                f"sampler=DistributedSampler(dataset, shuffle=...) to the loader it builds, and call "
+                f"{f.name}.sampler.set_epoch(epoch) each epoch",
+            )
+            return False
         module, _, func = f.builder.rpartition(".")
         # the module next to the script, where distify can read it: name the def, see its sampler
         b = find_builder(ctx.plan.script_path, f.builder) if here is None else None

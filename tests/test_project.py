@@ -409,3 +409,49 @@ def test_relative_imports_are_found_and_files_without_any_are_not_parsed(tmp_pat
     assert len(parsed) == 2
     assert project.relative_aliases(project.script(str(tmp_path / "pkg" / "plain.py"))) == {}
     assert len(parsed) == 2  # plain.py: read, not parsed
+
+
+# a DataLoader subclass the project defines (issue 21: decide from what the class is) -----------
+
+SUBCLASS = Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "loader_subclass"
+
+
+@pytest.mark.parametrize("variant", ["plain", "module alias", "no own __init__"])
+def test_a_loader_subclass_of_the_project_is_refused_with_its_lines(variant, tmp_path):
+    """runtime.shard_loader cannot rebuild a subclass (it raises at run time): the script is refused,
+    naming the call's line and the class's, whatever the spelling of the call or of the class."""
+    import shutil
+
+    shutil.copytree(SUBCLASS / "in", tmp_path / "p")
+    script, loaders = tmp_path / "p" / "train.py", tmp_path / "p" / "loaders.py"
+    where = "loaders.py:8"
+    if variant == "module alias":
+        script.write_text(script.read_text().replace("from loaders import RegressionLoader", "import loaders as L")
+                          .replace("= RegressionLoader(", "= L.RegressionLoader("))
+    elif variant == "no own __init__":
+        loaders.write_text(loaders.read_text() + "\n\nclass Plain(BaseDataLoader):\n    pass\n")
+        script.write_text(script.read_text().replace("import RegressionLoader", "import Plain")
+                          .replace("= RegressionLoader(64, args.batch_size)", "= Plain(make(), args.batch_size, True, 0.25)")
+                          .replace("\n\ndef main():", "\n\ndef make():\n    return torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1))\n\n\ndef main():"))
+        where = "loaders.py:16"
+    before = {p: p.read_bytes() for p in (tmp_path / "p").rglob("*.py")}
+    r = _run(tmp_path / "p", "train.py")
+    assert r.returncode == 3, r.stderr
+    assert f"DST201 data_loader feeds the training loop and is a loaders." in r.stderr and f"({where}), a subclass of torch.utils.data.DataLoader" in r.stderr, r.stderr
+    assert {p: p.read_bytes() for p in (tmp_path / "p").rglob("*.py")} == before
+
+
+def test_a_loader_subclass_that_gives_itself_a_distributed_sampler_is_migrated(tmp_path):
+    """The control of the refusal: a subclass whose __init__ builds a DistributedSampler is sharded
+    already (runtime.shard_loader returns such a loader as it is): the script is migrated."""
+    import shutil
+
+    shutil.copytree(SUBCLASS / "in", tmp_path / "p")
+    base = tmp_path / "p" / "base_loader.py"
+    base.write_text(base.read_text().replace("from torch.utils.data.sampler import SubsetRandomSampler",
+                                             "from torch.utils.data.sampler import SubsetRandomSampler\n"
+                                             "from torch.utils.data.distributed import DistributedSampler")
+                    .replace("super().__init__(sampler=self.sampler, **self.init_kwargs)",
+                             "super().__init__(sampler=DistributedSampler(dataset), **self.init_kwargs)"))
+    r = _run(tmp_path / "p", "--check", "train.py")
+    assert r.returncode == 1 and "DST201" in r.stderr and "subclass" not in r.stderr, r.stderr
