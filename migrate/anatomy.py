@@ -27,6 +27,7 @@ from distify.model_build import (
     _compiled_alias, _find_model, built_class, moves_to_device,
 )
 from distify.names import resolve, unwrapped
+from distify.positions import Locator, statement_of
 from distify.rank import reads_rank
 from distify.records import (
     BatchLoop, CallSite, DATALOADER, DDP, DIST_SAMPLER, ENV_RANK_VARS, EpochLoop, FSDP1, FULLY_SHARD,
@@ -73,18 +74,31 @@ class Anatomy:
     flow_from: Optional[object] = None
     batch_loops: List[BatchLoop] = field(default_factory=list)  # every loop over an iterable (see BatchLoop)
     want_positions: bool = True  # False when nothing will show them (--quiet): skips a costly pass
+    text: Optional[str] = None  # the text `module` was parsed from, when known: nodes are then located alone
     _positions: Optional[dict] = None
     _order: Optional[dict] = None
+    _locator: Optional[Locator] = None
 
     def position(self, node: cst.CSTNode) -> Tuple[int, int]:
         if not self.want_positions:
             return (0, 0)
+        line, column = self._start(node)
+        return (line, column + 1) if line else (0, 0)
+
+    def _start(self, node: cst.CSTNode) -> Tuple[int, int]:
+        """(line, zero-based column) where `node` starts; (0, 0) for a node not in the module. The
+        statement around it is rendered alone where it can be (distify.positions.Locator), else the
+        whole module once."""
+        if self._positions is None and self.text is not None:
+            if self._locator is None:
+                self._locator = Locator(self.module, self.text, statement_of(self.stmt_parent, self.calls, self.attr_uses))
+            found = self._locator.start(node)
+            if found is not None:
+                return found
         if self._positions is None:
             self._positions = positions(self.wrapper)
         rng: Optional[CodeRange] = self._positions.get(node)
-        if rng is None:
-            return (0, 0)
-        return (rng.start.line, rng.start.column + 1)
+        return (rng.start.line, rng.start.column) if rng is not None else (0, 0)
 
     def qualname(self, expr: cst.BaseExpression) -> Optional[str]:
         return resolve(self.aliases, expr)
@@ -196,13 +210,7 @@ class Anatomy:
             self._order = {s: i for i, s in enumerate(self.stmt_parent)}
         if a in self._order and b in self._order:
             return self._order[a] < self._order[b]
-        return self._positions_for_order(a) < self._positions_for_order(b)
-
-    def _positions_for_order(self, node: cst.CSTNode) -> Tuple[int, int]:
-        if self._positions is None:
-            self._positions = positions(self.wrapper)
-        rng = self._positions.get(node)
-        return (rng.start.line, rng.start.column) if rng is not None else (0, 0)
+        return self._start(a) < self._start(b)
 
     def scope_of(self, stmt: cst.CSTNode) -> Optional[Scope]:
         return self.stmt_scope.get(stmt)
@@ -304,10 +312,12 @@ class Anatomy:
         return self.facts.holds(scope, name, since, use)
 
 
-def analyse(module: cst.Module, project=None, joined=None) -> Anatomy:
+def analyse(module: cst.Module, project=None, joined=None, text: Optional[str] = None) -> Anatomy:
     """The anatomy of `module`. `project` answers which function of another module of the project a
     qualified name is (``distify.program.ProjectReach``): the facts follow the model there too. For a
-    project view, `joined` is (homes, relative aliases): see ``distify.records._Collector``."""
+    project view, `joined` is (homes, relative aliases): see ``distify.records._Collector``. `text`:
+    the text `module` was parsed from (or renders to), which lets positions be found statement by
+    statement instead of by rendering the module."""
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     col = _Collector(*(joined or ()))
     walk(module, col)  # the collector's hooks, in libcst's order, without rebuilding the tree
@@ -664,6 +674,7 @@ def analyse(module: cst.Module, project=None, joined=None) -> Anatomy:
         facts=facts,
         flow_from=flow_from,
         batch_loops=all_batch_loops,
+        text=text,
     )
 
 

@@ -132,7 +132,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
 
         reach = ProjectReach(path, options)
         joined = reach.joined(source)
-    anatomy = analyse(module, reach, joined)
+    anatomy = analyse(module, reach, joined, text)
     project_view = None
     if path is not None and not options.standalone and (anatomy.optimizers or anatomy.loaders) and (
             not anatomy.has_training or _builds_elsewhere(anatomy)):
@@ -258,7 +258,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
         return _refusal(source, findings, [replace(f, line=to_source(f.line)) for f in unbound], encoding)
     # the audit: the rewritten module, analysed afresh, must hold the invariants of a correct
     # data-parallel script; its findings are reported against the user's lines
-    audited = _audit(analyse(new_module, joined=joined), options, findings, migrated=True, path=path)
+    audited = _audit(analyse(new_module, joined=joined, text=after), options, findings, migrated=True, path=path)
     # a partial migration the user asked for (--select / --ignore) is written with its warnings
     drift = _drift(audited) if not (options.select or options.ignore) else []
     if drift:

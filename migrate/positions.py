@@ -113,3 +113,187 @@ def ranges(module: cst.Module) -> Ranges:
     state = _State(module)
     module._codegen(state)
     return Ranges(state.spans)
+
+
+# where one node starts, without rendering the module ---------------------------------------------
+#
+# A finding needs the start of a dozen nodes of a file; ``ranges`` renders all of it for them. The
+# statement a node lies in starts on the line CPython's own parser gives that statement (``ast``, a
+# small fraction of a libcst render), at the indentation its line opens with; rendering that
+# statement alone, with that indentation as its indent token and until the node's start is known,
+# gives the node's start relative to the statement's. The result is what ``ranges`` gives
+# (tests/test_walk.py compares them on every fixture); where the two trees cannot be paired
+# statement by statement, ``Locator.start`` answers None and the caller renders the module.
+
+class _Found(Exception):
+    pass
+
+
+class _Probe(_State):
+    """Renders one statement (`root`) until the starts of `root` and of `target` are known."""
+
+    __slots__ = ("root", "target", "root_start", "target_start", "_pending")
+
+    def __init__(self, module: cst.Module, root: cst.CSTNode, target: cst.CSTNode, indent: str) -> None:
+        super().__init__(module)
+        self.indent_tokens = [indent] if indent else []
+        self.root, self.target = root, target
+        self.root_start: Optional[Tuple[int, int]] = None
+        self.target_start: Optional[Tuple[int, int]] = None
+        self._pending: Optional[Tuple[int, int]] = None
+
+    def _check(self) -> None:
+        if self.root_start is not None and self.target_start is not None:
+            raise _Found
+
+    def before_codegen(self, node: cst.CSTNode) -> None:
+        if node is self.target:
+            self._pending = (self.line, self.column)
+
+    def after_codegen(self, node: cst.CSTNode) -> None:
+        if node is self.target and self.target_start is None:  # no syntactic position of its own
+            self.target_start = self._pending
+            self._check()
+
+    def record_syntactic_position(self, node: cst.CSTNode, *, start_node: Optional[cst.CSTNode] = None,
+                                  end_node: Optional[cst.CSTNode] = None) -> "_Probe":
+        if start_node is not None and (node is self.root or node is self.target):
+            raise LookupError  # a start taken from another node (an IndentedBlock): not handled here
+        # the first (outermost) record of a node is the one its range keeps
+        if node is self.root and self.root_start is None:
+            self.root_start = (self.line, self.column)
+        if node is self.target and self.target_start is None:
+            self.target_start = (self.line, self.column)
+        self._check()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
+_COMPOUND = {
+    "FunctionDef": ("FunctionDef", "AsyncFunctionDef"), "ClassDef": ("ClassDef",), "If": ("If",),
+    "For": ("For", "AsyncFor"), "While": ("While",), "Try": ("Try",), "TryStar": ("TryStar",),
+    "With": ("With", "AsyncWith"), "Match": ("Match",),
+}
+
+
+class Locator:
+    """Starts of the nodes of `module` (parsed from `text`) found statement by statement.
+    `owner(node)`: the innermost statement (a ``SimpleStatementLine`` or compound statement) that
+    holds `node`, or None when it is not known."""
+
+    def __init__(self, module: cst.Module, text: str, owner) -> None:
+        self.module = module
+        self.text = text
+        self.owner = owner
+        self._lines: Optional[Dict[int, int]] = None  # id(statement) -> the line it starts on
+        self._seen: Dict[int, cst.CSTNode] = {}
+        self._twice: set = set()
+        self._elifs: set = set()
+
+    def start(self, node: cst.CSTNode) -> Optional[Tuple[int, int]]:
+        """(line, zero-based column) where `node` starts, or None: not found this way."""
+        stmt = self.owner(node)
+        if stmt is None:
+            return None
+        if self._lines is None:
+            self._lines = self._statement_lines()
+        line = self._lines.get(id(stmt))
+        if line is None or id(stmt) in self._twice:
+            return None
+        source_line = self._source_lines[line - 1]
+        indent = source_line[: len(source_line) - len(source_line.lstrip(" \t\f"))]
+        probe = _Probe(self.module, stmt, node, indent)
+        try:
+            if id(stmt) in self._elifs:  # rendered by its parent as `elif`, not `if`
+                probe.before_codegen(stmt)
+                stmt._codegen_impl(probe, is_elif=True)
+                probe.after_codegen(stmt)
+            else:
+                stmt._codegen(probe)
+        except _Found:
+            pass
+        except Exception:  # noqa: BLE001 - a libcst-internal mismatch: the caller renders the module
+            return None
+        if probe.root_start is None or probe.target_start is None or probe.root_start[1] != len(indent):
+            return None
+        return (line + probe.target_start[0] - probe.root_start[0], probe.target_start[1])
+
+    def _statement_lines(self) -> Dict[int, int]:
+        import ast
+
+        self._source_lines = _NEWLINE.split(self.text)
+        out: Dict[int, int] = {}
+        try:
+            tree = compile(self.text, "<positions>", "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+            self._pair(self.module.body, tree.body, out)
+        except (SyntaxError, ValueError, LookupError, RecursionError):
+            return {}
+        return out
+
+    def _pair(self, stmts, nodes, out: Dict[int, int]) -> None:
+        """Pair libcst statements with CPython's (LookupError where the two disagree)."""
+        i = 0
+        for stmt in stmts:
+            if id(stmt) in self._seen:  # one node object in two places: its line is ambiguous
+                self._twice.add(id(stmt))
+            self._seen[id(stmt)] = stmt
+            if isinstance(stmt, cst.SimpleStatementLine):
+                if i + len(stmt.body) > len(nodes):
+                    raise LookupError
+                out[id(stmt)] = nodes[i].lineno
+                i += len(stmt.body)
+                continue
+            if i >= len(nodes):
+                raise LookupError
+            node = nodes[i]
+            i += 1
+            if type(node).__name__ not in _COMPOUND.get(type(stmt).__name__, ()):
+                raise LookupError
+            out[id(stmt)] = node.lineno
+            self._blocks(stmt, node, out)
+        if i != len(nodes):
+            raise LookupError
+
+    def _blocks(self, stmt, node, out: Dict[int, int]) -> None:
+        if isinstance(stmt, cst.Match):
+            if len(stmt.cases) != len(node.cases):
+                raise LookupError
+            for case, ncase in zip(stmt.cases, node.cases):
+                self._body(case.body, ncase.body, out)
+            return
+        self._body(stmt.body, node.body, out)
+        if isinstance(stmt, (cst.Try, getattr(cst, "TryStar", cst.Try))):
+            if len(stmt.handlers) != len(node.handlers):
+                raise LookupError
+            for handler, nhandler in zip(stmt.handlers, node.handlers):
+                self._body(handler.body, nhandler.body, out)
+            if stmt.finalbody is not None:
+                self._body(stmt.finalbody.body, node.finalbody, out)
+        orelse = getattr(stmt, "orelse", None)
+        if isinstance(orelse, cst.If):  # elif
+            self._elifs.add(id(orelse))
+            self._pair([orelse], node.orelse, out)
+        elif orelse is not None:
+            self._body(orelse.body, node.orelse, out)
+
+    def _body(self, block, nodes, out: Dict[int, int]) -> None:
+        if isinstance(block, cst.IndentedBlock):
+            self._pair(block.body, nodes, out)
+        # a suite on the header's line (`if x: a; b`) holds no statement lines of its own
+
+
+def statement_of(statements, calls, attributes):
+    """`owner` for a ``Locator`` from the analysis' records: a statement is its own; a call or an
+    attribute is in the statement the analysis saw it in (None when seen in two places)."""
+    found: Dict[int, Optional[cst.CSTNode]] = {}
+    for node, stmt in [(c.call, c.stmt) for c in calls] + [(a[0], a[3]) for a in attributes]:
+        found[id(node)] = stmt if id(node) not in found or found[id(node)] is stmt else None
+
+    def owner(node: cst.CSTNode) -> Optional[cst.CSTNode]:
+        if node in statements:
+            return node
+        return found.get(id(node))
+
+    return owner

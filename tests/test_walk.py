@@ -182,6 +182,93 @@ def test_positions_equal_the_metadata_wrapper():
         assert dict(fast) == dict(slow), path
 
 
+
+def _located_as_rendered(source: bytes) -> tuple:
+    """(nodes checked, nodes not located) where the statement-by-statement start of every statement,
+    call and attribute is the start rendering the whole module gives (asserted)."""
+    from distify.anatomy import analyse
+    from distify.engine import decode
+    from distify.positions import Locator, ranges, statement_of
+
+    module = cst.parse_module(source)
+    a = analyse(module)
+    where = Locator(module, decode(source)[0], statement_of(a.stmt_parent, a.calls, a.attr_uses))
+    full = ranges(module)
+    checked = unlocated = 0
+    for node in list(a.stmt_parent) + [c.call for c in a.calls] + [u[0] for u in a.attr_uses]:
+        start = where.start(node)
+        checked += 1
+        unlocated += start is None  # the caller then renders the module: slower, not wrong
+        assert start is None or start == full.start(node), (type(node).__name__, start, full.start(node))
+    return checked, unlocated
+
+
+SHAPES = (
+    "import torch\r\n"
+    "@torch.no_grad()\r\n"
+    "@decorate(\r\n"
+    "    f(1))\r\n"
+    "def g(x):\r\n"
+    "\tif x:\r\n"
+    "\t\ty = h(x,\r\n"
+    "\t\t      k(2))\r\n"
+    "\telif torch.cuda.is_available() and p(x):\r\n"
+    "\t\tpass\r\n"
+    "\telse: q(); r()\r\n"
+    "\ttry:\r\n"
+    "\t\ts(x)\r\n"
+    "\texcept E as e:  # why\r\n"
+    "\t\tt(e)\r\n"
+    "\tfinally:\r\n"
+    "\t\tu()\r\n"
+    "\twith v(x) as w, z(): w.m(\r\n"
+    "\t\t1)\r\n"
+    "\tmatch x:\r\n"
+    "\t\tcase 1:\r\n"
+    "\t\t\tm.n(x)\r\n"
+    "\tfor i in range(3):\r\n"
+    "\t\tprint(i)\r\n"
+    "\telse:\r\n"
+    "\t\tprint(\"done\"); o.p()\r\n"
+    "class C(B(1)):\r\n"
+    "    def m(self): return torch.zeros(1).sum()\r\n"
+    "x = 1; y = f(x)\r\n"
+)
+
+
+def test_nodes_found_statement_by_statement_start_where_rendering_the_module_says():
+    """A finding's position comes from rendering only the statement around the node, placed on the
+    line CPython's parser gives that statement (distify.positions.Locator): on the statement shapes
+    it must pair (decorators, elif, a suite on the header's line, handlers, match, tabs, CRLF,
+    continuation lines inside blocks) and on fixtures (inputs and expected outputs: the audit
+    locates nodes of distify's output), the start is the one rendering the whole module gives."""
+    checked, unlocated = _located_as_rendered(SHAPES.encode())
+    assert checked > 40 and unlocated == 0
+    checked = unlocated = 0
+    for path in sorted(FIXTURES.rglob("*.py"))[::8]:
+        try:
+            c, u = _located_as_rendered(path.read_bytes())
+        except AssertionError as e:
+            raise AssertionError(f"{path}: {e}") from None
+        checked, unlocated = checked + c, unlocated + u
+    assert checked > 5000 and unlocated < checked / 100
+
+
+def test_a_node_in_two_places_is_located_by_rendering_the_module():
+    """One statement object at two places of a tree (a rewrite may insert one node twice): which
+    occurrence a position means is the module rendering's answer, not a guess."""
+    from distify.anatomy import analyse
+
+    stmt = cst.parse_statement("x = f(1)\n")
+    module = cst.Module(body=[stmt, cst.parse_statement("y = 2\n"), stmt])
+    a = analyse(module, text=module.code)
+    call = a.calls[0].call
+    expected = ranges_start = positions(MetadataWrapper(module, unsafe_skip_copy=True))[call].start
+    assert a.position(call) == (ranges_start.line, ranges_start.column + 1)
+    assert a.position(stmt)[0] == positions(MetadataWrapper(module, unsafe_skip_copy=True))[stmt].start.line
+    assert expected.line == 3
+
+
 def _edits_applied_to_the_edited_paths_only_change_nothing(inputs, backend, monkeypatch):
     """How many of `inputs` change; fails where entering every node renders another output."""
     options = Options(backend=backend)
