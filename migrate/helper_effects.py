@@ -134,8 +134,8 @@ def same_module(target: Target, c: CallSite) -> Optional[Target]:
 def _defined_here(a, t: Target) -> bool:
     """`t`'s code is part of the module audited (a project view joins the helper's functions)."""
     if t.cls is not None:
-        return a.classes.get(t.cls.name.value) is t.cls
-    return a.functions.get(t.fn.name.value) is t.fn
+        return t.cls.name.value in a.classes
+    return t.fn.name.value in a.functions
 
 
 def advice(c: CallSite, t: Target, e: Effect) -> str:

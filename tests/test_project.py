@@ -455,3 +455,15 @@ def test_a_loader_subclass_that_gives_itself_a_distributed_sampler_is_migrated(t
                              "super().__init__(sampler=DistributedSampler(dataset), **self.init_kwargs)"))
     r = _run(tmp_path / "p", "--check", "train.py")
     assert r.returncode == 1 and "DST201" in r.stderr and "subclass" not in r.stderr, r.stderr
+
+
+def test_the_audit_of_a_view_knows_the_helpers_it_migrated():
+    """unet_get_loaders: utils.py joins the migration (it builds the loaders), and its writes and
+    prints are guarded there; the audit of the outputs must see those helpers as migrated code of
+    the view, not say "writes a file on every rank ... or let distify migrate utils.py" (DST955/956)."""
+    script = Path(__file__).resolve().parent.parent / "fixtures" / "corpus" / "projects" / "unet_get_loaders" / "train.py"
+    result = migrate_project([str(script)], Options(), Mode.CHECK)
+    assert result.changed
+    codes = [(f.path, x.code) for f in result.files for x in f.findings] + [
+        (o.path, x.code) for f in result.files for o in f.others for x in o.findings]
+    assert not [c for c in codes if c[1] in ("DST955", "DST956")], codes
