@@ -18,7 +18,7 @@ from typing import Dict, Optional, Set
 
 import libcst as cst
 
-from distify.library import MODEL_HOUSEKEEPING, MODULE_METHODS
+from distify.library import MODEL_HOUSEKEEPING, MODULE_METHODS, NO_GRAD
 from distify.syntax import all_nodes, dotted
 
 PARAMETER = frozenset({"torch.nn.Parameter", "torch.nn.parameter.Parameter"})
@@ -113,3 +113,24 @@ def _is_super(expr: cst.BaseExpression) -> bool:
 def _decorator(d: cst.Decorator) -> Optional[str]:
     return d.decorator.value if isinstance(d.decorator, cst.Name) else None
 
+
+
+def takes_gradients(a, site) -> bool:
+    """The call runs where gradients are taken: on the training path (in a loop that trains, or in a
+    function called from one) and under no ``torch.no_grad()`` / ``inference_mode()`` block or
+    decorator. A model method called there computes the loss the step differentiates; one called
+    under no_grad (``model.sample(...)``, ``model.generate(...)`` between epochs) only evaluates."""
+    if not a.facts.on_training_path(site.stmt):
+        return False
+    for p in (*a.stmt_parent.get(site.stmt, ()), site.stmt):
+        if isinstance(p, cst.With) and any(
+            isinstance(i.item, cst.Call) and a.qualname(i.item.func) in NO_GRAD for i in p.items
+        ):
+            return False
+    scope = site.scope
+    if isinstance(scope, cst.FunctionDef):
+        for d in scope.decorators:
+            f = d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator
+            if a.qualname(f) in NO_GRAD:
+                return False
+    return True

@@ -9,6 +9,7 @@ from distify.syntax import dotted
 from distify.meaning import copies_argument, pickled_members
 from distify.rules.base import DDP_BACKEND, Context, Rule, reaching_scopes
 from distify.walk import walk
+from distify.forward_methods import runs_forward, takes_gradients
 
 
 class UnwrapModule(Rule):
@@ -43,6 +44,9 @@ class UnwrapModule(Rule):
         a = ctx.anatomy
         for model, anchor in ctx.plan.wrapped:
             targets = reaching_scopes(ctx, model, anchor)
+            model_cls = a.model_class(model)
+            foreign = a.class_methods(model_cls)[1] if model_cls is not None else True
+            called = {id(c.call.func): c for c in a.calls if isinstance(c.call.func, cst.Attribute)}
             for attr, scope, cls, stmt in a.attr_uses:
                 name = dotted(attr.value)
                 if name is None or attr.attr.value in MODULE_API:
@@ -58,6 +62,19 @@ class UnwrapModule(Rule):
                 mode = _still_wrapped(a, model, anchor, scope, name, stmt, mode)
                 if mode is None:
                     continue
+                site = called.get(id(attr))
+                if site is not None and takes_gradients(a, site) and runs_forward(
+                    a.classes, a.qualname, model_cls, attr.attr.value, foreign
+                ):
+                    ctx.block(
+                        self.code, attr,
+                        f"{name}.{attr.attr.value}() runs the model's computation outside forward where the loss "
+                        "is differentiated: DDP averages the gradients only of a forward called through the "
+                        f"wrapper, so through {name}.module each rank would keep its own and the replicas drift "
+                        f"apart: file not migrated; compute the loss in forward (call {name}(...)), or migrate "
+                        "with --backend horovod (its optimizer averages) or fsdp (it registers the method)",
+                    )
+                    return
                 if mode == "module":
                     new_value = lambda n: cst.Attribute(value=n.value, attr=cst.Name("module"))
                 else:
