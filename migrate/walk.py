@@ -79,7 +79,11 @@ class _Recorder(cst.CSTVisitor):
 
 
 def _may_hold_code(annotation) -> bool:
-    """False when a field's annotation admits only trivia or plain data (str, bool, sentinels)."""
+    """False when a field's annotation admits only trivia or plain data (str, bool, sentinels).
+
+    Class tests read the MRO: ``issubclass`` against libcst's node bases (ABCs with hundreds of
+    subclasses) searches every subclass for a class that is not one, and the first walk of a process
+    asked that for each field of each node type (several ms of a cold one-file run)."""
     if annotation is None or annotation is type(None):
         return False
     origin = typing.get_origin(annotation)
@@ -89,9 +93,10 @@ def _may_hold_code(annotation) -> bool:
         return any(_may_hold_code(a) for a in typing.get_args(annotation))
     if not isinstance(annotation, type):
         return True  # a forward reference or something unforeseen: walk it
-    if not issubclass(annotation, cst.CSTNode):
+    mro = annotation.__mro__
+    if cst.CSTNode not in mro:
         return False
-    return not (annotation in TRIVIA or issubclass(annotation, _TRIVIA_BASES))
+    return not (annotation in TRIVIA or any(base in mro for base in _TRIVIA_BASES))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,11 +118,11 @@ def _fields(node: cst.CSTNode) -> _Fields:
     every = tuple((n, True) for n in rec.names) + tuple(
         (f.name, False) for f in dataclasses.fields(t) if f.name not in rec.names
     )
-    try:
-        hints = typing.get_type_hints(t)
-    except Exception:  # noqa: BLE001 - unresolvable annotations: walk every field
-        hints = None
-    code = tuple(n for n, _ in every if hints is None or n not in hints or _may_hold_code(hints[n]))
+    # the fields' annotations as the dataclass holds them: libcst's are objects, not strings (a
+    # forward reference left in one, such as ``Optional["CompFor"]``, is walked); resolving them
+    # with typing.get_type_hints cost more than the rest of this function
+    hints = {f.name: f.type for f in dataclasses.fields(t)}
+    code = tuple(n for n, _ in every if n not in hints or _may_hold_code(hints[n]))
     info = _Fields(every, tuple(n for n, _ in every), code)
     _FIELDS[t] = info
     return info
@@ -128,7 +133,7 @@ _KIND: Dict[type, int] = {tuple: _SEQUENCE, list: _SEQUENCE, type(None): _DATA, 
 
 
 def _kind(t: type) -> int:
-    k = _SEQUENCE if issubclass(t, (tuple, list)) else _NODE if issubclass(t, cst.CSTNode) else _DATA
+    k = _SEQUENCE if issubclass(t, (tuple, list)) else _NODE if cst.CSTNode in t.__mro__ else _DATA
     _KIND[t] = k
     return k
 

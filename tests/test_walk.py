@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import typing
 from pathlib import Path
 
 import libcst as cst
@@ -19,6 +21,7 @@ import pytest
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from distify import edits as edits_module
+from distify import walk as walk_module
 from distify.records import _Collector, positions
 from distify.engine import migrate_source
 from distify.rules.base import Options
@@ -554,3 +557,39 @@ def test_data_parallel_references_are_walked_for_only_where_one_can_be(monkeypat
     monkeypatch.setattr(dst902, "children", lambda node: walked.append(node) or children(node))
     dst902._class_references(analyse(cst.parse_module("import torch\nmodel = torch.nn.Linear(2, 2)\nprint(model)\n")))
     assert walked == []
+
+
+def _node_classes():
+    seen, todo = set(), [cst.CSTNode]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in seen:
+                seen.add(sub)
+                todo.append(sub)
+    return sorted((c for c in seen if dataclasses.is_dataclass(c)), key=lambda c: c.__qualname__)
+
+
+def _holds_code_by_resolved_hints(annotation) -> bool:
+    """The field filter as first written: annotations resolved by typing, classes tested by issubclass."""
+    if annotation is None or annotation is type(None):
+        return False
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal or origin is typing.ClassVar:
+        return False
+    if origin is not None:
+        return any(_holds_code_by_resolved_hints(a) for a in typing.get_args(annotation))
+    if not isinstance(annotation, type) or not issubclass(annotation, cst.CSTNode):
+        return not isinstance(annotation, type)
+    return not (annotation in TRIVIA or issubclass(annotation, walk_module._TRIVIA_BASES))
+
+
+def test_fields_that_may_hold_code_are_those_the_resolved_annotations_say():
+    """walk reads the dataclass fields' own annotations and tests classes by their MRO (cheap at
+    start-up); for every libcst node type it keeps the fields that the annotations resolved by
+    typing.get_type_hints and tested with issubclass keep."""
+    classes = _node_classes()
+    assert len(classes) > 200
+    for cls in classes:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            assert walk_module._may_hold_code(f.type) == _holds_code_by_resolved_hints(hints[f.name]), (cls, f.name)
