@@ -34,7 +34,7 @@ from distify.records import (
     INIT_PG, Loader, Model, NOT_OPTIMIZERS, Optimizer, SAVE, Scope, Stmt, _Collector, _all_functions,
     assigned_name, positions,
 )
-from distify.standalone import find_block
+from distify.runtime_class import find_block
 from distify.syntax import arg, dotted
 from distify.training import (
     body_trains, endless_loop, generator_passes, keyed_loop, loader_family, comprehension_consumers,

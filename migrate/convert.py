@@ -27,7 +27,7 @@ from distify.syntax import arg, dotted, call_statement
 from distify.edits import ApplyEdits
 from distify.findings import Finding
 from distify.options import BACKENDS, Options
-from distify.standalone import find_block
+from distify.runtime_class import find_block
 from distify.grad_values import gradient_value
 
 if TYPE_CHECKING:  # pragma: no cover

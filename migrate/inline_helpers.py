@@ -34,9 +34,9 @@ from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 import libcst as cst
 from libcst.metadata import BuiltinAssignment, ClassScope, FunctionScope, GlobalScope, MetadataWrapper, ScopeProvider
 
+from distify.runtime_class import MARKER  # opens the class; found by runtime_class.find_block
+
 VERSION = 2
-MARKER = "# distify: standalone runtime (v{version}, {backend})"  # opens the class; found by find_block
-_MARKER_RE = re.compile(r"#\s*distify: standalone runtime \(v(\d+), (\w+)\)")
 
 _HEADER = MARKER + ''' -- written by `distify --standalone`.
 # Generated from distify.runtime: torchrun, Kubeflow, srun, mpirun and horovodrun tell each process

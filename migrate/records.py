@@ -15,7 +15,7 @@ from distify.syntax import dotted
 from distify.library import PROGRESS_BARS, names_of
 from distify.names import Defined, resolve
 from distify.positions import ranges
-from distify.standalone import is_standalone_block
+from distify.runtime_class import is_standalone_block
 
 
 Scope = Union[cst.Module, cst.FunctionDef]

@@ -18,59 +18,16 @@ places the class. It imports libcst only (the CLI never imports torch).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, Optional, Tuple
 
 import libcst as cst
 
-from distify.inline_helpers import _MARKER_RE, class_def, import_line, load, source  # noqa: F401 - source: re-exported
+from distify.inline_helpers import class_def, import_line, load, source  # noqa: F401 - source: re-exported
+from distify.runtime_class import find_block
 
 
-# reading a script -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Block:
-    """The inline runtime class of an earlier ``--standalone`` run."""
-
-    node: cst.ClassDef
-    name: str
-    backend: str
-    members: FrozenSet[str]
-
-
-def _marker(cls: cst.ClassDef) -> Optional["re.Match"]:
-    for line in cls.leading_lines:
-        match = _MARKER_RE.match(line.comment.value) if line.comment is not None else None
-        if match:
-            return match
-    return None
-
-
-def is_standalone_block(cls: cst.ClassDef) -> bool:
-    """True for a class that opens with the marker comment (the caller checks it is top-level)."""
-    return _marker(cls) is not None
-
-
-def find_block(module: cst.Module) -> Optional[Block]:
-    for stmt in module.body:
-        match = _marker(stmt) if isinstance(stmt, cst.ClassDef) else None
-        if match:
-            return Block(stmt, stmt.name.value, match.group(2), frozenset(_members(stmt)))
-    return None
-
-
-def _members(cls: cst.ClassDef) -> List[str]:
-    names = []
-    for stmt in cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ():
-        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-            names.append(stmt.name.value)
-        elif isinstance(stmt, cst.SimpleStatementLine):
-            for small in stmt.body:
-                targets = small.targets if isinstance(small, cst.Assign) else ()
-                names += [t.target.value for t in targets if isinstance(t.target, cst.Name)]
-    return names
+# reading a script (the class of an earlier run: distify.runtime_class) --------------------------
 
 
 def attributes_used(module: cst.Module, name: str) -> List[str]:

@@ -620,3 +620,22 @@ def test_runtime_does_not_import_the_migration_tool():
     assert "distify.runtime" in mods
     for heavy in ("libcst", "typer", "rich", "click"):
         assert not _from(mods, heavy), heavy
+
+
+def test_one_file_check_imports_only_what_it_uses(tmp_path):
+    """A cold ``--check`` of one migrated script (the pre-commit case, empty cache) parses and
+    audits it, and imports nothing it does not use: no writer of the --standalone class, no
+    typer, rich or torch."""
+    script = tmp_path / "train.py"
+    script.write_bytes((Path(__file__).resolve().parent.parent / "fixtures" / "DST101" / "dropped_label.ddp.py").read_bytes())
+    code = ("import sys; from distify.runner import execute; "
+            "code = execute([sys.argv[1]], check=True); print(code, ' '.join(sorted(sys.modules)))")
+    env = {**os.environ, "DISTIFY_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", code, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    status, *mods = proc.stdout.split()
+    assert status == "0", proc.stdout + proc.stderr
+    mods = set(mods)
+    assert {"libcst", "distify.anatomy", "distify.rules.dst951_unsharded_loader"} <= mods  # parsed and audited
+    unused = {"distify.standalone", "distify.inline_helpers", "distify.cli", "distify.lint", "distify.verify"}
+    assert not unused & mods, sorted(unused & mods)
+    assert not {m for m in mods if m.split(".")[0] in ("typer", "rich", "click", "pydantic", "torch")}
