@@ -114,6 +114,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
 
     from distify.anatomy import analyse
     from distify.audit import is_audit
+    from distify.helper_effects import builds_elsewhere
     from distify.names import frameworks
     from distify.edits import ApplyEdits
     from distify.rules import selected
@@ -135,7 +136,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
     anatomy = analyse(module, reach, joined, text)
     project_view = None
     if path is not None and not options.standalone and (anatomy.optimizers or anatomy.loaders) and (
-            not anatomy.has_training or _builds_elsewhere(anatomy)):
+            not anatomy.has_training or builds_elsewhere(anatomy)):
         # the training loop may run in a function of another module of the project: the rules
         # then see the script and that module as one (distify.project_view)
         from distify.project_view import view
@@ -270,12 +271,6 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
         findings += [replace(f, line=to_source(f.line)) for f in audited]
         findings.sort(key=lambda f: (f.line, f.col, f.code))
     return MigrationResult(source, output, tuple(findings), encoding=encoding)
-
-
-def _builds_elsewhere(anatomy) -> bool:
-    from distify.project_view import builds_elsewhere
-
-    return builds_elsewhere(anatomy)
 
 
 def _standalone(module: cst.Module, ctx: Context, findings: List[Finding]) -> cst.Module:

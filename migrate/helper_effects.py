@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, List, Optional, Set, Tuple
 
 import libcst as cst
 
+from distify.data_sources import foreign_loaders
 from distify.syntax import all_nodes
 from distify.library import TABLE, known
 from distify.records import CallSite
@@ -116,6 +117,13 @@ def project_calls(a) -> List[CallSite]:
     root."""
     return [c for c in a.calls if c.qualname is not None and known(c.qualname) is None
             and c.qualname.split(".", 1)[0] not in _LIBRARY_ROOTS]
+
+
+def builds_elsewhere(a) -> bool:
+    """The script analysed as `a` trains and calls a function another module may define (not a
+    library's): worth asking the program model whether a loader, an evaluation or a write is built
+    there (``distify.project_view``, which the engine imports only then)."""
+    return a.has_training and (bool(foreign_loaders(a)) or bool(project_calls(a)))
 
 
 def same_module(target: Target, c: CallSite) -> Optional[Target]:

@@ -132,14 +132,6 @@ def _evaluates(t, bound) -> bool:
                for bl in t.unit.anatomy.batch_loops)
 
 
-def builds_elsewhere(anatomy) -> bool:
-    """The script trains and calls a function another module may define (not a library's): worth
-    asking the program model whether a loader, an evaluation or a write is built there."""
-    from distify.helper_effects import project_calls
-
-    return anatomy.has_training and (bool(foreign_loaders(anatomy)) or bool(project_calls(anatomy)))
-
-
 def _joins(stmt: cst.CSTNode) -> bool:
     """A top-level statement of a helper that joins the view: its imports, functions and classes
     (module-level code runs at import time, before the script: it is not the training path)."""
