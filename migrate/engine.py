@@ -307,9 +307,8 @@ def _notes(anatomy, options: Options, path: Optional[str], code: str) -> Tuple[F
 
     ctx = Context(anatomy, options)
     ctx.plan.script_path = path
-    for rule in selected(options.backend, options.select, options.ignore):
-        if rule.code == code:
-            rule.apply(ctx)
+    for rule in selected(options.backend, options.select, options.ignore, codes=(code,)):
+        rule.apply(ctx)
     return tuple(ctx.findings)
 
 
@@ -347,9 +346,9 @@ def _refusal(source: bytes, findings: Sequence[Finding], why: Sequence[Finding],
 def _drift(audited: Sequence[Finding]) -> List[Finding]:
     """The audit's findings on distify's own output that mean the written script would train wrong
     in silence (``AuditCheck.refuses_own_output``): such an output is refused, not written."""
-    from distify.rules import BY_CODE
+    from distify.rules import by_code
 
-    return [f for f in audited if getattr(BY_CODE.get(f.code), "refuses_own_output", False)]
+    return [f for f in audited if getattr(by_code(f.code), "refuses_own_output", False)]
 
 
 def _line_map(old: bytes, new: bytes):

@@ -168,6 +168,33 @@ def test_registry_is_not_empty_and_indexed_by_code() -> None:
     assert all(BY_CODE[r.code] is r for r in (*ALL_RULES, *STAGES))
 
 
+def test_each_row_of_the_registry_is_its_modules_rule() -> None:
+    """The registry is data (code, module, backends) so that a run imports only the rules it
+    applies: each row must say what the module's RULE says, in the engine's order."""
+    rows = distify.rules._TABLE
+    assert [(r.code, type(r).__module__.rsplit(".", 1)[-1], tuple(sorted(r.backends))) for r in ALL_RULES] == [
+        (code, module, tuple(sorted(backends))) for code, module, backends in rows]
+    assert [(s.code, s.__module__) for s in STAGES] == list(distify.rules._STAGES)
+    for backend in BACKENDS:
+        assert selected(backend) == tuple(r for r in ALL_RULES if backend in r.backends)
+        assert selected(backend, ("DST2",), ("DST20",)) == tuple(
+            r for r in ALL_RULES if backend in r.backends and r.code.startswith("DST2") and not r.code.startswith("DST20"))
+    assert selected("ddp", codes=("DST961",)) == (BY_CODE["DST961"],)
+    assert all(distify.rules.by_code(code) is rule for code, rule in BY_CODE.items())
+    assert distify.rules.by_code("DST999") is None
+
+
+def test_a_run_imports_only_the_rules_it_selects() -> None:
+    """Selecting the ddp rules loads no module of a rule for FSDP or Horovod alone (nor the
+    backend conversion); asking for the whole registry loads them all."""
+    code = "import sys; from distify.rules import selected; selected('ddp'); print(' '.join(sorted(sys.modules)))"
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                                check=True).stdout.split())
+    for r in ALL_RULES:
+        assert (type(r).__module__ in loaded) == ("ddp" in r.backends), r.code
+    assert "distify.convert" not in loaded
+
+
 @pytest.mark.parametrize("rule", (*ALL_RULES, *STAGES), ids=lambda r: r.code)
 def test_rule_docstring_has_three_parts(rule: Rule) -> None:
     assert docstring_problems(rule) == []
