@@ -31,7 +31,6 @@ Import-light: no libcst, typer or rich.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -39,6 +38,16 @@ from dataclasses import dataclass, fields
 from typing import Optional, Tuple
 
 from distify.findings import Finding
+
+# CPython's own SHA-256, which hashlib falls back to without OpenSSL: importing hashlib loads
+# OpenSSL's libcrypto, a few ms of every run, cached or not; the digests are the same
+try:
+    from _sha2 import sha256  # Python 3.12+
+except ImportError:
+    try:
+        from _sha256 import sha256  # Python 3.11 and earlier
+    except ImportError:  # another Python implementation
+        from hashlib import sha256
 
 FORMAT = 3  # bump when the entry layout changes
 ENV_DIR = "DISTIFY_CACHE_DIR"
@@ -74,7 +83,7 @@ def code_fingerprint() -> str:
     """A hash of what produces distify's output besides the options; computed once per run."""
     import distify
 
-    h = hashlib.sha256()
+    h = sha256()
     h.update(f"distify {distify.__version__}\0python {sys.version}\0format {FORMAT}\0".encode())
     for top in _package_dirs():
         for root, dirs, files in os.walk(top):
@@ -103,7 +112,7 @@ def code_fingerprint() -> str:
 def settings_key(options) -> str:
     """Every field of the options (a field added later is in the key without anyone thinking of it)."""
     items = [(f.name, repr(getattr(options, f.name))) for f in fields(options)]
-    return hashlib.sha256(repr((code_fingerprint(), items)).encode()).hexdigest()[:32]
+    return sha256(repr((code_fingerprint(), items)).encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -126,7 +135,7 @@ class Cache:
 
     @staticmethod
     def digest(source: bytes) -> str:
-        return hashlib.sha256(source).hexdigest()
+        return sha256(source).hexdigest()
 
     def get(self, source: bytes) -> Optional[Entry]:
         digest = self.digest(source)
@@ -181,7 +190,7 @@ class Cache:
 def _file_digest(path: str) -> Optional[str]:
     try:
         with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
+            return sha256(f.read()).hexdigest()
     except OSError:
         return None
 

@@ -131,6 +131,21 @@ def test_warm_run_neither_parses_nor_imports_libcst(tree):
     assert not heavy, sorted(heavy)
 
 
+def test_digests_are_sha256():
+    """The cache hashes with CPython's own SHA-256 module (not hashlib, which loads OpenSSL): the
+    digests must be SHA-256's, as the entries' ``sha256`` field says."""
+    import hashlib
+
+    from distify.cache import Cache, sha256
+
+    for data in (b"", b"import torch\n", bytes(range(256)) * 4099):
+        assert Cache.digest(data) == hashlib.sha256(data).hexdigest()
+        h = sha256()
+        h.update(data[:7])
+        h.update(data[7:])
+        assert h.hexdigest() == hashlib.sha256(data).hexdigest()
+
+
 def test_cache_is_read_and_no_cache_ignores_it(tmp_path):
     """A planted entry is replayed (the cache is really consulted), and --no-cache does not read it."""
     script = tmp_path / "train.py"
