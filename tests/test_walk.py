@@ -593,3 +593,15 @@ def test_fields_that_may_hold_code_are_those_the_resolved_annotations_say():
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             assert walk_module._may_hold_code(f.type) == _holds_code_by_resolved_hints(hints[f.name]), (cls, f.name)
+
+
+def test_the_collector_has_a_hook_for_each_statement_type_and_no_other():
+    """The collector's generated statement hooks pick libcst's statement types by their MRO (cheap
+    at start-up); they are the types issubclass names."""
+    kinds = {t.__name__ for t in vars(cst).values()
+             if isinstance(t, type) and issubclass(t, (cst.SimpleStatementLine, cst.BaseCompoundStatement))}
+    generated = {name.split("_", 1)[1] for prefix in ("visit_", "leave_") for name, fn in vars(_Collector).items()
+                 if name.startswith(prefix) and "_statement_hooks" in getattr(fn, "__qualname__", "")}
+    assert len(kinds) > 10
+    assert generated == kinds
+
