@@ -63,7 +63,7 @@ class UnwrapModule(Rule):
                 if mode is None:
                     continue
                 site = called.get(id(attr))
-                if site is not None and takes_gradients(a, site) and runs_forward(
+                if site is not None and takes_gradients(a, site) and not _wrapper_ran_first(a, site, name) and runs_forward(
                     a.classes, a.qualname, model_cls, attr.attr.value, foreign
                 ):
                     ctx.block(
@@ -267,6 +267,20 @@ def _only_reads(a, fn, param: str) -> bool:
 
     walk(fn.body, V())
     return ok and seen
+
+
+def _wrapper_ran_first(a, site, name: str) -> bool:
+    """The wrapper itself is called (`name(...)`) earlier in the same pass of the loop around `site`
+    (`out = model(x); loss = model.compute_loss(out, y)`): that forward arms DDP's gradient hooks
+    for the step, so a method reading parameters after it is averaged with the rest."""
+    if not site.loops:
+        return False
+    inner = site.loops[-1]
+    return any(
+        c.scope is site.scope and c.loops and c.loops[-1] is inner and dotted(c.call.func) == name
+        and a.is_before(c.stmt, site.stmt)
+        for c in a.calls
+    )
 
 
 RULE = UnwrapModule()
