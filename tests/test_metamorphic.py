@@ -196,3 +196,23 @@ def test_control_a_first_keyword_only_lookup_fails(monkeypatch) -> None:
 
     monkeypatch.setattr(dst305, "kwarg_value", first_keyword_only)
     assert difference(case, "ddp", REORDER) is not None
+
+
+def test_control_setup_after_the_first_import_fails(monkeypatch) -> None:
+    """Control: make DST001 put the process-group setup right after the script's first import (a
+    decision by position: which modules are imported before the setup then depends on the order the
+    imports are written in). Reversing the imports moves a different import before the setup, so the
+    reorder check sees it; with today's anchor (the first statement that runs) it does not."""
+    import distify.rules.dst001_process_group as dst001
+
+    case = FIXTURES / "DST951" / "endless_generator_over_a_call.in.py"
+    assert difference(case, "ddp", REORDER) is None
+    import libcst as cst
+
+    def after_the_first_import(owner, body):
+        imports = [i for i, stmt in enumerate(body) if isinstance(stmt, cst.SimpleStatementLine)
+                   and isinstance(stmt.body[0], (cst.Import, cst.ImportFrom))]
+        return body[imports[0] + 1]
+
+    monkeypatch.setattr(dst001, "first_statement", after_the_first_import)
+    assert "changes the migration" in (difference(case, "ddp", REORDER) or "")
