@@ -7,7 +7,6 @@ import libcst as cst
 from distify.data_sources import foreign_loaders, is_iterable_dataset
 from distify.records import Loader
 from distify.syntax import arg, dotted, all_nodes
-from distify.siblings import find_builder
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, loader_stem
 from distify.rules.eval_plan import eval_plans, shard_eval_enabled
 
@@ -203,6 +202,8 @@ class DistributedSamplerRule(Rule):
             return False
         module, _, func = f.builder.rpartition(".")
         # the module next to the script, where distify can read it: name the def, see its sampler
+        from distify.siblings import find_builder  # only for a loader built in another module
+
         b = find_builder(ctx.plan.script_path, f.builder) if here is None else None
         where = f"{func}() in {b.where}" if b else (f"{func}() of {module}" if module else f"{func}()")
         if b is not None and b.sampler in ("sampler", "batch_sampler"):
