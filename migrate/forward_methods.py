@@ -116,10 +116,11 @@ def _decorator(d: cst.Decorator) -> Optional[str]:
 
 
 def takes_gradients(a, site) -> bool:
-    """The call runs where gradients are taken: on the training path (in a loop that trains, or in a
-    function called from one) and under no ``torch.no_grad()`` / ``inference_mode()`` block or
-    decorator. A model method called there computes the loss the step differentiates; one called
-    under no_grad (``model.sample(...)``, ``model.generate(...)`` between epochs) only evaluates."""
+    """The call computes what a step differentiates: it runs on the training path (in a loop that
+    trains, or in a function called from one), under no ``torch.no_grad()`` / ``inference_mode()``
+    block or decorator, and its value reaches a ``.backward()`` of its scope or is returned to the
+    caller (``loss = model.compute_loss(x); loss.backward()``). One called under no_grad, or whose
+    value only feeds a metric (``model.generate(...)`` for a sample between epochs), only evaluates."""
     if not a.facts.on_training_path(site.stmt):
         return False
     for p in (*a.stmt_parent.get(site.stmt, ()), site.stmt):
@@ -133,4 +134,24 @@ def takes_gradients(a, site) -> bool:
             f = d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator
             if a.qualname(f) in NO_GRAD:
                 return False
-    return True
+    return a.facts.reaches_backward(scope, site.stmt) or _returned(a, site)
+
+
+def _returned(a, site, depth: int = 0) -> bool:
+    """The call's value leaves its function for a caller that differentiates it: a `return` holds the
+    call or reads a name its statement binds (`loss = model.compute_loss(x)` ... `return loss`), and
+    the statement of some call of that function reaches a `.backward()` (or returns it in turn)."""
+    fn = site.scope
+    if not isinstance(fn, cst.FunctionDef) or depth > 3:
+        return False
+    bound = {
+        n.value for small in getattr(site.stmt, "body", ()) if isinstance(small, cst.Assign)
+        for t in small.targets for n in all_nodes(t.target) if isinstance(n, cst.Name)
+    }
+    leaves = any(
+        any(x is site.call or (isinstance(x, cst.Name) and x.value in bound) for x in all_nodes(n.value))
+        for n in all_nodes(fn.body, skip_nested=True) if isinstance(n, cst.Return) and n.value is not None
+    )
+    return leaves and any(
+        a.facts.reaches_backward(c.scope, c.stmt) or _returned(a, c, depth + 1) for c in a.facts.callers(fn)
+    )
