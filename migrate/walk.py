@@ -99,11 +99,16 @@ def _may_hold_code(annotation) -> bool:
     return not (annotation in TRIVIA or any(base in mro for base in _TRIVIA_BASES))
 
 
-@dataclasses.dataclass(frozen=True)
 class _Fields:
-    every: Tuple[Tuple[str, bool], ...]  # (name, visited by libcst even when unset) in libcst's order
-    names: Tuple[str, ...]  # the names of `every`
-    code: Tuple[str, ...]  # those that can hold anything but trivia
+    """A node type's fields as the walk reads them. This module's two records are plain classes:
+    the dataclass machinery costs ~0.7 ms a class at every start-up, as much as the rest of it."""
+
+    __slots__ = ("every", "names", "code")
+
+    def __init__(self, every: Tuple[Tuple[str, bool], ...], code: Tuple[str, ...]) -> None:
+        self.every = every  # (name, visited by libcst even when unset) in libcst's order
+        self.names = tuple(n for n, _ in every)  # the names of `every`
+        self.code = code  # those that can hold anything but trivia
 
 
 _FIELDS: Dict[type, _Fields] = {}
@@ -123,7 +128,7 @@ def _fields(node: cst.CSTNode) -> _Fields:
     # with typing.get_type_hints cost more than the rest of this function
     hints = {f.name: f.type for f in dataclasses.fields(t)}
     code = tuple(n for n, _ in every if n not in hints or _may_hold_code(hints[n]))
-    info = _Fields(every, tuple(n for n, _ in every), code)
+    info = _Fields(every, code)
     _FIELDS[t] = info
     return info
 
@@ -138,17 +143,20 @@ def _kind(t: type) -> int:
     return k
 
 
-@dataclasses.dataclass
 class _Plan:
     """Per visitor class: which hooks it has, looked up once per node type."""
 
-    generic_visit: bool  # on_visit / on_leave are CSTVisitor's: dispatch by name, cached here
-    generic_attr: bool  # on_visit_attribute / on_leave_attribute are CSTVisitor's
-    skip: FrozenSet[type]  # node types not walked
-    attr_types: FrozenSet[str]  # node type names with a visit_<Type>_<attribute> / leave_ hook
-    visit: Dict[type, Optional[Callable]] = dataclasses.field(default_factory=dict)
-    leave: Dict[type, Optional[Callable]] = dataclasses.field(default_factory=dict)
-    local: bool = False  # a class made per call: `visit`/`leave` hold hook names, not functions
+    __slots__ = ("generic_visit", "generic_attr", "skip", "attr_types", "visit", "leave", "local")
+
+    def __init__(self, generic_visit: bool, generic_attr: bool, skip: FrozenSet[type], attr_types: FrozenSet[str],
+                 local: bool = False) -> None:
+        self.generic_visit = generic_visit  # on_visit / on_leave are CSTVisitor's: dispatch by name, cached here
+        self.generic_attr = generic_attr  # on_visit_attribute / on_leave_attribute are CSTVisitor's
+        self.skip = skip  # node types not walked
+        self.attr_types = attr_types  # node type names with a visit_<Type>_<attribute> / leave_ hook
+        self.visit: Dict[type, Optional[Callable]] = {}
+        self.leave: Dict[type, Optional[Callable]] = {}
+        self.local = local  # a class made per call: `visit`/`leave` hold hook names, not functions
 
 
 # a class made per call (a visitor defined in a function) has the hooks of its class statement:
