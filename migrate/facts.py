@@ -54,10 +54,19 @@ class Facts:
         self._made_from_rank: Optional[FrozenSet[str]] = None
         self._gradient_names: Optional[FrozenSet[str]] = None
         self._trains: Dict[int, bool] = {}
+        # facts the other fact modules derive from this module, asked by several rules and checks
+        # (``memo(key, compute)``): kept with the analysis, so never shared by two files or trees
+        self._memo: Dict[tuple, object] = {}
         self.trainers: FrozenSet[cst.FunctionDef] = frozenset()  # functions that train (set by the anatomy)
         # which function of another module of the project a qualified name is, when the analysis
         # knows the project (``distify.program.ProjectReach``); None for a file on its own
         self.project = None
+
+    def memo(self, key: tuple, compute):
+        """`compute()`, once per `key` for this analysis (a key names the fact and its arguments)."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     # order and nesting -------------------------------------------------------------------
     def order(self, stmt: cst.CSTNode) -> int:

@@ -21,7 +21,7 @@ Read-only; the rules ask it (DST101 decides ``find_unused_parameters``, DST104 t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -248,27 +248,28 @@ def reentrant(call: cst.Call) -> bool:
 def training_freezes(facts: Facts, qualname, scope, root: str) -> List[Gap]:
     """``requires_grad`` of the model's parameters changed inside a loop that trains (in `scope`,
     or in a function of the script that loop calls with the model): "freeze" when set to a literal
-    False, "unfreeze" otherwise."""
+    False, "unfreeze" otherwise. Asked by DST101 and DST104: found once per analysis."""
     from distify.model_state import FREEZE, changes_in  # noqa: E402 - keeps this module light
 
-    out: List[Gap] = []
-    for stmt in training_loops(facts, scope):
-        for c in changes_in(facts, qualname, stmt, [root]):
-            if c.kind == FREEZE:
-                out.append(Gap("freeze" if _sets_false(c.node) else "unfreeze", c.node, root))
-    return out
+    def find() -> Tuple[Gap, ...]:
+        return tuple(Gap("freeze" if _sets_false(c.node) else "unfreeze", c.node, root)
+                     for stmt in training_loops(facts, scope) for c in changes_in(facts, qualname, stmt, [root])
+                     if c.kind == FREEZE)
+
+    resolver = getattr(qualname, "__self__", qualname)  # the anatomy whose names `qualname` resolves
+    return list(facts.memo(("training_freezes", id(scope), root, id(resolver)), find))
 
 
 def training_loops(facts: Facts, scope) -> List[cst.CSTNode]:
     """The outermost loops of `scope` that train (call backward()/step(), or a function that does)."""
-    return [
+    return list(facts.memo(("training_loops", id(scope)), lambda: tuple(
         stmt
         for stmt in facts.statements(scope)
         if isinstance(stmt, (cst.For, cst.While))
         and not facts.loops_around(stmt)
         and any(training_call(n) or (isinstance(n, cst.Call) and facts.callee(n, scope) in facts.trainers)
                 for n in all_nodes(stmt, skip_nested=True))
-    ]
+    )))
 
 
 DTYPE_METHODS = frozenset({"half", "float", "double", "bfloat16"})

@@ -605,3 +605,25 @@ def test_the_collector_has_a_hook_for_each_statement_type_and_no_other():
     assert len(kinds) > 10
     assert generated == kinds
 
+
+
+def test_a_fact_two_rules_ask_is_found_once_per_analysis(monkeypatch):
+    """DST101 and DST104 both ask which ``requires_grad`` changes a training loop makes
+    (``model_contract.training_freezes``): the answer is kept with the analysis (``Facts.memo``),
+    found once per migration, and found again by the next migration (nothing kept between files)."""
+    import distify.model_state as model_state
+
+    source = (FIXTURES / "DST101" / "freeze_in_loop.in.py").read_bytes()
+    options = Options(backend="ddp", select=("DST101", "DST104"))
+    asked = []
+    real = model_state.changes_in
+    loops = (cst.For, cst.While)  # the training loops' reading (other facts read other statements)
+    monkeypatch.setattr(model_state, "changes_in",
+                        lambda *a, **k: (isinstance(a[2], loops) and asked.append(a[2])) or real(*a, **k))
+    first = migrate_source(source, options)
+    once = list(asked)
+    assert once and len(once) == len(set(map(id, once)))  # each training loop read once
+    assert any("stop requiring a gradient" in f.message for f in first.findings)
+    asked.clear()
+    second = migrate_source(source, options)
+    assert len(asked) == len(once) and second.findings == first.findings
