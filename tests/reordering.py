@@ -8,7 +8,9 @@
 - each run of adjacent statements of one block that commute pairwise (`commute`) reversed: plain imports
   of distinct names (never `__future__`, never `*`); or undecorated `def`/`class` statements and simple
   assignments whose definition-time code makes no call, that bind distinct names and read nothing
-  another binds.
+  another binds; an assignment whose calls all go into imports or builtins (`device =
+  torch.device("cpu")`) among those of them it does not mention (a library function cannot see the
+  script's globals; two calls never change order).
 
 `normal_form(source, known)` is the form two migrations are compared in: every such keyword run
 sorted by keyword, and every block put in its lexicographically least order among the orders that
@@ -32,8 +34,8 @@ from typing import FrozenSet, List, Optional, Sequence, Set
 
 import libcst as cst
 
-# Expressions whose evaluation runs no code of the script's worth ordering (the brief's "free of side
-# effects": names, constants, attributes, simple arithmetic and displays of those).
+# Expressions free of effects worth ordering: names, constants, attributes, arithmetic, comparisons
+# and displays of those.
 _PURE = (
     cst.Name, cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString,
     cst.Attribute, cst.BinaryOperation, cst.UnaryOperation, cst.BooleanOperation, cst.Comparison,
@@ -86,11 +88,16 @@ def _calls(node: cst.CSTNode) -> bool:
 @dataclass(frozen=True)
 class Free:
     """What a statement free to move binds and reads when it runs; `kind` says what it may commute
-    with: an import with imports, a definition or assignment with definitions and assignments."""
+    with: an "import" with imports; a "code" statement (a definition, or an assignment of an
+    effect-free value) with code and effects; an "effect" (its calls all go into the library) with
+    code only."""
 
     kind: str
     binds: FrozenSet[str]
     reads: FrozenSet[str]
+    # an assignment that reads a library object's attribute (`flag = torch.backends.cudnn.benchmark`):
+    # a library call may change what it reads, so it does not pass an "effect"
+    reads_library: bool = False
 
 
 def _bound_by_import(node) -> Optional[FrozenSet[str]]:
@@ -173,12 +180,14 @@ def free(stmt: cst.CSTNode, library: FrozenSet[str] = frozenset()) -> Optional[F
                 return None
             targets |= names
         if not pure(small.value):
-            return None
-        return Free("code", frozenset(targets), frozenset(_reads(small.value)))
+            return _library_effect(small, library) if library else None
+        reads = frozenset(_reads(small.value))
+        return Free("code", frozenset(targets), reads, reads_library=bool(reads & library))
     if isinstance(small, cst.AnnAssign) and small.value is not None and isinstance(small.target, cst.Name):
         if not pure(small.value) or _calls(small.annotation):
             return None
-        return Free("code", frozenset({small.target.value}), frozenset(_reads(small.value) | _reads(small.annotation)))
+        reads = frozenset(_reads(small.value) | _reads(small.annotation))
+        return Free("code", frozenset({small.target.value}), reads, reads_library=bool(reads & library))
     return _library_effect(small, library) if library else None
 
 
@@ -246,6 +255,8 @@ def commute(a: Optional[Free], b: Optional[Free]) -> bool:
     """Whether two adjacent statements may run in either order with the same effect."""
     if a is None or b is None or {a.kind, b.kind} not in ({"import"}, {"code"}, {"code", "effect"}):
         return False
+    if {a.kind, b.kind} == {"code", "effect"} and (a.reads_library or b.reads_library):
+        return False
     return not (a.binds & b.binds) and not (a.binds & b.reads) and not (b.binds & a.reads)
 
 
@@ -284,12 +295,21 @@ def _permute(call: cst.Call, order, every: bool) -> cst.Call:
 # --- blocks ----------------------------------------------------------------------------------------
 
 
-def _reverse_runs(body: Sequence[cst.CSTNode]) -> list:
+def _moves(stmt: cst.CSTNode, library: FrozenSet[str]) -> Optional[Free]:
+    """What the transformation may move: what `free` says, but a bare library call stays where it is
+    (`fire.Fire()` reads the definitions above it; `torch.manual_seed(0)` is left in place too)."""
+    fact = free(stmt, library)
+    if fact is not None and fact.kind == "effect" and not isinstance(stmt.body[0], cst.Assign):
+        return None
+    return fact
+
+
+def _reverse_runs(body: Sequence[cst.CSTNode], library: FrozenSet[str]) -> list:
     """Reverse every maximal run of statements that commute pairwise, from the top: a run of four
     imports comes out last first, as does `class Net` ... `def main` when no definition-time code
     reads another's name."""
     out = list(body)
-    facts = [free(s) for s in out]
+    facts = [_moves(s, library) for s in out]
     i = 0
     while i < len(out):
         j = i + 1
@@ -346,8 +366,11 @@ class _Reorder(cst.CSTTransformer):
 
 def reorder(source: str) -> str:
     """`source` with what is free to move moved (see the module's docstring)."""
-    t = _Reorder(lambda call: _permute(call, lambda args: args[::-1], every=False), _reverse_runs)
-    return cst.parse_module(source).visit(t).code
+    module = cst.parse_module(source)
+    library = _library(module)
+    t = _Reorder(lambda call: _permute(call, lambda args: args[::-1], every=False),
+                 lambda body: _reverse_runs(body, library))
+    return module.visit(t).code
 
 
 _EMPTY = cst.Module(body=[])

@@ -28,6 +28,8 @@ MOVES = [
     ("a, b = x.y, 2\nc = -x.z * 2\n", "c = -x.z * 2\na, b = x.y, 2\n"),
     ("def f(x=1):\n    return g()\ndef g():\n    return f()\n", "def g():\n    return f()\ndef f(x=1):\n    return g()\n"),
     ("class A:\n    x = 1\nclass B:\n    y = 2\n", "class B:\n    y = 2\nclass A:\n    x = 1\n"),
+    ("import torch\ndevice = torch.device(\"cpu\")\ndef f():\n    pass\n",
+     "import torch\ndef f():\n    pass\ndevice = torch.device(\"cpu\")\n"),
     ("f(a, b=1, c=x.y, d=2)\n", "f(a, d=2, c=x.y, b=1)\n"),
     ("f(a=1, b=2, *rest, c=3, d=4)\n", "f(b=2, a=1, *rest, d=4, c=3)\n"),
 ]
@@ -52,6 +54,13 @@ KEEPS = [
     ("keywords around **", "f(a=1, **kw)\nf(**kw, b=2)\n"),
     ("the builtin dict's order", "d = dict(a=1, b=2)\n"),
     ("a subscript target", "x[0] = 1\nb = 2\n"),
+    ("a bare library call", "import torch\ntorch.manual_seed(0)\ndef f():\n    pass\n"),
+    ("two library calls", "import torch\na = torch.randn(2)\nb = torch.randn(2)\n"),
+    ("a call into the script", "a = helper()\ndef f():\n    pass\n"),
+    ("a library call given the def", "import torch\ndef f():\n    pass\ng = torch.compile(f)\n"),
+    ("a read of library state next to a library call",
+     "import torch\nflag = torch.backends.cudnn.benchmark\nb = torch.zeros(1)\n"),
+    ("a library name rebound", "import torch\na = torch.zeros(1)\ndef torch():\n    pass\n"),
 ]
 
 
@@ -72,6 +81,7 @@ SCRIPT = _src('''
     SCALE = 3
     OFFSET = 0.5
     log = []
+    start = math.floor(OFFSET * 10)
 
     def combine(*, a, b, c=0.0):
         log.append((a, b, c))
@@ -95,7 +105,7 @@ SCRIPT = _src('''
         step = OFFSET * 2
         out = [combine(c=step, a=base, b=SCALE), twice(base), Pair().total()]
         counts = collections.Counter(x > 1 for x in out)
-        return out, sorted(counts.items()), list(log)
+        return out, sorted(counts.items()), list(log), start
 
     result = main()
 ''')
@@ -107,6 +117,7 @@ def test_reordered_script_computes_the_same() -> None:
     moved = reorder(SCRIPT)
     for first, second in (("import math", "import collections"), ("SCALE = 3", "OFFSET = 0.5"),
                           ("class Box", "class Pair"), ("def combine", "def twice"),
+                          ("start = math.floor", "def combine"),
                           ("    base = SCALE + 1", "    step = OFFSET * 2")):
         assert SCRIPT.index(first) < SCRIPT.index(second) and moved.index(first) > moved.index(second)
     assert "combine(c=step, a=base, b=SCALE)" in SCRIPT and "combine(b=SCALE, a=base, c=step)" in moved
