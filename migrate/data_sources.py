@@ -15,7 +15,7 @@ from distify.library import known
 from distify.names import row_of, seeds_sharded, star_import
 from distify.rank import RANK_ENV
 from distify.dataflow import _data_of, _first_items, _loop_var, _returns, ref_text
-from distify.records import BatchLoop, CallSite, EpochLoop, Scope, assigned_name
+from distify.records import DIST_SAMPLER, BatchLoop, CallSite, EpochLoop, Scope, assigned_name
 from distify.training import drawn_from, endless_loop
 
 if TYPE_CHECKING:
@@ -315,8 +315,10 @@ def _origin_calls(a: "Anatomy", scope: Scope, name: str, depth: int, via: tuple)
     """Every (call site, name, via) whose call's result `name` holds in `scope`: an assignment
     there, or through the parameter each caller binds (`via`: those calls with the name each one
     passes, innermost first), or a module-level global."""
-    if depth > 4 or "." in name or "[" in name:
+    if depth > 4 or "[" in name:
         return []
+    if "." in name:
+        return _attribute_origin(a, scope, name, via)
     if isinstance(scope, cst.FunctionDef) and name in a.facts.params(scope):
         out = []
         for site in a.facts.callers(scope):
@@ -329,14 +331,57 @@ def _origin_calls(a: "Anatomy", scope: Scope, name: str, depth: int, via: tuple)
             small = c.stmt.body[0]
             if isinstance(small, cst.AnnAssign) and small.value is c.call and dotted(small.target) == name:
                 return [(c, name, via)]  # `train_loader: DataLoader = get_loader(...)`
-            if isinstance(small, cst.Assign) and small.value is c.call and len(small.targets) == 1:
-                t = small.targets[0].target
-                names = [dotted(t)] if dotted(t) else [dotted(e.value) for e in getattr(t, "elements", [])]
-                if name in names:
-                    return [(c, name, via)]
+            if isinstance(small, cst.Assign) and small.value is c.call and name in _assigned(small):
+                return [(c, name, via)]
     if isinstance(scope, cst.FunctionDef) and name not in a.facts.bindings(scope):
         return _origin_calls(a, a.module, name, depth + 1, via)
     return []
+
+
+def _assigned(small: cst.Assign) -> List[str]:
+    """The names (dotted: ``self.loader``) a one-target assignment binds, a tuple's too."""
+    if len(small.targets) != 1:
+        return []
+    t = small.targets[0].target
+    return [dotted(t)] if dotted(t) else [dotted(e.value) for e in getattr(t, "elements", [])]
+
+
+def _attribute_origin(a: "Anatomy", scope: Scope, name: str, via: tuple) -> list:
+    """`self.<attr>` read in a method: the call whose result the one assignment of that attribute
+    in the methods of the class binds (``self.train_loader, self.train_sampler = get_loader(...)``
+    in ``launch()``, iterated in ``train_one_epoch()``); none when the class assigns it more than
+    once or otherwise."""
+    cls = a.methods.get(scope) if isinstance(scope, cst.FunctionDef) else None
+    if cls is None or not name.startswith("self.") or name.count(".") != 1:
+        return []
+    binds = [(node, stmt) for node, stmt, _sc, k in a.facts.assigns if k is cls and name in _assigned(node)]
+    if len(binds) != 1 or not isinstance(binds[0][0].value, cst.Call):
+        return []
+    site = next((c for c in a.calls if c.call is binds[0][0].value), None)
+    return [(site, name, via)] if site is not None else []
+
+
+def gated_sampler(a: "Anatomy", loader, value: cst.BaseExpression) -> Optional[cst.IfExp]:
+    """The loader's sampler is a DistributedSampler only when a parameter of the function that
+    builds it says so, and none otherwise: ``sampler = DistributedSampler(ds) if distributed else
+    None`` (inline or through the name given), ``distributed`` a parameter (NERSC's
+    ``get_data_loader(params, path, distributed, train)``). Whether it shards depends on what each
+    caller passes; the IfExp, or None."""
+    scope = loader.call.scope
+    expr = value
+    if isinstance(value, cst.Name) and isinstance(scope, cst.FunctionDef):
+        b = a.facts.reaching_binding(scope, value.value, loader.call.stmt)
+        small = b.stmt.body[0] if b is not None and isinstance(b.stmt, cst.SimpleStatementLine) and len(b.stmt.body) == 1 else None
+        one = isinstance(small, cst.Assign) and len(small.targets) == 1 and dotted(small.targets[0].target) == value.value
+        expr = small.value if one else None
+    if not (isinstance(expr, cst.IfExp) and isinstance(scope, cst.FunctionDef)):
+        return None
+    test = expr.test.expression if isinstance(expr.test, cst.UnaryOperation) else expr.test
+    branches = (expr.body, expr.orelse)
+    none = any(isinstance(x, cst.Name) and x.value == "None" for x in branches)
+    made = any(isinstance(x, cst.Call) and a.qualname(x.func) in DIST_SAMPLER for x in branches)
+    flag = isinstance(test, cst.Name) and test.value in a.facts.params(scope)
+    return expr if none and made and flag else None
 
 
 # ------------------------------------------------------------------------------ streams

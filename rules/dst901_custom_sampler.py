@@ -6,7 +6,7 @@ import libcst as cst
 
 from distify.records import DIST_SAMPLER
 from distify.syntax import arg, all_nodes
-from distify.data_sources import built_classes, splits_itself
+from distify.data_sources import built_classes, gated_sampler, splits_itself
 from distify.rules.base import Context, Rule
 
 SHARE_SAMPLER = "distify.runtime.ShareSampler"
@@ -51,9 +51,19 @@ class CustomSampler(Rule):
                 continue
             for pos, keyword in ((5, "sampler"), (6, "batch_sampler")):
                 given = arg(loader.call.call, pos, keyword)
+                what = loader.target or "training DataLoader"
+                gate = gated_sampler(a, loader, given.value) if given is not None else None
+                if gate is not None:
+                    ctx.block(
+                        self.code, given.value,
+                        f"{what} gets a DistributedSampler only when `{ctx.code(gate.test)}` is true, a flag its "
+                        f"callers pass: distify does not set it, and sharing out what is given would wrap None: "
+                        f"not migrated; pass a true value where the training loader is built (every rank "
+                        f"then reads its shard) and call {what}.sampler.set_epoch(epoch) each epoch",
+                    )
+                    continue
                 if given is None or _shared(a, given.value):
                     continue
-                what = loader.target or "training DataLoader"
                 if not isinstance(given.value, (cst.Call, cst.Name, cst.Attribute)):
                     ctx.warn(  # `s if phase == "train" else None`: which sampler it is cannot be read here
                         self.code,

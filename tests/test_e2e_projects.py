@@ -286,3 +286,47 @@ def test_control_simclr_trainer_without_set_epoch(tmp_path):
     problems = _simclr_problems(tmp_path, *_launch("torchrun", tmp_path / "p", tmp_path))
     assert problems == ["the sampler was not told the epoch: every pass reads the same order"], problems
 
+
+
+def _flag_loader_problems(work: Path, result, loaders, params) -> list:
+    """What the run of flag_loader_trainer got wrong: the training loader (#1: the factory's #0
+    rebuilt over this rank's shard) split into disjoint covering shards, the same weights on every
+    rank (see `_sharded`), a new order on the second pass (set_epoch in train()'s epoch loop), each
+    validation line printed once."""
+    out = _sharded(loaders, params, train_id=1)
+    passes = [rec["indices"] for rec in loaders[0] if rec.get("loader") == 1]
+    if len(passes) < 2 or passes[0] == passes[1]:
+        out.append("the sampler was not told the epoch: every pass reads the same order")
+    vals = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
+    if not vals or len(vals) != len(set(vals)):
+        out.append("validation lines printed more than once")
+    return out
+
+
+@pytest.mark.parametrize("launcher,backend", [
+    ("torchrun", "ddp"),
+    pytest.param("horovodrun", "horovod", marks=pytest.mark.horovod),
+])
+def test_flag_loader_trainer(launcher, backend, tmp_path):
+    """NERSC's shape: `self.train_loader, self.train_sampler = get_data_loader(..., False, ...)` in
+    a Trainer method, iterated in another method: re-sharded where the script binds it, set_epoch
+    in train()'s epoch loop."""
+    migrated_copy("flag_loader_trainer", backend, tmp_path / "p")
+    run = _launch(launcher, tmp_path / "p", tmp_path)
+    assert _flag_loader_problems(tmp_path, *run) == [], run[0].stdout
+
+
+def test_control_flag_loader_trainer_without_the_reshard(tmp_path):
+    """Control: the re-shard and its set_epoch taken out, the factory's loader (#0) is read whole
+    by every rank."""
+    migrated_copy("flag_loader_trainer", "ddp", tmp_path / "p")
+    script = tmp_path / "p" / "train.py"
+    text = script.read_text()
+    for line in ("        self.train_loader = runtime.shard_loader(self.train_loader)\n",
+                 "            self.train_loader.sampler.set_epoch(epoch)\n"):
+        assert line in text
+        text = text.replace(line, "")
+    script.write_text(text)
+    problems = _sharded(*_launch("torchrun", tmp_path / "p", tmp_path)[1:], train_id=0)
+    assert problems == ["pass 0 of the training loader is not split into disjoint covering shards",
+                        "pass 1 of the training loader is not split into disjoint covering shards"], problems

@@ -467,3 +467,44 @@ def test_the_audit_of_a_view_knows_the_helpers_it_migrated():
     codes = [(f.path, x.code) for f in result.files for x in f.findings] + [
         (o.path, x.code) for f in result.files for o in f.others for x in o.findings]
     assert not [c for c in codes if c[1] in ("DST955", "DST956")], codes
+
+
+FLAG = Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "flag_loader_trainer"
+
+
+@pytest.mark.parametrize("shape", ["self attribute", "local name"])
+def test_a_factory_that_shards_only_when_told_is_refused_where_it_alone_builds_the_loader(shape, tmp_path):
+    """data_loader.get_data_loader(..., distributed, ...) builds `DistributedSampler(ds) if
+    distributed else None`; called with False for training only (not shared with evaluation, so
+    its module joins the migration), the sampler given is None on this call: wrapping it in
+    runtime.ShareSampler would crash, leaving it would train unsharded. Refused at the line."""
+    import shutil
+
+    shutil.copytree(FLAG / "in", tmp_path / "p")
+    script = tmp_path / "p" / "train.py"
+    text = script.read_text().replace(
+        "        self.val_loader, self.val_sampler = get_data_loader(self.args.batch_size, 32, 2, False, train=False)\n",
+        "        self.val_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8)\n")
+    if shape == "local name":
+        text = textwrap.dedent("""\
+            import torch
+            import torch.nn.functional as F
+
+            from data_loader import get_data_loader
+
+
+            def main():
+                train_loader, train_sampler = get_data_loader(8, 64, 1, False, train=True)
+                model = torch.nn.Linear(4, 1)
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+                for epoch in range(2):
+                    for x, y in train_loader:
+                        loss = F.mse_loss(model(x), y)
+                        optimizer.zero_grad()
+                        loss.backward()
+                        optimizer.step()
+            """)
+    script.write_text(text)
+    r = _run(tmp_path / "p", "--check", "train.py")
+    assert r.returncode == 3, r.stderr
+    assert "data_loader.py:19:37: DST901 dataloader gets a DistributedSampler only when `distributed` is true" in r.stderr, r.stderr
