@@ -104,6 +104,23 @@ def test_loop_in_module(launcher, backend, tmp_path):
     assert _problems(tmp_path / "p", tmp_path, *run) == [], run[0].stdout
 
 
+def test_loop_in_module_called_through_a_module_alias(tmp_path):
+    """`import trainlib as m0_` ... `m0_.train_one_epoch(...)` (tests/test_project_spellings.py):
+    migrated where the loop lives and run on two ranks, as the plain spelling is."""
+    from distify.engine import Mode
+    from distify.options import Options
+    from distify.project import migrate_project
+    from test_project_spellings import respell
+
+    shutil.copytree(PROJECTS / "loop_in_module" / "in", tmp_path / "p")
+    script = tmp_path / "p" / "train.py"
+    script.write_text(respell(script.read_text(), tmp_path / "p", "alias"))
+    assert "m0_.train_one_epoch(" in script.read_text()
+    assert migrate_project([str(script)], Options(), Mode.WRITE).changed
+    run = _launch("torchrun", tmp_path / "p", tmp_path)
+    assert _problems(tmp_path / "p", tmp_path, *run) == [], run[0].stdout
+
+
 def test_control_loop_in_module_without_the_helper_edits(tmp_path):
     migrated_copy("loop_in_module", "ddp", tmp_path / "p")
     shutil.copy(PROJECTS / "loop_in_module" / "in" / "trainlib.py", tmp_path / "p" / "trainlib.py")
