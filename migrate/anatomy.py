@@ -314,10 +314,10 @@ class Anatomy:
 
 def analyse(module: cst.Module, project=None, joined=None, text: Optional[str] = None) -> Anatomy:
     """The anatomy of `module`. `project` answers which function of another module of the project a
-    qualified name is (``distify.program.ProjectReach``): the facts follow the model there too. For a
-    project view, `joined` is (homes, relative aliases): see ``distify.records._Collector``. `text`:
-    the text `module` was parsed from (or renders to), which lets positions be found statement by
-    statement instead of by rendering the module."""
+    qualified name is (``distify.project_reach.ProjectReach``): the facts follow the model there
+    too. For a project view, `joined` is (homes, relative aliases): see
+    ``distify.records._Collector``. `text`: the text `module` was parsed from (or renders to), which
+    lets positions be found statement by statement instead of by rendering the module."""
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     col = _Collector(*(joined or ()))
     walk(module, col)  # the collector's hooks, in libcst's order, without rebuilding the tree

@@ -129,7 +129,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
 
     reach = joined = None
     if path is not None:
-        from distify.program import ProjectReach
+        from distify.project_reach import ProjectReach
 
         reach = ProjectReach(path, options)
         joined = reach.joined(source)

@@ -59,7 +59,7 @@ class Facts:
         self._memo: Dict[tuple, object] = {}
         self.trainers: FrozenSet[cst.FunctionDef] = frozenset()  # functions that train (set by the anatomy)
         # which function of another module of the project a qualified name is, when the analysis
-        # knows the project (``distify.program.ProjectReach``); None for a file on its own
+        # knows the project (``distify.project_reach.ProjectReach``); None for a file on its own
         self.project = None
 
     def memo(self, key: tuple, compute):

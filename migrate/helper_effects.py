@@ -170,16 +170,18 @@ def loaders_handed_to_training(a, path: Optional[str], options) -> List[Tuple[ob
         for scope, ref in loader.refs or [(loader.call.scope, loader.target)]:
             if ref:
                 refs[(id(scope), ref)] = loader
-    from distify.program import program_of, reached
-
     out = []
     for c in a.calls:
         if c.qualname is not None and (known(c.qualname) is not None or c.qualname.split(".", 1)[0] in _LIBRARY_ROOTS):
             continue
+        if c.qualname is None and isinstance(c.call.func, cst.Name):
+            continue  # a name no import binds (a builtin, the script's own function): no project function
         handed = [refs.get((id(c.scope), dotted(x.value))) for x in c.call.args]
         handed = [l for l in handed if l is not None]
         if not handed:
             continue
+        from distify.program import program_of, reached  # a loader handed to a call: the program model says where
+
         t = reached(a, path, options, c).target
         if t is None or not program_of(a).trains(t):
             continue
@@ -264,10 +266,13 @@ def exact_helper_calls(a, path: Optional[str], options) -> List[Tuple[CallSite, 
     """The calls of ``unguarded_helper_calls`` that may run on the main process alone, exactly: the
     call is a statement of its own (its value unused), its arguments only read values, and the
     helper does nothing but write files and print (``only_writes``)."""
+    calls = unguarded_helper_calls(a, path, options)
+    if not calls:
+        return []  # no program model was built: not even its module is needed
     from distify.program import program_of
 
     out = []
-    for c, t, found in unguarded_helper_calls(a, path, options):
+    for c, t, found in calls:
         small = c.stmt.body[0] if isinstance(c.stmt, cst.SimpleStatementLine) and len(c.stmt.body) == 1 else None
         if not (isinstance(small, cst.Expr) and small.value is c.call):
             continue

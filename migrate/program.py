@@ -21,6 +21,7 @@ from distify.facts import keyword_bindings
 from distify.syntax import dotted
 from distify.library import known
 from distify.names import resolve
+from distify.project_reach import ProjectReach
 from distify.project import MAX_BYTES, Project, ProjectModule, read_ast
 from distify.records import DIST_SAMPLER, MODULE_API, STATE_API, BatchLoop, CallSite, Scope
 
@@ -372,44 +373,6 @@ def _model(anatomy, path: str, options) -> Tuple[Program, Unit]:
             prog, mod = for_script(path, getattr(options, "project_root", None), tuple(getattr(options, "exclude", ())))
         cache["model"] = (prog, prog.adopt(mod, anatomy))
     return cache["model"]
-
-
-class ProjectReach:
-    """What a qualified name of the script at `path` is in its project, for the fact layer
-    (``Facts.project``): ``(facts, qualname, function, bound)`` of the project function it names
-    and the arguments a call binds to its parameters, or None. The program model is built on the
-    first question, so a file that never hands its model to another module pays nothing."""
-
-    def __init__(self, path: str, options) -> None:
-        self.path, self._options = path, options
-        self._prog: Optional[Program] = None
-
-    def program(self) -> Program:
-        """The program model around the script, built on first use (``reached`` shares it)."""
-        if self._prog is None:
-            self._prog, _ = for_script(
-                self.path, getattr(self._options, "project_root", None), tuple(getattr(self._options, "exclude", ()))
-            )
-        return self._prog
-
-    def joined(self, source: bytes):
-        """For ``distify.anatomy.analyse`` of the script: its relative imports (``from . import
-        utils``) made absolute, which its own import statements cannot say; None for a script whose
-        text holds none (no project is built for it)."""
-        from distify.project import RELATIVE_IMPORT
-
-        if not RELATIVE_IMPORT.search(source):
-            return None
-        project = self.program().project
-        return {}, project.relative_aliases(project.script(self.path))
-
-    def __call__(self, q: str, call: cst.Call):
-        prog = self.program()
-        target = prog._named(q, _DEPTH)
-        if not isinstance(target, Target):
-            return None
-        unit = target.unit
-        return unit.anatomy.facts, (lambda e: resolve(unit.aliases, e)), target.fn, prog.bind(target, call)
 
 
 def program_of(anatomy) -> Optional[Program]:

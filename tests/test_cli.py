@@ -625,8 +625,8 @@ def test_runtime_does_not_import_the_migration_tool():
 def test_one_file_check_imports_only_what_it_uses(tmp_path):
     """A cold ``--check`` of one migrated script (the pre-commit case, empty cache) parses and
     audits it, and imports nothing it does not use: no writer of the --standalone class, no
-    backend conversion, no project view nor reader of the modules next to it (the script calls
-    into no other module), no rule of another backend, no hashlib (OpenSSL: the cache's digests
+    backend conversion, no program model, project view nor reader of the modules next to it (the
+    script calls into no other module), no rule of another backend, no hashlib (OpenSSL: the cache's digests
     use CPython's own sha256), no typer, rich or torch."""
     script = tmp_path / "train.py"
     script.write_bytes((Path(__file__).resolve().parent.parent / "fixtures" / "DST101" / "dropped_label.ddp.py").read_bytes())
@@ -639,7 +639,7 @@ def test_one_file_check_imports_only_what_it_uses(tmp_path):
     mods = set(mods)
     assert {"libcst", "distify.anatomy", "distify.rules.dst951_unsharded_loader"} <= mods  # parsed and audited
     unused = {"distify.standalone", "distify.inline_helpers", "distify.convert", "distify.project_view",
-              "distify.siblings", "distify.cli", "distify.lint", "distify.verify", "hashlib",
+              "distify.siblings", "distify.program", "distify.cli", "distify.lint", "distify.verify", "hashlib",
               "distify.rules.dst121_fully_shard", "distify.rules.dst111_distributed_optimizer"}
     assert not unused & mods, sorted(unused & mods)
     assert not {m for m in mods if m.split(".")[0] in ("typer", "rich", "click", "pydantic", "torch")}

@@ -117,3 +117,43 @@ def test_a_loader_handed_to_a_project_method_that_trains_is_sharded(tmp_path, ba
     assert "sampler=train_sampler" in (home / "train.py").read_text()
     assert "train_loader.sampler.set_epoch(epoch_counter)" in (home / "simclr.py").read_text()
     assert not [l for l in done.stderr.splitlines() if l.split(": ")[1:2] and l.split(": ")[1].startswith(("DST951", "DST955", "DST956"))], done.stderr
+
+
+def test_a_loader_handed_only_to_builtins_and_the_scripts_own_functions_builds_no_program_model(tmp_path):
+    """A call no import binds (``len(loader)``, the script's own ``evaluate(model, loader)``) cannot
+    reach a function of another module, so asking where the loaders go reads no module of the
+    project; a call into an imported helper still does (control)."""
+    import libcst as cst
+
+    from distify.anatomy import analyse
+    from distify.helper_effects import loaders_handed_to_training
+    from distify.program import program_of
+
+    def handed(text):
+        path = tmp_path / "train.py"
+        path.write_text(text)
+        a = analyse(cst.parse_module(text))
+        return loaders_handed_to_training(a, str(path), Options()), program_of(a)
+
+    script = textwrap.dedent("""\
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        def evaluate(model, loader):
+            return sum(model(x).sum().item() for x, in loader)
+
+        model = torch.nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2)
+        for epoch in range(2):
+            for x, in loader:
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+            print(len(loader), evaluate(model, loader))
+        """)
+    assert handed(script) == ([], None)
+    (tmp_path / "helpers.py").write_text("def fit(model, loader):\n    pass\n")
+    found, model = handed(script.replace("print(len(loader), evaluate(model, loader))",
+                                         "helpers.fit(model, loader)").replace("import torch\n", "import torch\nimport helpers\n", 1))
+    assert found == [] and model is not None  # asked: the program model read helpers.py
