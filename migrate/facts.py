@@ -17,7 +17,7 @@ import libcst as cst
 from distify.rank import branch_of, rank_dependent
 from distify.grad_values import gradient_names
 from distify.rank_flow import made_from_rank, process_calls, rank_flow
-from distify.syntax import Scope, _number, all_nodes, by_node, arg, contains_node, dotted, header_names, names
+from distify.syntax import NESTED, Scope, _number, all_nodes, by_node, arg, contains_node, dotted, header_names, names
 from distify.walk import children
 
 
@@ -589,33 +589,34 @@ def _uses_by_name(scope: Scope) -> Dict[str, List[Tuple[cst.CSTNode, Tuple[cst.C
     found: Dict[str, List[Tuple[cst.CSTNode, Tuple[cst.CSTNode, ...], bool]]] = {}
 
     def visit(node: cst.CSTNode, parents: Tuple[cst.CSTNode, ...], nested: bool) -> None:
-        if isinstance(node, cst.Attribute):
+        t = type(node)  # by identity, as in distify.syntax: an isinstance of an ABC costs more
+        if t is cst.Attribute:
             spelled = dotted(node)
             if spelled is not None:
                 found.setdefault(spelled, []).append((node, parents, nested))
             visit(node.value, parents + (node,), nested)
             return
-        if isinstance(node, cst.Name):
+        if t is cst.Name:
             found.setdefault(node.value, []).append((node, parents, nested))
             return
-        if isinstance(node, cst.Arg):
+        if t is cst.Arg:
             visit(node.value, parents + (node,), nested)
             return
-        if isinstance(node, cst.Param):
+        if t is cst.Param:
             if node.default is not None:
                 visit(node.default, parents + (node,), nested)
             return
-        if isinstance(node, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)):
+        if t is cst.Import or t is cst.ImportFrom or t is cst.Global or t is cst.Nonlocal:
             return
-        if node is not scope and isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            if isinstance(scope, cst.Module) and not isinstance(node, cst.Lambda):
+        if t in NESTED and node is not scope:
+            if type(scope) is cst.Module and t is not cst.Lambda:
                 return
             for c in children(node):
-                if isinstance(c, cst.Name) and not isinstance(node, cst.Lambda):
+                if type(c) is cst.Name and t is not cst.Lambda:
                     continue
                 visit(c, parents + (node,), True)
             return
-        if isinstance(node, cst.FunctionDef):  # the scope itself: its body, not its signature
+        if t is cst.FunctionDef:  # the scope itself: its body, not its signature
             visit(node.body, parents + (node,), nested)
             return
         for c in children(node):

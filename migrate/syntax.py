@@ -22,11 +22,19 @@ Scope = Union[cst.Module, cst.FunctionDef]
 by_node = functools.lru_cache(maxsize=8192)
 
 
+# The hottest facts test a node's type by identity, not ``isinstance``: libcst's node classes are
+# ABCs, and every ``isinstance`` of a node that is not of the class asked runs ABCMeta's check (a
+# Python-level call), a tenth of the engine's time before. libcst's concrete node classes have no
+# subclasses (tests/test_walk.py checks the ones tested here), so identity answers the same.
+_NAME, _ATTRIBUTE = cst.Name, cst.Attribute
+
+
 def dotted(expr: Optional[cst.CSTNode]) -> Optional[str]:
     """'a.b.c' for Name/Attribute chains, else None."""
-    if isinstance(expr, cst.Name):
+    t = type(expr)
+    if t is _NAME:
         return expr.value
-    if isinstance(expr, cst.Attribute):
+    if t is _ATTRIBUTE:
         base = dotted(expr.value)
         return f"{base}.{expr.attr.value}" if base else None
     return None
@@ -82,65 +90,75 @@ def all_nodes(node: cst.CSTNode, skip_nested: bool = False) -> Iterator[cst.CSTN
 
 @by_node
 def _all_nodes(node: cst.CSTNode, skip_nested: bool) -> Tuple[cst.CSTNode, ...]:
-    nested = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
-    return tuple(preorder(node, (lambda n: n is not node and isinstance(n, nested)) if skip_nested else None))
+    return tuple(preorder(node, (lambda n: type(n) in NESTED and n is not node) if skip_nested else None))
+
+
+NESTED = frozenset({cst.FunctionDef, cst.Lambda, cst.ClassDef})  # the nodes that open a scope
 
 
 def names(node: cst.CSTNode, how: str = "load") -> Iterator[Tuple[cst.Name, str]]:
     """Every variable name in `node` with how it is used: load, store, or aug (`x += ...`)."""
-    if isinstance(node, cst.Name):
+    t = type(node)
+    if t is _NAME:
         yield node, how
-    elif isinstance(node, cst.Attribute):
+    elif t is _ATTRIBUTE:
         yield from names(node.value)
-    elif isinstance(node, cst.Subscript):
+    elif t is cst.Subscript:
         yield from names(node.value)
         for el in node.slice:
             yield from names(el)
-    elif isinstance(node, (cst.Tuple, cst.List)) and how == "store":
+    elif (t is cst.Tuple or t is cst.List) and how == "store":
         for el in node.elements:
             yield from names(el.value, how)
-    elif isinstance(node, cst.StarredElement) and how == "store":
+    elif t is cst.StarredElement and how == "store":
         yield from names(node.value, how)
-    elif isinstance(node, cst.Assign):
+    elif t is cst.Assign:
         yield from names(node.value)
-        for t in node.targets:
-            yield from names(t.target, "store")
-    elif isinstance(node, cst.AugAssign):
+        for target in node.targets:
+            yield from names(target.target, "store")
+    elif t is cst.AugAssign:
         yield from names(node.value)
-        yield from names(node.target, "aug" if isinstance(node.target, cst.Name) else "load")
-    elif isinstance(node, cst.AnnAssign):
+        yield from names(node.target, "aug" if type(node.target) is _NAME else "load")
+    elif t is cst.AnnAssign:
         if node.value is not None:
             yield from names(node.value)
         yield from names(node.target, "store")
-    elif isinstance(node, (cst.For, cst.CompFor)):
+    elif t is cst.For or t is cst.CompFor:
         yield from names(node.iter)
         yield from names(node.target, "store")
         for c in children(node):
             if c is not node.iter and c is not node.target:
                 yield from names(c)
-    elif isinstance(node, cst.WithItem):
+    elif t is cst.WithItem:
         yield from names(node.item)
         if node.asname is not None:
             yield from names(node.asname.name, "store")
-    elif isinstance(node, cst.NamedExpr):
+    elif t is cst.NamedExpr:
         yield from names(node.value)
         yield from names(node.target, "store")
-    elif isinstance(node, cst.Del):
+    elif t is cst.Del:
         yield from names(node.target, "store")
-    elif isinstance(node, cst.Arg):
+    elif t is cst.Arg:
         yield from names(node.value)
-    elif isinstance(node, cst.Param):
+    elif t is cst.Param:
         if node.default is not None:
             yield from names(node.default)
-    elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+    elif t is cst.FunctionDef or t is cst.ClassDef:
         for d in node.decorators:
             yield from names(d)
         yield from names(node.body)
-    elif isinstance(node, (cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)):
+    elif t in _NO_NAMES:
         return
     else:
         for c in children(node):
             yield from names(c)
+
+
+_NO_NAMES = frozenset({cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal})  # bind, but not as variables here
+# the classes tested by identity above (tests/test_walk.py: none has a subclass)
+EXACT = (cst.Name, cst.Attribute, cst.Subscript, cst.Tuple, cst.List, cst.StarredElement, cst.Assign, cst.AugAssign,
+         cst.AnnAssign, cst.For, cst.CompFor, cst.WithItem, cst.NamedExpr, cst.Del, cst.Arg, cst.Param, cst.FunctionDef,
+         cst.ClassDef, cst.Lambda, cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)
 
 
 def header_names(stmt: cst.CSTNode) -> List[Tuple[cst.Name, str]]:

@@ -627,3 +627,16 @@ def test_a_fact_two_rules_ask_is_found_once_per_analysis(monkeypatch):
     asked.clear()
     second = migrate_source(source, options)
     assert len(asked) == len(once) and second.findings == first.findings
+
+
+def test_the_node_classes_tested_by_identity_have_no_subclasses():
+    """distify.syntax and facts.uses test a node's class by identity (``type(n) is cst.Name``)
+    where ``isinstance`` would run ABCMeta's check: the same answer only while libcst's classes
+    have no subclasses. A libcst that adds one fails here, not in a silent miss."""
+    from distify.syntax import EXACT, NESTED
+
+    def every_subclass(cls):
+        return [s for c in cls.__subclasses__() for s in [c, *every_subclass(c)]]
+
+    assert {cst.FunctionDef, cst.Lambda, cst.ClassDef} == NESTED <= set(EXACT)
+    assert {c.__name__: every_subclass(c) for c in EXACT if every_subclass(c)} == {}
