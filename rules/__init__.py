@@ -42,6 +42,7 @@ _TABLE: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = (
     ("DST901", "dst901_custom_sampler", _EVERY),  # before DST206, which reduces the sums of what they share out
     ("DST910", "dst910_iterable_dataset", _EVERY),
     ("DST206", "dst206_reduce_train_sums", _EVERY),
+    ("DST207", "dst207_agree_early_stop", _EVERY),
     ("DST307", "dst307_full_state_dict", ('fsdp',)),
     ("DST301", "dst301_rank0_save", _EVERY),
     ("DST302", "dst302_rank0_print", _EVERY),

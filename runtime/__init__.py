@@ -34,6 +34,7 @@ __all__ = [
     "ShardSampler",
     "ShareSampler",
     "ShareStream",
+    "agree",
     "all_reduce",
     "all_reduce_sum",
     "barrier",
@@ -509,6 +510,16 @@ def all_reduce(value: Union[int, float, torch.Tensor], op: str = "sum") -> Any:
     if is_tensor:
         return tensor
     return int(tensor.item()) if integral else float(tensor.item())
+
+
+def agree(flag: Any) -> bool:
+    """One decision for every rank: True on each rank when `flag` is true on any rank, so that an
+    early stop taken on a value each rank computes from its own shard (``if
+    runtime.agree(loss.item() < tol): break``) is taken by all ranks at once, and none waits in a
+    collective the others have left. ``bool(flag)`` without peers."""
+    if not _group_ready() and _horovod() is None:
+        return bool(flag)
+    return all_reduce(1 if flag else 0, "max") == 1
 
 
 def reduce_mean(value: Union[int, float, torch.Tensor]) -> Any:

@@ -1,0 +1,62 @@
+"""DST207 one early-stop decision for every rank."""
+
+from __future__ import annotations
+
+from distify.early_stop import per_rank_stops
+from distify.rules.base import Context, Rule
+
+
+class AgreeEarlyStop(Rule):
+    """Take an early stop on every rank at once.
+
+    What it does:
+        Finds each ``break`` (or ``return``) that leaves a loop that trains under a condition
+        reading a value each rank computes from its own shard (``distify.early_stop``: a loss, a
+        validation metric, a running reward, a patience counter they feed) and wraps that condition
+        in ``runtime.agree(...)``: true on every rank when it is true on any. The conditions around
+        the exit are agreed too, outermost first, so every rank reaches the inner one.
+
+    Why:
+        Each rank evaluates the condition on its own numbers. One rank leaves the loop while the
+        others go on into the next backward pass, whose gradient all-reduce then waits for the rank
+        that left: the job hangs without an error. A value that is the same on every rank (reduced
+        already) agrees with itself, at the cost of one small all-reduce.
+
+    Example:
+        if val_loss > best_loss:
+            patience += 1
+            if patience >= args.patience:
+                break
+
+        becomes
+
+        if runtime.agree(val_loss > best_loss):
+            patience += 1
+            if runtime.agree(patience >= args.patience):
+                break
+    """
+
+    code = "DST207"
+    name = "agree-early-stop"
+    summary = "one early-stop decision for every rank"
+
+    def apply(self, ctx: Context) -> None:
+        done = set()
+        for stop in per_rank_stops(ctx.anatomy):
+            for test in stop.tests:
+                if id(test) in done:
+                    continue
+                done.add(id(test))
+                ctx.edits.call_around(test.test, f"{ctx.runtime}.agree")
+            ctx.report(
+                self.code,
+                stop.exit,
+                f"the condition{'s' if len(stop.tests) > 1 else ''} of this early stop "
+                f"(line{'s' if len(stop.tests) > 1 else ''} "
+                f"{', '.join(str(ctx.anatomy.position(t)[0]) for t in stop.tests)}) read a value of each rank's own "
+                "shard: runtime.agree takes one decision for every rank (true when any rank's is), so no rank "
+                "leaves the loop while the others wait for it",
+            )
+
+
+RULE = AgreeEarlyStop()

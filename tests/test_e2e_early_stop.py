@@ -1,0 +1,58 @@
+"""Executed: an early stop decided on a value of each rank's own shard is taken by every rank at once
+(issue 22; DST207, fixtures/DST207/last_loss_stop).
+
+The script stops once the epoch's last batch loss is under a tolerance. The odd samples are noisy
+and DistributedSampler deals index i to rank i % 2, so on 2 ranks rank 0's loss falls under it and
+rank 1's never does. Migrated, ``runtime.agree`` makes the decision one for both: the run ends, early,
+with the same parameters on every rank (they took as many steps). Control: without it rank 0 leaves
+the loop and rank 1 waits for it in the next gradient all-reduce (gloo then fails on the closed
+connection, or the launch times out).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from e2e_support import (  # noqa: E402
+    PARAM_SPY, REPO_ROOT, RunFailed, migrate, run_horovodrun, run_torchrun, sitecustomize_env,
+)
+
+pytestmark = pytest.mark.e2e
+
+SOURCE = REPO_ROOT / "fixtures" / "DST207" / "last_loss_stop.in.py"
+AGREED = "if runtime.agree(loss.item() < args.tol):"
+ARGS = ["--batch-size", 8, "--epochs", 40]
+
+
+def _ranks(script: Path, workdir: Path, launch, timeout: float):
+    import torch
+
+    dumps = workdir / "dumps"
+    dumps.mkdir(parents=True)
+    env = sitecustomize_env(workdir / "spy", PARAM_SPY, {"DISTIFY_E2E_PARAM_DIR": str(dumps)})
+    result = launch(script, ARGS, nproc=2, env=env, cwd=workdir, timeout=timeout)
+    return result, [torch.load(dumps / f"rank{r}.pt") for r in range(2)]
+
+
+@pytest.mark.parametrize("backend", ["ddp", pytest.param("horovod", marks=pytest.mark.horovod)])
+def test_every_rank_stops_at_the_same_epoch(tmp_path, backend):
+    import torch
+
+    launch = run_horovodrun if backend == "horovod" else run_torchrun
+    script = tmp_path / "script" / "last_loss_stop.py"
+    migrate(SOURCE, script, backend=backend)
+    text = script.read_text()
+    assert AGREED in text, "DST207 did not agree the stop"
+    result, (rank0, rank1) = _ranks(script, tmp_path / "run", launch, timeout=180)
+    assert "converged at epoch" in result.stdout and "stopped after epoch 39" not in result.stdout, result.stdout
+    assert rank0 and all(torch.equal(a, b) for a, b in zip(rank0, rank1)), "the ranks took different steps"
+
+    if backend == "ddp":
+        # control: each rank decides alone -> rank 1 trains on after rank 0 left
+        script.write_text(text.replace(AGREED, "if loss.item() < args.tol:"))
+        with pytest.raises(RunFailed):
+            launch(script, ARGS, nproc=2, cwd=tmp_path, timeout=60)
