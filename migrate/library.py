@@ -174,6 +174,13 @@ GRADIENT_READERS: FrozenSet[str] = frozenset({
 SAVE_METHODS: FrozenSet[str] = frozenset({"save_pretrained", "push_to_hub"})
 FILE_METHODS: FrozenSet[str] = frozenset({"savefig", "to_csv", "save_image"})
 
+# layers that normalise with statistics of the batch they see: under data parallelism each rank
+# sees its own shard of the batch (distify.model_build.batch_norm; SyncBatchNorm is the opt-in)
+BATCH_NORM: FrozenSet[str] = frozenset({
+    "torch.nn.BatchNorm1d", "torch.nn.BatchNorm2d", "torch.nn.BatchNorm3d",
+    "torch.nn.LazyBatchNorm1d", "torch.nn.LazyBatchNorm2d", "torch.nn.LazyBatchNorm3d",
+})
+
 # the number of processes of the run (an lr already scaled by one is not scaled again: DST401)
 WORLD_SIZE: FrozenSet[str] = frozenset({
     "torch.distributed.get_world_size", "horovod.torch.size", "distify.runtime.world_size",

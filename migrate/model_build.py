@@ -9,7 +9,7 @@ from typing import Optional
 import libcst as cst
 
 from distify.forward_methods import class_method
-from distify.library import Known, known
+from distify.library import BATCH_NORM, Known, known
 from distify.syntax import all_nodes, arg, dotted
 from distify.model_state import final_place
 from distify.records import DATA_PARALLEL, Model, Optimizer, _Collector
@@ -236,3 +236,23 @@ def _before(col: _Collector, a: cst.CSTNode, b: cst.CSTNode) -> bool:
     """Statement order by the visitor's discovery order (source order)."""
     order = col.__dict__.setdefault("_order", {s: i for i, s in enumerate(col.stmt_parent)})
     return order.get(a, -1) < order.get(b, -1)
+
+
+def batch_norm(classes, qualname, node: Optional[cst.CSTNode], depth: int = 0) -> Optional[cst.Call]:
+    """The first BatchNorm layer the model built by `node` holds: in the expression itself
+    (`nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16))`) or in a class of this file it builds (the
+    model's class, its submodules' classes), three classes deep. None when none is seen; a model of
+    another library is not looked into."""
+    if node is None or depth > 3:
+        return None
+    for n in all_nodes(node):
+        if not isinstance(n, cst.Call):
+            continue
+        if qualname(n.func) in BATCH_NORM:
+            return n
+        cls = classes.named(dotted(n.func))
+        if cls is not None and cls is not node:
+            found = batch_norm(classes, qualname, cls, depth + 1)
+            if found is not None:
+                return found
+    return None

@@ -6,6 +6,7 @@ import libcst as cst
 
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, method_calls_in
 from distify.syntax import all_nodes, dotted
+from distify.model_build import batch_norm
 from distify.transplant import readable_after, spell_in
 
 
@@ -163,6 +164,17 @@ class DistributedOptimizer(Rule):
             _drop_set_to_none(ctx, opt)
             wrapped.append(opt)
             ctx.report(self.code, opt.call.call, f"{opt.target} averages gradients across ranks (hvd.DistributedOptimizer)")
+            for m in (m for m in ctx.anatomy.models if m.optimizer is opt):
+                bn = batch_norm(ctx.anatomy.classes, ctx.anatomy.qualname, m.value)
+                if bn is not None:
+                    ctx.report(
+                        self.code, bn,
+                        f"{m.name} normalises with {ctx.code(bn.func)}: each rank takes the batch statistics of its "
+                        "own shard of the batch and keeps running statistics of its own (rank 0's are saved), not "
+                        "those of the whole batch as one process did; with few samples per rank use "
+                        f"{hvd}.SyncBatchNorm layers",
+                        kind="info",
+                    )
 
     def _average_before_step(self, ctx: Context, opt, reason: str, steps) -> None:
         """One grouped all-reduce of `opt`'s gradients after the last backward() before each step."""
