@@ -430,7 +430,7 @@ def test_a_loader_subclass_of_the_project_is_refused_with_its_lines(variant, tmp
                           .replace("= RegressionLoader(", "= L.RegressionLoader("))
     elif variant == "no own __init__":
         loaders.write_text(loaders.read_text() + "\n\nclass Plain(BaseDataLoader):\n    pass\n")
-        script.write_text(script.read_text().replace("import RegressionLoader", "import Plain")
+        script.write_text(script.read_text().replace("loaders import RegressionLoader", "loaders import Plain")
                           .replace("= RegressionLoader(64, args.batch_size)", "= Plain(make(), args.batch_size, True, 0.25)")
                           .replace("\n\ndef main():", "\n\ndef make():\n    return torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1))\n\n\ndef main():"))
         where = "loaders.py:16"
