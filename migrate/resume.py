@@ -67,11 +67,17 @@ def host_dependent(a: "Anatomy", stmt: cst.CSTNode, node: cst.CSTNode) -> bool:
     differently on another host (``os.path.isfile(path)``: only rank 0's disk may hold the file),
     so some ranks may skip it without an error. A rank condition is no such test (the load is
     meant for those ranks)."""
-    for n in all_nodes(stmt, skip_nested=True):
-        if isinstance(n, cst.If) and contains_node(n.body, node) and not a.facts.rank_condition(n.test):
-            if any(isinstance(x, cst.Call) for x in all_nodes(n.test)):
-                return True
-    return False
+    return bool(host_conditions(a, stmt, node))
+
+
+def host_conditions(a: "Anatomy", stmt: cst.CSTNode, node: cst.CSTNode) -> List[cst.If]:
+    """The ``if`` statements of `stmt` around `node` whose test may answer differently on another
+    host (see ``host_dependent``), outermost first."""
+    return [
+        n for n in all_nodes(stmt, skip_nested=True)
+        if isinstance(n, cst.If) and contains_node(n.body, node) and not a.facts.rank_condition(n.test)
+        and any(isinstance(x, cst.Call) for x in all_nodes(n.test))
+    ]
 
 
 BROADCASTS = frozenset({"distify.runtime.broadcast_module", "distify.runtime.broadcast_object"})

@@ -50,7 +50,7 @@ _TABLE: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = (
     ("DST304", "dst304_rank0_filesystem", _EVERY),
     ("DST305", "dst305_logging", _EVERY),
     ("DST306", "dst306_load_map_location", _EVERY),
-    ("DST308", "dst308_resume_broadcast", ('ddp',)),
+    ("DST308", "dst308_resume_broadcast", ('ddp', 'fsdp')),
     ("DST401", "dst401_scale_lr", _EVERY),
     ("DST402", "dst402_accumulation_no_sync", ('ddp', 'fsdp')),
     ("DST403", "dst403_seed_per_rank", _EVERY),

@@ -7,13 +7,14 @@ from typing import Set
 import libcst as cst
 
 from distify.model_state import LOAD, before_training, changes_in
-from distify.resume import broadcast_follows, host_dependent, resumed_values
+from distify.resume import BROADCASTS, broadcast_follows, host_conditions, host_dependent, resumed_values
 from distify.syntax import all_nodes
-from distify.rules.base import DDP_BACKEND, Context, Rule
+from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, Context, Rule
 
 
 class ResumeBroadcast(Rule):
-    """Broadcast rank 0's resumed state when the load may run on rank 0 only (DDP).
+    """Broadcast rank 0's resumed state when the load may run on rank 0 only (DDP); load on every
+    rank or none (FSDP).
 
     What it does:
         For a checkpoint load before training that runs under an ``if`` whose test asks the host
@@ -45,11 +46,18 @@ class ResumeBroadcast(Rule):
         if runtime.broadcast_object(len(optimizer.state) > 0):
             optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))
         start_epoch = runtime.broadcast_object(start_epoch)
+
+        Under FSDP the load is ``set_model_state_dict`` on the sharded model (DST307), which each
+        rank runs for its own shards: a rank that skipped it would keep fresh shards, or leave the
+        others waiting in its collectives. The host-dependent test becomes rank 0's answer,
+        ``if runtime.broadcast_object(os.path.isfile(args.resume)):``, so every rank loads or
+        none does; on a shared disk that is the single process's resume, and a rank that cannot
+        read the file fails with ``FileNotFoundError`` instead of training other weights.
     """
 
     code = "DST308"
     name = "resume-broadcast"
-    backends = frozenset({DDP_BACKEND})
+    backends = frozenset({DDP_BACKEND, FSDP_BACKEND})
     summary = "hand rank 0's resumed state to ranks that may not see the checkpoint"
 
     def apply(self, ctx: Context) -> None:
@@ -66,6 +74,10 @@ class ResumeBroadcast(Rule):
                 if any(isinstance(n, (cst.For, cst.While)) for n in all_nodes(stmt, skip_nested=True)):
                     break
             if loaded is None or id(loaded) in done or not any(host_dependent(a, loaded, c.node) for c in found):
+                continue
+            if ctx.backend == FSDP_BACKEND:
+                self._one_decision(ctx, loaded, found)
+                done.add(id(loaded))
                 continue
             if broadcast_follows(a, loaded):
                 continue  # an earlier run's
@@ -87,6 +99,25 @@ class ResumeBroadcast(Rule):
                 self.code, loaded,
                 "the checkpoint may be readable on rank 0 only: its model and optimizer state"
                 + (f" and {', '.join(values)}" if values else "") + " are broadcast from rank 0 after the load",
+            )
+
+
+    def _one_decision(self, ctx: Context, loaded, found) -> None:
+        """FSDP: the host-dependent tests around the loads take rank 0's answer."""
+        a = ctx.anatomy
+        tests = []
+        for c in found:
+            tests += [n for n in host_conditions(a, loaded, c.node) if n not in tests]
+        fresh = [n for n in tests if not any(
+            isinstance(x, cst.Call) and a.qualname(x.func) in BROADCASTS for x in all_nodes(n.test))]
+        for n in fresh:
+            ctx.edits.call_around(n.test, f"{ctx.runtime}.broadcast_object")
+        if fresh:
+            ctx.report(
+                self.code, fresh[0],
+                "the checkpoint may be readable on rank 0 only: every rank takes rank 0's answer to whether it "
+                "loads (set_model_state_dict loads each rank's own shards), so no rank keeps fresh weights or "
+                "waits for another's load; a rank that cannot read the file then stops with an error",
             )
 
 
