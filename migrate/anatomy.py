@@ -46,6 +46,8 @@ from distify.writes import library_method_write, own_method_names
 
 @dataclass(eq=False)
 class Anatomy:
+    """What ``analyse`` found in a module: its records, the training structure, and its facts."""
+
     module: cst.Module
     wrapper: MetadataWrapper
     aliases: Dict[str, str]

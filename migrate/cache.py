@@ -117,6 +117,8 @@ def settings_key(options) -> str:
 
 @dataclass(frozen=True)
 class Entry:
+    """The stored result of a file that came out unchanged, replayed as a fresh run would say it."""
+
     findings: Tuple[Finding, ...]
     note: str
     encoding: str

@@ -30,6 +30,8 @@ NodeFn = Callable[[cst.CSTNode], cst.CSTNode]
 
 @dataclass
 class EditSet:
+    """The edits the rules recorded against the input tree, applied in one pass (``ApplyEdits``)."""
+
     replacements: Dict[cst.CSTNode, List[NodeFn]] = field(default_factory=dict)
     before: Dict[cst.CSTNode, List[Stmt]] = field(default_factory=dict)
     after: Dict[cst.CSTNode, List[Stmt]] = field(default_factory=dict)

@@ -42,6 +42,8 @@ class InputError(Exception):
 
 @dataclass(frozen=True)
 class MigrationResult:
+    """One script's migration: its bytes before and after, what was found, and why nothing changed."""
+
     source: bytes
     output: bytes
     findings: Tuple[Finding, ...] = ()
@@ -59,6 +61,8 @@ class MigrationResult:
 
 @dataclass(frozen=True)
 class FileResult:
+    """What became of one file of a run, small and picklable for the worker processes."""
+
     path: str
     status: Status
     findings: Tuple[Finding, ...] = ()

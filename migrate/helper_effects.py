@@ -32,6 +32,8 @@ DEPTH = 3  # project calls followed below the helper the script calls
 
 @dataclass(frozen=True)
 class Effect:
+    """A write or a print a project function makes (``effects``), with the names it reads."""
+
     kind: str  # "write" | "print"
     what: str  # "save()", "open(..., 'w')", "print()"
     where: str  # the project function that makes it: "utils.save_checkpoint() at utils.py:12"

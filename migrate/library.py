@@ -40,6 +40,8 @@ from typing import Dict, FrozenSet, Iterable, Optional
 
 @dataclass(frozen=True)
 class Known:
+    """One row of the table: what a library object is for a migration."""
+
     name: str  # qualified name, as distify.names resolves it
     kind: str  # loader | wrapper | counter | framework | model | container | copy | stream | rank | process | print
     shard: str = ""  # loader: sampler | input_nodes | none

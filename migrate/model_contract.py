@@ -53,6 +53,8 @@ PARAMETER_FREE = frozenset(
 
 @dataclass(frozen=True)
 class Gap:
+    """A place where the model breaks DDP's contract (``forward_gaps``, ``training_freezes``, ``dtype_flips``)."""
+
     kind: str  # unused | conditional | reentrant | freeze | unfreeze
     node: cst.CSTNode  # where: the member's assignment, the reference, the checkpoint call, the change
     what: str  # `Net.head`, `checkpoint(...)`

@@ -45,6 +45,8 @@ REBUILDS = frozenset({INIT, SURGERY, FREEZE, COMPILE, MOVE})
 
 @dataclass(frozen=True)
 class Change:
+    """A statement that changes a model or optimizer before training (``changes_in``)."""
+
     kind: str  # load | init | surgery | freeze | compile | move
     root: str  # the name changed, as the statement's scope spells it (`model`, `optimizer`)
     node: cst.CSTNode  # the call or assignment that changes it (in a called function: the call)

@@ -15,6 +15,8 @@ TORCH_BACKENDS = (DDP_BACKEND, FSDP_BACKEND)
 
 @dataclass(frozen=True)
 class Options:
+    """What a migration is asked for: backend, rule selection, flags, limits (``distify.runner.migration_options``)."""
+
     backend: str = DDP_BACKEND
     select: Sequence[str] = ()
     ignore: Sequence[str] = ()

@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass(eq=False)
 class Plan:
+    """The run and the rules' decisions that later rules read (see the module docstring)."""
+
     # -- the engine, before any rule runs ------------------------------------------------------
     # the file being migrated (DST201 looks for a sibling module's loader builder, DST960 names it)
     script_path: Optional[str] = None

@@ -44,6 +44,8 @@ SEEDS = frozenset({
 
 @dataclass(frozen=True)
 class TrainingInput:
+    """Whether the training input differs between ranks, and how (``training_input``)."""
+
     varies: bool  # the input differs between ranks (or may: "unknown")
     how: str  # loader | per-rank seed | own generator | unseeded | unknown | no training loop | drawn alike | fixed
     node: Optional[cst.CSTNode] = None  # for drawn alike: the first draw; for fixed: the first training call

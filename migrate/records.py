@@ -108,6 +108,8 @@ STATE_API = {"state_dict", "load_state_dict"}
 
 @dataclass(eq=False)
 class CallSite:
+    """A call of the module with where it sits: its scope, class, statement and enclosing loops."""
+
     call: cst.Call
     qualname: Optional[str]
     scope: Scope
@@ -119,6 +121,8 @@ class CallSite:
 
 @dataclass(eq=False)
 class Loader:
+    """A data loader the script builds, with the loops it feeds and every reference that reaches it."""
+
     call: CallSite
     target: Optional[str]  # dotted: "train_loader", "self.train_loader"
     dataset: Optional[cst.BaseExpression]
@@ -137,6 +141,8 @@ class Loader:
 
 @dataclass(eq=False)
 class BatchLoop:
+    """A ``for`` loop over batches of a loader (or of what stands for one)."""
+
     loop: cst.For
     scope: Scope
     cls: Optional[cst.ClassDef]
@@ -154,6 +160,8 @@ class BatchLoop:
 
 @dataclass(eq=False)
 class EpochLoop:
+    """A loop around the batch loops: one iteration per pass over the data."""
+
     loop: cst.For
     scope: Scope
     cls: Optional[cst.ClassDef]
@@ -167,6 +175,8 @@ class EpochLoop:
 
 @dataclass(eq=False)
 class Optimizer:
+    """An optimizer the script builds and the models whose parameters it optimises."""
+
     call: CallSite
     target: Optional[str]
     models: List[str]  # dotted roots whose parameters it optimises
@@ -174,6 +184,8 @@ class Optimizer:
 
 @dataclass(eq=False)
 class Model:
+    """A model the script builds and trains, with where it is built, moved and optimised."""
+
     name: str  # dotted: "model", "self.model"
     scope: Scope
     cls: Optional[cst.ClassDef]

@@ -36,6 +36,8 @@ Origin = Tuple[int, int]  # (iteration, id of the forward call)
 
 @dataclass(frozen=True)
 class Retained:
+    """A second backward through a forward whose graph an earlier backward kept (``retained_backwards``)."""
+
     backward: cst.Call  # the second backward
     first: cst.Call  # the backward that kept the graph
     forward: cst.Call  # the wrapped model's forward both run through

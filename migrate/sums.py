@@ -39,6 +39,8 @@ COLLECTIVES = ("torch.distributed", "horovod", "distify")
 
 @dataclass(eq=False)
 class LoopSum:
+    """A sum a loop over batches adds up: per sample or of batch means (``kind``)."""
+
     name: str
     node: cst.AugAssign  # the first addition in the loop
     kind: str  # sample | batch

@@ -36,6 +36,8 @@ LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "excepti
 
 @dataclass(eq=False)
 class EvalLoop:
+    """A loop over an evaluation loader and the metric sums it adds up (``reason``: why it stays whole)."""
+
     loop: cst.For
     scope: Scope
     name: str  # how the loop's scope spells the loader
