@@ -186,3 +186,32 @@ def test_wrap_after_inits_that_reach_the_model_under_other_names(tmp_path, backe
     assert not _same_on_every_rank(_ranks(script, tmp_path / "control", args, real=True, launch=launch)), (
         "control: with the wrap/broadcast before an initialisation the ranks should differ"
     )
+
+
+def test_shard_after_inits_that_reach_the_model_under_other_names(tmp_path):
+    """The same fixture under FSDP (fully_shard after both initialisations; `reinit` moves above
+    the optimizer with it), seeded: the 2-rank run equals the original at twice the batch. Control:
+    shards made right after the construction, where distify put them while it matched only the
+    model's own name, each rank initialises its own shard from the shared seed, and the model is no
+    longer the original's."""
+    shards = "fully_shard(G_AB)\nfully_shard(G_BA)\n"
+    script = tmp_path / "script" / "init_under_other_names.py"
+    migrate(OTHER_NAMES, script, backend="fsdp")
+    text = script.read_text()
+    assert text.index(REINIT) < text.index(shards), "the shard must follow the re-initialisation"
+    seeded = ["--seed", 3, "--batch-size", B, "--epochs", 1, "--checkpoint", "final.pt"]
+    original = tmp_path / "original"
+    original.mkdir()
+    run_python(OTHER_NAMES, [*seeded[:3], NPROC * B, *seeded[4:]], cwd=original)
+    want = load_state(original / "final.pt")
+
+    def run(folder: str) -> dict:
+        work = tmp_path / folder
+        work.mkdir()
+        run_torchrun(script, seeded, nproc=NPROC, cwd=work)
+        return load_state(work / "final.pt")
+
+    assert_same_weights(want, run("seeded"), atol=1e-5, label=f"fsdp, 2 ranks x {B} vs batch {NPROC * B}")
+    script.write_text(text.replace(shards, "").replace(BUILT, BUILT + shards))
+    with pytest.raises(AssertionError, match="control: weights differ"):
+        assert_same_weights(want, run("control"), atol=1e-5, label="control")
