@@ -43,7 +43,7 @@ class LoopSum:
 
     name: str
     node: cst.AugAssign  # the first addition in the loop
-    kind: str  # sample | batch
+    kind: str  # sample | batch | unknown (training_sums)
 
 
 def loop_locals(loop: cst.For) -> Set[str]:
@@ -302,8 +302,12 @@ def reduces(a: "Anatomy", stmt: cst.CSTNode) -> bool:
     )
 
 
+UNKNOWN = "unknown"  # added to with `+=`, but neither a per-sample sum nor a batch mean distify can tell
+
+
 def training_sums(a: "Anatomy", loop: cst.For, scope: Scope) -> List[LoopSum]:
-    """The counters a training loop adds to and its scope reads after it, each with its kind.
+    """The counters a training loop adds to and its scope reads after it, each with its kind
+    (``UNKNOWN`` for one added to with terms distify cannot classify: a loss computed by hand).
     A counter the loop also sets, reads or adds anything else to is none (its value is per rank
     by design, such as a running loss printed and reset every k batches)."""
     local = loop_locals(loop)
@@ -316,16 +320,22 @@ def training_sums(a: "Anatomy", loop: cst.For, scope: Scope) -> List[LoopSum]:
         if name in local:
             continue
         kind = None
+        if isinstance(node.operator, cst.AddAssign) and isinstance(node.value, (cst.Integer, cst.Float)):
+            continue  # a count of batches (`steps += 1`): every rank runs as many
         if isinstance(node.operator, cst.AddAssign):
             if sample_sum(a, node.value, local) or bound_sample_sum(a, node.value, loop, local):
                 kind = "sample"
             elif batch_mean(a, node.value, loop, scope):
                 kind = "batch"
+            else:
+                kind = UNKNOWN
         prior = found.get(name)
-        if kind is None or (prior is not None and prior.kind != kind):
+        if kind is None:
             bad.add(name)
         elif prior is None:
             found[name] = LoopSum(name, node, kind)
+        elif prior.kind != kind:
+            found[name] = LoopSum(name, prior.node, UNKNOWN)  # a sum of terms of different kinds
     for n, how in names(loop.body):
         if n.value in found and how != "aug":
             bad.add(n.value)

@@ -7,7 +7,7 @@ from typing import Set
 import libcst as cst
 
 from distify.rules.base import Context, Rule
-from distify.sums import fed_only_by, list_sums, training_sums
+from distify.sums import UNKNOWN, fed_only_by, first_read_after, list_sums, training_sums
 
 
 class ReduceTrainSums(Rule):
@@ -75,6 +75,13 @@ class ReduceTrainSums(Rule):
                 if not fed_only_by(a, bl, sharded):
                     continue  # a loader that stays whole reaches it too: its sums are whole already
                 sums = training_sums(a, bl.loop, bl.scope)
+                for s in [s for s in sums if s.kind == UNKNOWN]:
+                    read = first_read_after(a, s.name, bl.loop, bl.scope)
+                    ctx.warn(self.code, s.node, f"`{s.name}` adds up, over this rank's shard only, terms distify cannot "
+                             "tell for per-sample sums or batch means: what the script reads after the loop (line "
+                             f"{a.position(read)[0]}) is this rank's figure; reduce it after the loop with "
+                             f"runtime.all_reduce_sum({s.name}) or runtime.reduce_mean({s.name})")
+                sums = [s for s in sums if s.kind != UNKNOWN]
                 lists = list_sums(a, bl.loop, bl.scope)
                 if not sums and not lists:
                     continue

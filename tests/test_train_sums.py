@@ -125,3 +125,23 @@ def test_reduce_each_in_one_process_returns_the_list():
     assert runtime.reduce_each((1, 2), "sum") == [1, 2]
     with pytest.raises(ValueError):
         runtime.reduce_each([1.0], "max")
+
+
+@pytest.mark.parametrize(
+    "parts,warned",
+    [
+        ({"loss": "own_loss(model(x), y)"}, True),  # a mean computed by hand: neither kind distify can tell
+        ({"add": "total += loss.item() + y.size(0)"}, True),  # terms of different kinds
+        ({}, False),  # control: a sum of batch means, reduced
+        ({"add": "total += 1"}, False),  # control: a count of batches, the same on every rank
+        ({"add": "total += loss.item()\n        if total > 9:\n            total = 0.0"}, False),  # per rank by design
+    ],
+)
+def test_an_unclassified_sum_read_after_the_loop_is_said_with_its_line(parts, warned):
+    source = SCRIPT.format(**{**BASE, **parts})
+    result = migrate_source(source.encode(), Options(backend="ddp"))
+    found = [f for f in result.findings if f.code == "DST206" and f.kind == "warning"]
+    assert bool(found) == warned, found
+    if warned:
+        read = next(i for i, line in enumerate(source.splitlines(), 1) if "print(epoch, total" in line)
+        assert f"(line {read})" in found[0].message and "rank's" in found[0].message
