@@ -9,7 +9,7 @@
   of distinct names (never `__future__`, never `*`); or undecorated `def`/`class` statements and simple
   assignments whose definition-time code makes no call, that bind distinct names and read nothing
   another binds; an assignment whose calls all go into imports or builtins (`device =
-  torch.device("cpu")`) among those of them it does not mention (a library function cannot see the
+  torch.device("cpu")`) past the definitions it does not mention (a library function cannot see the
   script's globals; two calls never change order).
 
 `normal_form(source, known)` is the form two migrations are compared in: every such keyword run
@@ -98,6 +98,7 @@ class Free:
     # an assignment that reads a library object's attribute (`flag = torch.backends.cudnn.benchmark`):
     # a library call may change what it reads, so it does not pass an "effect"
     reads_library: bool = False
+    definition: bool = False  # a `def` or `class` statement
 
 
 def _bound_by_import(node) -> Optional[FrozenSet[str]]:
@@ -157,7 +158,7 @@ def free(stmt: cst.CSTNode, library: FrozenSet[str] = frozenset()) -> Optional[F
         reads: Set[str] = set()
         for p in parts:
             reads |= _reads(p)
-        return Free("code", frozenset({stmt.name.value}), frozenset(reads))
+        return Free("code", frozenset({stmt.name.value}), frozenset(reads), definition=True)
     if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
         return None
     small = stmt.body[0]
@@ -304,6 +305,16 @@ def _moves(stmt: cst.CSTNode, library: FrozenSet[str]) -> Optional[Free]:
     return fact
 
 
+def _swaps(a: Optional[Free], b: Optional[Free]) -> bool:
+    """The transformation's relation: `commute`, but a library call's assignment passes definitions
+    only. Past an assignment it could cross a statement distify anchors its own code after
+    (`hvd.DistributedOptimizer(..., named_parameters=model.named_parameters())` after the last binding
+    it reads), and the normal form cannot show that such code commutes with it."""
+    if not commute(a, b):
+        return False
+    return {a.kind, b.kind} != {"code", "effect"} or a.definition or b.definition
+
+
 def _reverse_runs(body: Sequence[cst.CSTNode], library: FrozenSet[str]) -> list:
     """Reverse every maximal run of statements that commute pairwise, from the top: a run of four
     imports comes out last first, as does `class Net` ... `def main` when no definition-time code
@@ -313,7 +324,7 @@ def _reverse_runs(body: Sequence[cst.CSTNode], library: FrozenSet[str]) -> list:
     i = 0
     while i < len(out):
         j = i + 1
-        while j < len(out) and all(commute(facts[k], facts[j]) for k in range(i, j)):
+        while j < len(out) and all(_swaps(facts[k], facts[j]) for k in range(i, j)):
             j += 1
         if j - i > 1:
             # the blank lines and comments above a statement stay at their place in the block

@@ -60,6 +60,7 @@ KEEPS = [
     ("a library call given the def", "import torch\ndef f():\n    pass\ng = torch.compile(f)\n"),
     ("a read of library state next to a library call",
      "import torch\nflag = torch.backends.cudnn.benchmark\nb = torch.zeros(1)\n"),
+    ("a library call's assignment next to an assignment", "import torch.nn as nn\nc = nn.MSELoss()\nk = args.k\n"),
     ("a library name rebound", "import torch\na = torch.zeros(1)\ndef torch():\n    pass\n"),
 ]
 
