@@ -288,3 +288,14 @@ def test_a_pathlib_directory_is_made_on_rank_0_whatever_it_is_called() -> None:
         "data = DataLoader", "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nv1 = pathlib.Path('out')\nv1.mkdir(exist_ok=True)\ndata = DataLoader")
     out = _migrate(src)
     assert "if runtime.is_main_process():\n    v1.mkdir(exist_ok=True)" in out
+
+
+@pytest.mark.parametrize("param", ["x", "scheduler", "grad_scaler", "lr_sched"])
+def test_a_step_trains_whatever_its_receiver_is_called(param) -> None:
+    """A function that steps what it is handed (here the optimizer) trains, whatever its parameter
+    is called: `training_call` once took `x.step()` for a scheduler's or a grad scaler's step when
+    the receiver's spelling held "sched" or "scaler". Control: that test put back, the
+    `scheduler`, `grad_scaler` and `lr_sched` cases fail."""
+    src = HEAD + f"\n\ndef advance({param}):\n    {param}.step()\n\n\nadvance(opt)\n"
+    trainers = analyse(cst.parse_module(src)).facts.trainers
+    assert [fn.name.value for fn in trainers] == ["advance"]
