@@ -423,7 +423,7 @@ def analyse(module: cst.Module, project=None, joined=None, text: Optional[str] =
             return [(m, name, origin) for m, k in col.methods.items() if k is site.cls and site.cls is not None]
         out = [(site.scope, name, origin)]
         if isinstance(site.scope, cst.Module):
-            out += [(f, name, origin) for f in _all_functions(col)]
+            out += [(f, name, origin) for f in _all_functions(col) if not facts.local_to(f, name)]
         return out
 
     returns_of: Dict[cst.FunctionDef, List[cst.Return]] = {}

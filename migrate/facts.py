@@ -346,6 +346,20 @@ class Facts:
         self._bindings[id(scope)] = out
         return out
 
+    def local_to(self, fn: cst.FunctionDef, name: str) -> bool:
+        """`name` is a local of `fn`: one of its parameters, or bound in its body with no ``global``
+        or ``nonlocal`` statement for it, so a module-level name spelled alike is not what `fn`
+        reads (Python's rule: a name bound anywhere in a function is local throughout it)."""
+        p = fn.params
+        every = list(p.posonly_params) + list(p.params) + list(p.kwonly_params)
+        every += [x for x in (p.star_arg, p.star_kwarg) if isinstance(x, cst.Param)]
+        if any(x.name.value == name for x in every):
+            return True
+        if name not in self.bindings(fn):
+            return False
+        declared = (n for n in all_nodes(fn.body, skip_nested=True) if isinstance(n, (cst.Global, cst.Nonlocal)))
+        return not any(item.name.value == name for d in declared for item in d.names)
+
     def reaching_binding(self, scope: Scope, name: str, stmt: cst.CSTNode) -> Optional[Binding]:
         """The last binding of `name` in `scope` written before `stmt` (source order)."""
         at = self.order(stmt)

@@ -299,3 +299,22 @@ def test_a_step_trains_whatever_its_receiver_is_called(param) -> None:
     src = HEAD + f"\n\ndef advance({param}):\n    {param}.step()\n\n\nadvance(opt)\n"
     trainers = analyse(cst.parse_module(src)).facts.trainers
     assert [fn.name.value for fn in trainers] == ["advance"]
+
+
+@pytest.mark.parametrize("param", ["data", "a"])
+def test_a_parameter_spelled_like_a_global_loader_is_not_that_loader(param) -> None:
+    """`def train(a): for x, y in a: ...` called as `train(b)`: the loop trains on `b`, and the
+    module's own `a` (evaluated only) keeps its role whatever the parameter is called. A global's
+    readers once included every function, even one whose parameter shadows the name, so `a` was
+    taken for a training loader and sharded (its printed evaluation then covered rank 0's half).
+    Control: the shadowing test taken out of `placed`, the `a` case fails."""
+    src = HEAD + (
+        f"\n\ndef train({param}):\n    for x, y in {param}:\n        opt.zero_grad()\n"
+        "        model(x).sum().backward()\n        opt.step()\n\n\n"
+        "train(b)\nfor x, y in a:\n    print(model(x).sum().item())\n"
+    )
+    roles = _roles(src)
+    assert roles == _roles(HEAD + "\n\ndef train(data):\n    for x, y in data:\n        opt.zero_grad()\n"
+                           "        model(x).sum().backward()\n        opt.step()\n\n\n"
+                           "train(b)\nfor x, y in a:\n    print(model(x).sum().item())\n")
+    assert roles["a"] != roles["b"], roles
