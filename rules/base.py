@@ -16,6 +16,7 @@ from distify.records import COLLECTIVES, CallSite
 from distify.syntax import arg, dotted
 from distify.edits import EditSet, parse_stmts
 from distify.syntax import all_nodes
+from distify.model_build import batch_norm
 from distify.model_state import last_within
 
 from distify.findings import Finding  # import-light, so that a cached run can report without libcst
@@ -516,6 +517,21 @@ class AuditCheck(Rule):
         raise NotImplementedError
 
 
+def note_batch_norm(ctx: "Context", code: str, name: str, value, kept: str, advice: str) -> None:
+    """An info note where the model `name` (built by `value`) normalises with BatchNorm: each rank
+    takes the batch statistics of its own shard of the batch. `kept` says whose running statistics
+    the backend keeps, `advice` how to opt in to synchronised statistics."""
+    bn = batch_norm(ctx.anatomy.classes, ctx.anatomy.qualname, value)
+    if bn is not None:
+        ctx.report(
+            code, bn,
+            f"{name} normalises with {ctx.code(bn.func)}: each rank takes the batch statistics of its own shard "
+            f"of the batch {kept}, not those of the whole batch as one process did; with few samples per rank "
+            f"{advice}",
+            kind="info",
+        )
+
+
 __all__ = [
     "AuditCheck",
     "BACKENDS",
@@ -533,4 +549,6 @@ __all__ = [
     "hoistable_argument",
     "kwarg_value",
     "names_in",
+    "note_batch_norm",
 ]
+

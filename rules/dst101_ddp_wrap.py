@@ -6,12 +6,12 @@ from typing import Optional
 
 import libcst as cst
 
-from distify.model_build import batch_norm, module_container, moves_to_device, through_compile, through_data_parallel
+from distify.model_build import module_container, moves_to_device, through_compile, through_data_parallel
 from distify.records import DDP, assigned_name
 from distify.syntax import dotted
 from distify.model_contract import forward_gaps, training_freezes
 from distify.model_state import moved
-from distify.rules.base import DDP_BACKEND, Context, Rule
+from distify.rules.base import DDP_BACKEND, Context, Rule, note_batch_norm
 
 
 class WrapDDP(Rule):
@@ -106,16 +106,9 @@ class WrapDDP(Rule):
                 model.assign,
                 f"{model.name} wrapped in DistributedDataParallel (runtime.DDP: a pass-through when there is one process)",
             )
-            bn = batch_norm(ctx.anatomy.classes, ctx.anatomy.qualname, model.value)
-            if bn is not None:
-                ctx.report(
-                    self.code, bn,
-                    f"{model.name} normalises with {ctx.code(bn.func)}: each rank takes the batch statistics of its own "
-                    "shard of the batch (the running statistics kept are rank 0's), not of the whole batch as one "
-                    f"process did; with few samples per rank convert it before the wrap: {model.name} = "
-                    f"torch.nn.SyncBatchNorm.convert_sync_batchnorm({model.name})",
-                    kind="info",
-                )
+            note_batch_norm(ctx, self.code, model.name, model.value, "(the running statistics kept are rank 0's)",
+                            f"convert it before the wrap: {model.name} = "
+                            f"torch.nn.SyncBatchNorm.convert_sync_batchnorm({model.name})")
 
     def _skips(self, ctx: Context, model):
         """The first reason a backward pass can leave a parameter of `model` without a gradient

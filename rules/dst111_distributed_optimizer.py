@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.rules.base import HOROVOD_BACKEND, Context, Rule, method_calls_in
+from distify.rules.base import HOROVOD_BACKEND, Context, Rule, method_calls_in, note_batch_norm
 from distify.syntax import all_nodes, dotted
-from distify.model_build import batch_norm
 from distify.transplant import readable_after, spell_in
 
 
@@ -165,16 +164,9 @@ class DistributedOptimizer(Rule):
             wrapped.append(opt)
             ctx.report(self.code, opt.call.call, f"{opt.target} averages gradients across ranks (hvd.DistributedOptimizer)")
             for m in (m for m in ctx.anatomy.models if m.optimizer is opt):
-                bn = batch_norm(ctx.anatomy.classes, ctx.anatomy.qualname, m.value)
-                if bn is not None:
-                    ctx.report(
-                        self.code, bn,
-                        f"{m.name} normalises with {ctx.code(bn.func)}: each rank takes the batch statistics of its "
-                        "own shard of the batch and keeps running statistics of its own (rank 0's are saved), not "
-                        "those of the whole batch as one process did; with few samples per rank use "
-                        f"{hvd}.SyncBatchNorm layers",
-                        kind="info",
-                    )
+                note_batch_norm(ctx, self.code, m.name, m.value,
+                                "and keeps running statistics of its own (rank 0's are saved)",
+                                f"use {hvd}.SyncBatchNorm layers")
 
     def _average_before_step(self, ctx: Context, opt, reason: str, steps) -> None:
         """One grouped all-reduce of `opt`'s gradients after the last backward() before each step."""

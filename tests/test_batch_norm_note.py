@@ -75,7 +75,7 @@ def test_no_note_without_batch_norm(backend):
 
 
 def test_control_a_fact_that_finds_nothing_says_nothing(monkeypatch):
-    import distify.rules.dst101_ddp_wrap as rule
+    import distify.rules.base as rule
 
     monkeypatch.setattr(rule, "batch_norm", lambda *args, **kwargs: None)
-    assert _notes(WITH_BN, "ddp") == []
+    assert _notes(WITH_BN, "ddp") == [] and _notes(WITH_BN, "horovod") == []
