@@ -308,10 +308,11 @@ class Facts:
         return keyword_bindings(fn, call, self.params(fn))
 
     def params(self, fn: cst.FunctionDef) -> List[str]:
-        """The positional parameters a call binds, in order (`self` of a method left out)."""
-        params = [p.name.value for p in fn.params.params]
-        if fn in self.methods and params and params[0] == "self":
-            params = params[1:]
+        """The positional parameters a call binds, in order (a method's first one, the instance it is
+        called on, left out: it is `self` by convention only)."""
+        params = [p.name.value for p in (*fn.params.posonly_params, *fn.params.params)]
+        if fn in self.methods and params and not any(dotted(d.decorator) == "staticmethod" for d in fn.decorators):
+            params = params[1:]  # the instance (or the class), whatever it is called
         return params
 
     def param_for(self, fn: cst.FunctionDef, call: cst.Call, a: cst.Arg) -> Optional[str]:

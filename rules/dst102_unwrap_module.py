@@ -113,9 +113,7 @@ class UnwrapModule(Rule):
                             if said is None:
                                 continue
                         else:
-                            params = [p.name.value for p in fn.params.params]
-                            if fn in a.methods and params and params[0] == "self":
-                                params = params[1:]
+                            params = a.facts.params(fn)
                             if i >= len(params) or not _only_reads(a, fn, params[i]):
                                 continue
                     name = dotted(x.value)

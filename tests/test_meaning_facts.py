@@ -318,3 +318,17 @@ def test_a_parameter_spelled_like_a_global_loader_is_not_that_loader(param) -> N
                            "        model(x).sum().backward()\n        opt.step()\n\n\n"
                            "train(b)\nfor x, y in a:\n    print(model(x).sum().item())\n")
     assert roles["a"] != roles["b"], roles
+
+
+@pytest.mark.parametrize("me", ["self", "this"])
+def test_a_methods_instance_parameter_is_known_by_its_place_not_its_name(me) -> None:
+    """`loader` binds the method's second parameter whatever its first (the instance) is called:
+    Facts.params once dropped the first parameter only when it was spelled `self`. Control: that
+    test put back, the `this` case fails."""
+    src = HEAD + (
+        f"\n\nclass Trainer:\n    def fit(self, data):\n        pass\n\n    def run({me}, data, epochs):\n"
+        f"        return data\n\n\nTrainer().run(a, 2)\n"
+    )
+    an = analyse(cst.parse_module(src))
+    run = next(m for m in an.facts.methods if m.name.value == "run")
+    assert an.facts.params(run) == ["data", "epochs"]
