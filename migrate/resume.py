@@ -89,5 +89,11 @@ def broadcast_follows(a: "Anatomy", stmt: cst.CSTNode) -> bool:
     scope, level, at = a.stmt_scope.get(stmt), a.stmt_parent.get(stmt, ()), a.order(stmt)
     for later in a.facts.statements(scope):
         if a.order(later) > at and a.stmt_parent.get(later, ()) == level:
-            return any(c.qualname in BROADCASTS for c in a.calls if c.stmt is later or later in c.parents)
+            return broadcasts(a, later)
     return False
+
+
+def broadcasts(a: "Anatomy", stmt: cst.CSTNode) -> bool:
+    """`stmt` hands rank 0's state to the other ranks with the runtime (distify's own broadcast: the
+    optimizer's ``load_state_dict(runtime.broadcast_object(...))`` is that, not a load to follow)."""
+    return any(c.qualname in BROADCASTS for c in a.calls if c.stmt is stmt or stmt in c.parents)

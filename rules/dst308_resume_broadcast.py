@@ -7,7 +7,7 @@ from typing import Set
 import libcst as cst
 
 from distify.model_state import LOAD, before_training, changes_in
-from distify.resume import BROADCASTS, broadcast_follows, host_conditions, host_dependent, resumed_values
+from distify.resume import BROADCASTS, broadcast_follows, broadcasts, host_conditions, host_dependent, resumed_values
 from distify.syntax import all_nodes
 from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, Context, Rule
 
@@ -68,6 +68,8 @@ class ResumeBroadcast(Rule):
             roots = [*opt.models, *([opt.target] if opt.target else [])]
             loaded, found = None, []
             for stmt in before_training(a.facts, opt.call.stmt):
+                if broadcasts(a, stmt):
+                    continue  # an earlier run's broadcast of the load before it
                 changes = [c for c in changes_in(a.facts, a.qualname, stmt, roots) if c.kind == LOAD]
                 if changes:
                     loaded, found = stmt, changes

@@ -27,3 +27,19 @@ def test_a_load_under_a_test_every_rank_shares_is_left_alone():
     # control: the same load under a comparison of an argument, the same on every rank
     out = _fsdp(SOURCE.replace(HOST, "        if args.start_epoch == 0:\n"))
     assert "set_model_state_dict(" in out and "runtime.broadcast_object(" not in out
+
+
+def test_a_resume_that_binds_no_value_is_broadcast_once_in_two_runs():
+    """DDP: when the load binds no value read later (no `start_epoch = broadcast_object(...)` line
+    after it), the last statement distify adds is the optimizer's own broadcast,
+    `optimizer.load_state_dict(runtime.broadcast_object(...))`, which a second run took for a load
+    still to follow and broadcast again (found by the fuzz sweep with the epoch lines deleted).
+    Control: without `resume.broadcasts` skipping it, the second run adds the block again."""
+    source = SOURCE
+    for line in ('            args.start_epoch = checkpoint["epoch"]\n', '            best_acc1 = checkpoint["best_acc1"]\n',
+                 "        best_acc1 = max(acc1, best_acc1)\n"):
+        assert line in source
+        source = source.replace(line, "")
+    once = migrate_source(source.encode(), Options(backend="ddp")).output.decode()
+    assert once.count("runtime.broadcast_object(optimizer.state_dict())") == 1, once
+    assert migrate_source(once.encode(), Options(backend="ddp")).output.decode() == once
