@@ -27,13 +27,11 @@ import libcst as cst
 
 from distify.facts import stmt_bindings
 from distify.rank_input import training_draws
+from distify.sums import COLLECTIVES
 from distify.syntax import Scope, all_nodes, dotted, names
 
 if TYPE_CHECKING:  # pragma: no cover
     from distify.anatomy import Anatomy
-
-# calls whose result is already one value for every rank
-_COLLECTIVES = ("torch.distributed", "horovod", "distify")
 
 
 @dataclass(frozen=True)
@@ -103,7 +101,7 @@ def reads_any(expr: cst.CSTNode, tainted: FrozenSet[str]) -> bool:
 def _agreed(a: "Anatomy", test: cst.BaseExpression) -> bool:
     """The test calls a collective already (``runtime.agree(...)``, an all-reduce): one value everywhere."""
     return any(
-        isinstance(n, cst.Call) and (a.qualname(n.func) or "").startswith(_COLLECTIVES) for n in all_nodes(test)
+        isinstance(n, cst.Call) and (a.qualname(n.func) or "").startswith(COLLECTIVES) for n in all_nodes(test)
     )
 
 
@@ -111,7 +109,7 @@ def per_rank_names(a: "Anatomy", scope: Scope, depth: int = 0) -> FrozenSet[str]
     """The names of `scope` that may hold a per-rank value (see the module's docstring)."""
     facts = a.facts
     tainted: Set[str] = {ref for ld in a.loaders for s, ref in ld.refs if s is scope}
-    draws = frozenset(id(c) for c in training_draws(a))
+    draws = _draws(a)
     if isinstance(scope, cst.FunctionDef) and depth < 3:
         for site in facts.callers(scope):
             outer = per_rank_names(a, site.scope, depth + 1)
@@ -143,10 +141,16 @@ def per_rank_names(a: "Anatomy", scope: Scope, depth: int = 0) -> FrozenSet[str]
     return frozenset(tainted)
 
 
+def _draws(a: "Anatomy") -> FrozenSet[int]:
+    """The ids of the training path's random draws, found once per analysis (every scope and every
+    function `per_rank_names` follows asks)."""
+    return a.facts.memo(("early_stop.draws",), lambda: frozenset(id(c) for c in training_draws(a)))
+
+
 def _returns_per_rank(a: "Anatomy", fn: cst.FunctionDef, depth: int) -> bool:
     """A ``return`` of `fn` hands back a per-rank value."""
     inside = per_rank_names(a, fn, depth)
-    draws = frozenset(id(c) for c in training_draws(a))
+    draws = _draws(a)
     return any(
         isinstance(n, cst.Return) and n.value is not None
         and (reads_any(n.value, inside) or any(id(x) in draws for x in all_nodes(n.value)))
