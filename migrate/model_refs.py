@@ -20,16 +20,13 @@ Read-only, over ``distify.facts.Facts``; ``distify.model_state`` asks it.
 
 from __future__ import annotations
 
-import weakref
 from typing import Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 import libcst as cst
 
+from distify.facts import SELF_RETURNING  # `g = gen.to(device)` is an alias of gen
 from distify.syntax import Scope, dotted
 
-# methods that return the module they are called on (`g = gen.to(device)` is an alias of gen)
-_SAME_OBJECT = frozenset({"to", "cuda", "cpu", "train", "eval", "float", "double", "half", "bfloat16", "requires_grad_"})
-_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 Labels = FrozenSet[str]
 # name -> [(order of the binding, labels)]: what the name may hold from that statement on
@@ -42,12 +39,8 @@ class Refs:
 
     def __init__(self, facts, scope: Scope, named: Mapping[str, Labels], held: Mapping[str, Labels] = {}) -> None:
         self.facts = facts
-        key = (id(scope), tuple(sorted(named.items())), tuple(sorted(held.items())))
-        per_facts = _CACHE.setdefault(facts, {})
-        found = per_facts.get(key)
-        if found is None:
-            found = per_facts[key] = _flow(facts, scope, named, held)
-        self._named, self._held = found
+        key = ("model_refs", id(scope), tuple(sorted(named.items())), tuple(sorted(held.items())))
+        self._named, self._held = facts.memo(key, lambda: _flow(facts, scope, named, held))
 
     def roots_of(self, expr: Optional[cst.CSTNode], upto: int) -> Labels:
         """The labels `expr` may hold (also as a submodule of them, `g.fc`), reading the bindings
@@ -69,7 +62,7 @@ def _at(flow: _Flow, name: str, upto: int) -> Labels:
 
 
 def _roots(named: _Flow, expr, upto: int) -> Labels:
-    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _SAME_OBJECT:
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in SELF_RETURNING:
         expr = expr.func.value
     d = dotted(expr) if expr is not None else None
     if d is None:
