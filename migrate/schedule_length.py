@@ -16,6 +16,7 @@ import libcst as cst
 
 from distify.dataflow import ref_text
 from distify.library import WORLD_SIZE
+from distify.names import qualified
 from distify.parallel import feeding_loaders, sampler_of
 from distify.records import CallSite
 from distify.syntax import all_nodes
@@ -46,8 +47,8 @@ def whole_set_schedules(a) -> List[Tuple[CallSite, cst.Call, str]]:
                 continue  # divided by the world size already
             for e in seen:
                 for n in all_nodes(e):
-                    if (isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value == "len"
-                            and a.qualname(n.func) is None and len(n.args) == 1 and ref_text(n.args[0].value) in refs):
+                    if (isinstance(n, cst.Call) and qualified(a.aliases, n.func, a.name_bindings) == "builtins.len"
+                            and len(n.args) == 1 and ref_text(n.args[0].value) in refs):
                         out.append((c, n, ref_text(n.args[0].value)))
     return out
 
