@@ -234,7 +234,7 @@ def resharded_at_its_calls(a: "Anatomy", loader) -> bool:
     if loader.role != "shared" or not isinstance(fn, cst.FunctionDef):
         return False
     mine = [f for f in foreign_loaders(a) if a.functions.named(f.builder) is fn]
-    return bool(mine) and all(f.resharded for f in mine)
+    return bool(mine) and all(f.resharded or switched_on(a, f.call) for f in mine)
 
 
 def _through_generator(a: "Anatomy", consumer: BatchLoop, site: "CallSite", gen: BatchLoop, seen: set) -> List[ForeignLoader]:
@@ -270,6 +270,20 @@ def _resharded(a: "Anatomy", site: "CallSite", name: str) -> bool:
         if c.scope is site.scope and _is_reshard(c.call) and c.call.args:
             if dotted(c.call.args[0].value) == name and assigned_name(c.stmt, c.call) == name:
                 return True
+    return False
+
+
+def switched_on(a: "Anatomy", site: "CallSite") -> bool:
+    """`site` calls a factory of this module (or of the project view) whose loader gets a
+    DistributedSampler when one of its parameters is true (``distify.loader_switch``), and passes a
+    constant true for it: the loader it returns is sharded."""
+    from distify import loader_switch
+
+    fn = a.functions.named(dotted(site.call.func))
+    for l in a.loaders if fn is not None else ():
+        sw = loader_switch.switch(a, l) if l.call.scope is fn else None
+        if sw is not None and loader_switch.setting(a, sw, site.call) == loader_switch.ON:
+            return True
     return False
 
 

@@ -68,6 +68,9 @@ class Plan:
     # -- DST901, DST910: training loaders whose own sampler or stream is shared out
     # (runtime.ShareSampler, runtime.ShareStream): their sums are this rank's share too (DST206)
     shared: List[Any] = field(default_factory=list)
+    # -- DST201 -> DST901: training loaders of a factory with its own distributed switch, which
+    # every call of the factory now sets (distify.loader_switch): DST901 leaves their sampler be
+    switched: List[Any] = field(default_factory=list)
 
     # -- the evaluation plans (rules.eval_plan), computed once for DST201 and DST203
     eval_plans: Optional[Dict["Loader", Any]] = None

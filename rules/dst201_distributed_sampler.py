@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.data_sources import foreign_loaders, is_iterable_dataset
+from distify import loader_switch
 from distify.records import Loader
 from distify.syntax import arg, dotted, all_nodes
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, add_kwarg, loader_stem
@@ -33,6 +34,10 @@ class DistributedSamplerRule(Rule):
         module sits next to the script, distify reads it: the report names the ``def`` and its
         line; a loader given a ``DistributedSampler`` there only gets ``set_epoch``; one given its
         own ``sampler=``/``batch_sampler=`` is left with a warning saying what to change there.
+        A factory of the project with its own switch (``sampler = DistributedSampler(ds) if
+        distributed else None``, ``distributed`` a parameter) is not rebuilt around: its training
+        calls that pass a constant false pass ``True`` instead (ddp, fsdp: the process group exists
+        in every run) and ``set_epoch`` goes on the sampler it returns; evaluation calls keep theirs.
 
     Why:
         Without it every process iterates the whole dataset: N ranks do the same work N times and
@@ -54,7 +59,7 @@ class DistributedSamplerRule(Rule):
 
     def apply(self, ctx: Context) -> None:
         samplers = ctx.plan.samplers
-        resharded = self._foreign(ctx, samplers)
+        resharded, switched = self._foreign(ctx, samplers)
         plans = eval_plans(ctx)
         sharding = shard_eval_enabled(ctx)
         for loader in ctx.anatomy.loaders:
@@ -69,11 +74,12 @@ class DistributedSamplerRule(Rule):
                     kind="info",
                 )
             if loader.role == "shared" and id(loader.call.scope) in resharded:
+                how = ("the training calls set its own distributed switch" if id(loader.call.scope) in switched
+                       else "the training ones are re-sharded where they are bound")
                 ctx.report(
                     self.code, loader.call.call,
                     f"{loader.call.scope.name.value}() builds the loaders of training and of evaluation "
-                    f"({', '.join(loader.bound)}): the training ones are re-sharded where they are bound, the "
-                    "others left whole",
+                    f"({', '.join(loader.bound)}): {how}, the others left whole",
                     kind="info",
                 )
             elif loader.role == "shared":
@@ -94,6 +100,8 @@ class DistributedSamplerRule(Rule):
             existing = ctx.anatomy.sampler_call(loader)
             if existing is not None:
                 self._adapt(ctx, loader, existing, samplers)
+                continue
+            if self._switch_callers(ctx, loader, samplers):
                 continue
             if arg(call, 5, "sampler") is not None or arg(call, 6, "batch_sampler") is not None:
                 continue  # DST901
@@ -171,14 +179,14 @@ class DistributedSamplerRule(Rule):
         the epoch. Where the value is not bound by a plain assignment: say where, and what to add.
         The same for a factory of this file whose loader one call hands to training and another to
         evaluation (``shared_factory``). Returns the ids of such factories re-sharded at every
-        training call."""
+        training call, and of those whose own distributed switch a training call sets."""
         done, local, failed = set(), set(), set()
         for f in foreign_loaders(ctx.anatomy):
             fn = ctx.anatomy.functions.named(f.builder)
             local |= {id(fn)} if fn is not None else set()
             if not self._reshard(ctx, f, samplers, done, fn) and fn is not None:
                 failed.add(id(fn))
-        return local - failed
+        return local - failed, {k[1] for k in done if k[0] == "switch"}
 
     def _reshard(self, ctx: Context, f, samplers, done: set, here) -> bool:
         """One foreign loader re-sharded where it is bound (False: it could not be); `here`: the
@@ -215,11 +223,16 @@ class DistributedSamplerRule(Rule):
                 f"sampler=DistributedSampler(dataset) there, and call its set_epoch(epoch) each epoch",
             )
             return False
-        reshard = not (b is not None and b.sampler == "distributed")
+        sw = self._switch_of(ctx, here, f.call.call) if here is not None else None
+        reshard = not (b is not None and b.sampler == "distributed") and sw is None
         stmt = f.binding
         small = stmt.body[0] if stmt is not None and len(stmt.body) == 1 else None
         bound = isinstance(small, cst.AnnAssign) or (isinstance(small, cst.Assign) and len(small.targets) == 1)
         bound = bound and small.value is f.call.call
+        sname = _returned_sampler(small, sw) if bound and sw is not None else None
+        if sw is not None:
+            self._switch_on(ctx, sw, f.call, f.name)
+            done.add(("switch", id(here)))
         if reshard and not bound:
             ctx.warn(
                 self.code, f.call.call,
@@ -235,12 +248,12 @@ class DistributedSamplerRule(Rule):
             extra = f", num_replicas={ctx.hvd}.size(), rank={ctx.hvd}.rank()" if ctx.backend == HOROVOD_BACKEND else ""
             lines.append(f"{f.name} = {ctx.runtime}.shard_loader({f.name}{extra})")
         inside = [ep for ep in f.epochs if ep.loop in ctx.anatomy.stmt_parent.get(stmt, ()) and ep.var] if bound else []
-        if inside and not _calls_set_epoch_after(ctx, stmt, f.name):
+        if inside and not _calls_set_epoch_after(ctx, stmt, f.name, sname):
             # built afresh every epoch: the new sampler gets the epoch right away
-            lines.append(f"{f.name}.sampler.set_epoch({inside[-1].var})")
+            lines.append(f"{sname or f.name + '.sampler'}.set_epoch({inside[-1].var})")
         elif not inside:
             pseudo = Loader(call=f.call, target=f.name, dataset=None, role="train", batch_loops=[f.loop])
-            samplers[pseudo] = None  # reached through `<loader>.sampler`
+            samplers[pseudo] = sname  # the sampler the factory returns, else reached through `<loader>.sampler`
             ctx.plan.foreign_epoch_loops[pseudo] = f.epochs
             if not f.epochs:
                 ctx.warn(
@@ -250,7 +263,9 @@ class DistributedSamplerRule(Rule):
                 )
         if lines:
             ctx.edits.insert_after(stmt, ctx.stmts("\n".join(lines)))
-        if reshard:
+        if sw is not None:
+            pass  # said by _switch_on
+        elif reshard:
             why = "which also builds evaluation loaders" if here is not None else "another module, not rewritten"
             ctx.report(
                 self.code, f.call.call,
@@ -264,6 +279,63 @@ class DistributedSamplerRule(Rule):
                 kind="info",
             )
         return True
+
+    def _switch_of(self, ctx: Context, here, call: cst.Call):
+        """The switch of the factory `here` (a function of the view) when `call` sets it to a
+        constant (see distify.loader_switch); None otherwise, and under Horovod, whose ranks have
+        no torch.distributed group for the factory's DistributedSampler to ask (re-sharded instead)."""
+        if ctx.backend == HOROVOD_BACKEND:
+            return None
+        for loader in ctx.anatomy.loaders:
+            sw = loader_switch.switch(ctx.anatomy, loader) if loader.call.scope is here else None
+            if sw is not None and loader_switch.setting(ctx.anatomy, sw, call) is not None:
+                return sw
+        return None
+
+    def _switch_callers(self, ctx: Context, loader, samplers) -> bool:
+        """A training loader built by a factory with its own switch (its sampler a DistributedSampler
+        only when a parameter is true) and called only with constants for it: every call passes
+        True; DST202 gives the sampler the epoch through the loader. False (DST901 refuses) when a
+        call passes anything else."""
+        a = ctx.anatomy
+        sw = loader_switch.switch(a, loader) if ctx.backend != HOROVOD_BACKEND else None  # see _switch_of
+        sites = a.callers(sw.fn) if sw is not None else []
+        if not sites or any(loader_switch.setting(a, sw, c.call) is None for c in sites):
+            return False
+        eps = a.epoch_loops.get(loader, [])
+        named = []  # (call, the loader's name there, the sampler's name there, its epoch loops)
+        for c in sites:
+            self._switch_on(ctx, sw, c, ", ".join(loader.bound) or "the loader")
+            small = c.stmt.body[0] if isinstance(c.stmt, cst.SimpleStatementLine) and len(c.stmt.body) == 1 else None
+            sname = _returned_sampler(small, sw) if isinstance(small, cst.Assign) and small.value is c.call else None
+            names = [dotted(e.value) for e in getattr(small.targets[0].target, "elements", [])] if sname else []
+            lname = next((n for n in names if n in loader.bound), None)
+            named.append((c, lname, sname, [ep for ep in eps if lname and ep.loader_ref == lname]))
+        if eps and all(mine for *_, mine in named):
+            for c, lname, sname, mine in named:  # set_epoch on the sampler each call binds
+                pseudo = Loader(call=c, target=lname, dataset=None, role="train", batch_loops=loader.batch_loops)
+                samplers[pseudo] = sname
+                ctx.plan.foreign_epoch_loops[pseudo] = mine
+        else:
+            samplers[loader] = None  # reached through `<loader>.sampler` where the callers bind it
+        ctx.plan.switched.append(loader)
+        return True
+
+    def _switch_on(self, ctx: Context, sw, site, what: str) -> None:
+        """The call `site` of the factory passes True for its switch (a constant false there now:
+        distify's setup makes a process group in every run, one process included)."""
+        if loader_switch.setting(ctx.anatomy, sw, site.call) != loader_switch.OFF:
+            return
+        given = loader_switch.passed(ctx.anatomy, sw, site.call)
+        if given is not None:
+            ctx.edits.replace(given.value, lambda n: cst.Name("True"))
+        else:
+            ctx.edits.replace(site.call, lambda n, p=sw.param: add_kwarg(n, p, cst.Name("True")))
+        ctx.report(
+            self.code, site.call,
+            f"{what}: {sw.fn.name.value}() gives its loader a DistributedSampler when `{sw.param}` is true; "
+            f"passed True here (the process group exists in every run, also with one process)",
+        )
 
     def _family(self, ctx: Context, loader, samplers) -> None:
         """`loaders = {x: DataLoader(ds[x], shuffle=True) for x in ["train", "val"]}` with one training
@@ -354,13 +426,22 @@ def _substitute(expr: cst.BaseExpression, name: str, value: cst.BaseExpression) 
     return expr.visit(T())
 
 
-def _calls_set_epoch_after(ctx: Context, stmt, name: str) -> bool:
-    """The block holding `stmt` already calls `<name>.sampler.set_epoch(...)` (an earlier run's, or
-    the script's own)."""
+def _calls_set_epoch_after(ctx: Context, stmt, name: str, sampler=None) -> bool:
+    """The block holding `stmt` already calls `<name>.sampler.set_epoch(...)` (or `sampler`'s: an
+    earlier run's, or the script's own)."""
     parents = ctx.anatomy.stmt_parent.get(stmt, ())
     block = parents[-1] if parents else ctx.anatomy.module
-    wanted = f"{name}.sampler.set_epoch"
-    return any(isinstance(n, cst.Call) and dotted(n.func) == wanted for n in all_nodes(block))
+    wanted = {f"{name}.sampler.set_epoch", f"{sampler}.set_epoch"}
+    return any(isinstance(n, cst.Call) and dotted(n.func) in wanted for n in all_nodes(block))
+
+
+def _returned_sampler(small, sw) -> "str | None":
+    """The name the binding gives the sampler the factory returns beside its loader
+    (``self.train_loader, self.train_sampler = get_data_loader(...)``), if it gives it one."""
+    t = small.targets[0].target if isinstance(small, cst.Assign) else None
+    if sw.sampler_item is None or not isinstance(t, (cst.Tuple, cst.List)) or len(t.elements) != sw.size:
+        return None
+    return dotted(t.elements[sw.sampler_item].value)
 
 
 def _is_assignment(stmt: cst.CSTNode, call: cst.Call) -> bool:

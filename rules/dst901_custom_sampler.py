@@ -47,7 +47,7 @@ class CustomSampler(Rule):
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
         for loader in a.loaders:
-            if loader.role != "train" or a.sampler_call(loader) is not None:
+            if loader.role != "train" or a.sampler_call(loader) is not None or loader in ctx.plan.switched:
                 continue
             for pos, keyword in ((5, "sampler"), (6, "batch_sampler")):
                 given = arg(loader.call.call, pos, keyword)

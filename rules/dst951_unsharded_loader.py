@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.anatomy import Anatomy
-from distify.data_sources import foreign_loaders, untraced_sources, is_iterable_dataset, resharded_at_its_calls
+from distify.data_sources import foreign_loaders, untraced_sources, is_iterable_dataset, resharded_at_its_calls, switched_on
 from distify.syntax import dotted
 from distify.parallel import feeding_loaders, sampler_of
 from distify.rules.base import AuditCheck, Context
@@ -114,7 +114,7 @@ class UnshardedLoader(AuditCheck):
             if isinstance(c.call.func, cst.Attribute) and c.call.func.attr.value == "set_epoch"
         }
         for f in foreign_loaders(a):
-            if f.resharded or {f"{f.name}.sampler", f"{f.loop.ref}.sampler"} & told:
+            if f.resharded or switched_on(a, f.call) or {f"{f.name}.sampler", f"{f.loop.ref}.sampler"} & told:
                 continue
             ctx.warn(
                 self.code,

@@ -305,13 +305,14 @@ def test_control_simclr_trainer_without_set_epoch(tmp_path):
 
 
 
-def _flag_loader_problems(work: Path, result, loaders, params) -> list:
-    """What the run of flag_loader_trainer got wrong: the training loader (#1: the factory's #0
-    rebuilt over this rank's shard) split into disjoint covering shards, the same weights on every
-    rank (see `_sharded`), a new order on the second pass (set_epoch in train()'s epoch loop), each
-    validation line printed once."""
-    out = _sharded(loaders, params, train_id=1)
-    passes = [rec["indices"] for rec in loaders[0] if rec.get("loader") == 1]
+def _flag_loader_problems(work: Path, result, loaders, params, train_id: int) -> list:
+    """What the run of flag_loader_trainer got wrong: the training loader (`train_id`: the
+    factory's own #0 where the call sets its `distributed` switch, #1 where it is rebuilt over this
+    rank's shard by runtime.shard_loader) split into disjoint covering shards, the same weights on
+    every rank (see `_sharded`), a new order on the second pass (set_epoch in train()'s epoch loop),
+    each validation line printed once."""
+    out = _sharded(loaders, params, train_id=train_id)
+    passes = [rec["indices"] for rec in loaders[0] if rec.get("loader") == train_id]
     if len(passes) < 2 or passes[0] == passes[1]:
         out.append("the sampler was not told the epoch: every pass reads the same order")
     vals = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
@@ -320,29 +321,32 @@ def _flag_loader_problems(work: Path, result, loaders, params) -> list:
     return out
 
 
-@pytest.mark.parametrize("launcher,backend", [
-    ("torchrun", "ddp"),
-    pytest.param("horovodrun", "horovod", marks=pytest.mark.horovod),
+@pytest.mark.parametrize("launcher,backend,train_id", [
+    ("torchrun", "ddp", 0),
+    pytest.param("horovodrun", "horovod", 1, marks=pytest.mark.horovod),
 ])
-def test_flag_loader_trainer(launcher, backend, tmp_path):
+def test_flag_loader_trainer(launcher, backend, train_id, tmp_path):
     """NERSC's shape: `self.train_loader, self.train_sampler = get_data_loader(..., False, ...)` in
-    a Trainer method, iterated in another method: re-sharded where the script binds it, set_epoch
-    in train()'s epoch loop."""
+    a Trainer method, iterated in another method. DDP: the training call passes True for the
+    factory's own switch (its DistributedSampler shards), `self.train_sampler.set_epoch(epoch)` in
+    train()'s epoch loop; the validation call keeps False (whole on every rank). Horovod (no
+    torch.distributed group for that sampler): re-sharded where the script binds it."""
     migrated_copy("flag_loader_trainer", backend, tmp_path / "p")
     run = _launch(launcher, tmp_path / "p", tmp_path)
-    assert _flag_loader_problems(tmp_path, *run) == [], run[0].stdout
+    assert _flag_loader_problems(tmp_path, *run, train_id=train_id) == [], run[0].stdout
 
 
-def test_control_flag_loader_trainer_without_the_reshard(tmp_path):
-    """Control: the re-shard and its set_epoch taken out, the factory's loader (#0) is read whole
-    by every rank."""
+def test_control_flag_loader_trainer_with_the_flag_left_false(tmp_path):
+    """Control: the training call's switch put back to False (and the set_epoch on the None it then
+    returns taken out), the factory's loader (#0) is read whole by every rank: the shards overlap."""
     migrated_copy("flag_loader_trainer", "ddp", tmp_path / "p")
     script = tmp_path / "p" / "train.py"
     text = script.read_text()
-    for line in ("        self.train_loader = runtime.shard_loader(self.train_loader)\n",
-                 "            self.train_loader.sampler.set_epoch(epoch)\n"):
-        assert line in text
-        text = text.replace(line, "")
+    for old, new in (("get_data_loader(self.args.batch_size, 64, 1, True, train=True)",
+                      "get_data_loader(self.args.batch_size, 64, 1, False, train=True)"),
+                     ("            self.train_sampler.set_epoch(epoch)\n", "")):
+        assert old in text
+        text = text.replace(old, new)
     script.write_text(text)
     problems = _sharded(*_launch("torchrun", tmp_path / "p", tmp_path)[1:], train_id=0)
     assert problems == ["pass 0 of the training loader is not split into disjoint covering shards",

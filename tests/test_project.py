@@ -472,16 +472,21 @@ def test_the_audit_of_a_view_knows_the_helpers_it_migrated():
 FLAG = Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "flag_loader_trainer"
 
 
-@pytest.mark.parametrize("shape", ["self attribute", "local name"])
-def test_a_factory_that_shards_only_when_told_is_refused_where_it_alone_builds_the_loader(shape, tmp_path):
+@pytest.mark.parametrize("shape", ["self attribute", "local name", "rebound flag"])
+@pytest.mark.parametrize("backend", ["ddp", "horovod"])
+def test_a_factory_that_shards_only_when_told_is_told_where_it_alone_builds_the_loader(shape, backend, tmp_path):
     """data_loader.get_data_loader(..., distributed, ...) builds `DistributedSampler(ds) if
     distributed else None`; called with False for training only (not shared with evaluation, so
-    its module joins the migration), the sampler given is None on this call: wrapping it in
-    runtime.ShareSampler would crash, leaving it would train unsharded. Refused at the line."""
+    its module joins the migration). DDP: the call passes True (the process group exists in every
+    run) and set_epoch goes on the sampler it returns; data_loader.py is left as it is. Horovod
+    has no torch.distributed group for that sampler: refused at the line (DST901), as is any
+    backend where the flag is rebound in the factory (control: what the caller passes is not what
+    decides, so setting it proves nothing)."""
     import shutil
 
     shutil.copytree(FLAG / "in", tmp_path / "p")
     script = tmp_path / "p" / "train.py"
+    factory = tmp_path / "p" / "data_loader.py"
     text = script.read_text().replace(
         "        self.val_loader, self.val_sampler = get_data_loader(self.args.batch_size, 32, 2, False, train=False)\n",
         "        self.val_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8)\n")
@@ -503,8 +508,29 @@ def test_a_factory_that_shards_only_when_told_is_refused_where_it_alone_builds_t
                         optimizer.zero_grad()
                         loss.backward()
                         optimizer.step()
+
+
+            if __name__ == "__main__":
+                main()
             """)
+    if shape == "rebound flag":
+        source = factory.read_text()
+        line = "    dataset = make_data(n, seed)\n"
+        assert line in source
+        factory.write_text(source.replace(line, line + "    distributed = distributed and torch.distributed.is_available()\n"))
     script.write_text(text)
-    r = _run(tmp_path / "p", "--check", "train.py")
-    assert r.returncode == 3, r.stderr
-    assert "data_loader.py:19:37: DST901 dataloader gets a DistributedSampler only when `distributed` is true" in r.stderr, r.stderr
+    r = _run(tmp_path / "p", "--check", "--diff", "--backend", backend, "train.py")
+    if backend == "horovod" or shape == "rebound flag":
+        assert r.returncode == 3, r.stderr
+        line = 20 if shape == "rebound flag" else 19
+        assert f"data_loader.py:{line}:37: DST901 dataloader gets a DistributedSampler only when `distributed` is true" in r.stderr, r.stderr
+        return
+    assert r.returncode == 1, r.stderr
+    assert "DST901" not in r.stderr and "DST951" not in r.stderr, r.stderr
+    assert "get_data_loader() gives its loader a DistributedSampler when `distributed` is true; passed True here" in r.stderr
+    added = [line[1:].strip() for line in r.stdout.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    call = "get_data_loader(self.args.batch_size, 64, 1, True, train=True)" if shape == "self attribute" else "get_data_loader(8, 64, 1, True, train=True)"
+    sampler = "self.train_sampler" if shape == "self attribute" else "train_sampler"
+    assert any(call in line for line in added), r.stdout
+    assert f"{sampler}.set_epoch(epoch)" in added, r.stdout
+    assert "data_loader.py" not in r.stdout  # the factory is not rewritten
