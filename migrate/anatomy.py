@@ -93,7 +93,8 @@ class Anatomy:
         whole module once."""
         if self._positions is None and self.text is not None:
             if self._locator is None:
-                self._locator = Locator(self.module, self.text, statement_of(self.stmt_parent, self.calls, self.attr_uses))
+                owner = statement_of(self.stmt_parent, self.calls, self.attr_uses, self.module)
+                self._locator = Locator(self.module, self.text, owner)
             found = self._locator.start(node)
             if found is not None:
                 return found

@@ -284,16 +284,53 @@ class Locator:
         # a suite on the header's line (`if x: a; b`) holds no statement lines of its own
 
 
-def statement_of(statements, calls, attributes):
+def statement_of(statements, calls, attributes, module: Optional[cst.Module] = None):
     """`owner` for a ``Locator`` from the analysis' records: a statement is its own; a call or an
-    attribute is in the statement the analysis saw it in (None when seen in two places)."""
+    attribute is in the statement the analysis saw it in (None when seen in two places). Any other
+    node of `module` (an argument, a small statement, a name) is looked up in a map of every node to
+    the innermost statement around it, built by one read-only walk the first time such a node is
+    asked about: a walk costs a fraction of the module render the caller would otherwise need."""
     found: Dict[int, Optional[cst.CSTNode]] = {}
     for node, stmt in [(c.call, c.stmt) for c in calls] + [(a[0], a[3]) for a in attributes]:
         found[id(node)] = stmt if id(node) not in found or found[id(node)] is stmt else None
+    around: List[Optional[Dict[int, Optional[cst.CSTNode]]]] = [None]
 
     def owner(node: cst.CSTNode) -> Optional[cst.CSTNode]:
         if node in statements:
             return node
-        return found.get(id(node))
+        if id(node) in found or module is None:
+            return found.get(id(node))
+        if around[0] is None:
+            around[0] = _innermost_statements(module)
+        return around[0].get(id(node))
 
     return owner
+
+
+_IS_STATEMENT: Dict[type, bool] = {}
+
+
+def _innermost_statements(module: cst.Module) -> Dict[int, Optional[cst.CSTNode]]:
+    """id(node) -> the innermost ``SimpleStatementLine`` or compound statement holding it (a
+    statement maps to itself; the module's own trivia and nodes outside any statement are absent),
+    None for a node object found at two places (its position is the module render's answer)."""
+    from distify.walk import children
+
+    out: Dict[int, Optional[cst.CSTNode]] = {}
+    is_statement = _IS_STATEMENT
+    stack: List[Tuple[cst.CSTNode, Optional[cst.CSTNode]]] = [(c, None) for c in reversed(children(module))]
+    while stack:
+        node, stmt = stack.pop()
+        t = type(node)
+        flag = is_statement.get(t)
+        if flag is None:
+            flag = is_statement[t] = issubclass(t, (cst.SimpleStatementLine, cst.BaseCompoundStatement))
+        if flag:
+            stmt = node
+        if stmt is not None:
+            key = id(node)
+            out[key] = stmt if key not in out else None
+        below = children(node)
+        below.reverse()
+        stack += [(c, stmt) for c in below]
+    return out

@@ -640,3 +640,27 @@ def test_the_node_classes_tested_by_identity_have_no_subclasses():
 
     assert {cst.FunctionDef, cst.Lambda, cst.ClassDef} == NESTED <= set(EXACT)
     assert {c.__name__: every_subclass(c) for c in EXACT if every_subclass(c)} == {}
+
+
+def test_any_node_of_a_statement_is_located_without_rendering_the_module():
+    """A finding may name any node (an argument, a small statement, a name), not only a statement,
+    call or attribute of the analysis' records: the innermost statement around it comes from one
+    walk of the module (distify.positions.statement_of), its start from rendering that statement,
+    and it equals the start the whole module's rendering gives."""
+    from distify.anatomy import analyse
+    from distify.engine import decode
+    from distify.positions import Locator, ranges, statement_of
+    from distify.walk import preorder
+
+    checked = unlocated = 0
+    for source in [SHAPES.encode()] + [p.read_bytes() for p in sorted(FIXTURES.rglob("*.py"))[::16]]:
+        module = cst.parse_module(source)
+        a = analyse(module)
+        where = Locator(module, decode(source)[0], statement_of(a.stmt_parent, a.calls, a.attr_uses, module))
+        full = ranges(module)
+        for node in list(preorder(module))[1::7]:
+            start = where.start(node)
+            checked += 1
+            unlocated += start is None
+            assert start is None or start == full.start(node), (type(node).__name__, start, full.start(node))
+    assert checked > 3000 and unlocated < checked / 20, (checked, unlocated)
