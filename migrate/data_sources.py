@@ -213,10 +213,23 @@ def _foreign_builder(a: "Anatomy", site: "CallSite") -> Optional[str]:
     here = a.functions.named(dotted(site.call.func))
     if here is not None:  # a function of this file: only one that builds training and evaluation loaders alike
         return here.name.value if shared_factory(a, here) else None
+    cls = a.classes.named(dotted(site.call.func)) if site.qualname is None else None
+    if cls is not None:  # a class of this file deriving from a loader: judged as one of another module
+        return cls.name.value if _loader_class(a, cls) else None
     q = site.qualname or star_import(a.star_modules, site.call.func, a.name_bindings) or ""
     if not q or q.split(".")[0] in ("torch", "builtins", "distify"):
         return None
     return None if (known(q) is not None and known(q).kind == "loader") else q  # the table says how a library loader shards
+
+
+def _loader_class(a: "Anatomy", cls: cst.ClassDef) -> bool:
+    """`cls` (a class of this file) derives from a library loader, through its bases here and in
+    the project (``distify.program.loader_chain``, the one walk for both)."""
+    from distify.program import _DEPTH, loader_chain  # only for a class called where batches come from
+
+    reach = getattr(a.facts, "project", None)
+    prog = reach.program() if reach is not None and hasattr(reach, "program") else None
+    return loader_chain(a, a.aliases, cls, (lambda q: prog._class(q, _DEPTH)) if prog is not None else None) is not None
 
 
 def shared_factory(a: "Anatomy", fn: cst.FunctionDef) -> bool:

@@ -153,30 +153,9 @@ class Program:
         return None
 
     def loader_base(self, unit: Unit, cls: cst.ClassDef) -> Optional[Tuple[str, bool]]:
-        """For a project class (`cls` of `unit`): the library loader it derives from
-        (``torch.utils.data.DataLoader``, a row of kind "loader"), through its bases and theirs in
-        the project, resolved through each module's imports; and whether an ``__init__`` of that
-        chain builds a ``DistributedSampler`` itself. None when it derives from no loader."""
-        todo = [(unit, cls)]
-        seen, base_q, shards = set(), None, False
-        while todo and len(seen) < _DEPTH:
-            unit, cls = todo.pop()
-            if id(cls) in seen:
-                continue
-            seen.add(id(cls))
-            init = _method(cls, "__init__")
-            shards = shards or any(c.scope is init and c.qualname in DIST_SAMPLER for c in unit.anatomy.calls)
-            for base in cls.bases:
-                name = dotted(base.value)
-                q = resolve(unit.aliases, base.value) or (f"{unit.module.name}.{name}" if name in unit.anatomy.classes else None)
-                row = known(q) if q else None
-                if row is not None and row.kind == "loader":
-                    base_q = base_q or q
-                elif q is not None:
-                    found = self._class(q, _DEPTH)
-                    if found is not None:
-                        todo.append(found)
-        return (base_q, shards) if base_q is not None else None
+        """For a project class (`cls` of `unit`): the library loader it derives from and whether it
+        shards itself (``loader_chain``), its bases in other modules found through the project."""
+        return loader_chain(unit.anatomy, unit.aliases, cls, lambda q: self._class(q, _DEPTH))
 
     def _class(self, q: str, depth: int) -> Optional[Tuple[Unit, cst.ClassDef]]:
         """The project class a qualified name is, with its module's unit (through re-exports)."""
@@ -254,6 +233,37 @@ class Program:
                 if name not in MODULE_API and name not in STATE_API:
                     out.append((name, attr))
         return out
+
+
+def loader_chain(anatomy, aliases: Dict[str, str], cls: cst.ClassDef, find=None) -> Optional[Tuple[str, bool]]:
+    """The library loader a class derives from (``torch.utils.data.DataLoader``, a row of kind
+    "loader"), through its bases and theirs, each resolved through its own module's imports: a base
+    of the same module by its name there, one of another module of the project by `find`
+    (qualified name -> (unit, class), the program model's; none without a project); and whether an
+    ``__init__`` of that chain builds a ``DistributedSampler`` itself. None when it derives from no
+    loader. One walk for a class of the script and one of another module."""
+    todo = [(anatomy, aliases, cls)]
+    seen, base_q, shards = set(), None, False
+    while todo and len(seen) < _DEPTH:
+        a, al, cls = todo.pop()
+        if id(cls) in seen:
+            continue
+        seen.add(id(cls))
+        init = _method(cls, "__init__")
+        shards = shards or any(c.scope is init and c.qualname in DIST_SAMPLER for c in a.calls)
+        for base in cls.bases:
+            name = dotted(base.value)
+            q = resolve(al, base.value)
+            row = known(q) if q else None
+            if row is not None and row.kind == "loader":
+                base_q = base_q or q
+            elif q is None and name in a.classes:
+                todo.append((a, al, a.classes[name]))
+            elif q is not None and find is not None:
+                found = find(q)
+                if found is not None:
+                    todo.append((found[0].anatomy, found[0].aliases, found[1]))
+    return (base_q, shards) if base_q is not None else None
 
 
 def _method(cls: cst.ClassDef, name: str) -> Optional[cst.FunctionDef]:
@@ -335,8 +345,20 @@ class LoaderSubclass:
 
 
 def loader_subclass(anatomy, path: Optional[str], options, site: CallSite) -> Optional[LoaderSubclass]:
-    """The project class deriving from a loader that `site` (a call of the script at `path`)
-    builds, found through the same program model as `reached`; None otherwise or without a path."""
+    """The class deriving from a loader that `site` (a call of the script at `path`) builds: one of
+    the script itself (``class MyLoader(DataLoader)`` above the call), or of another module of the
+    project, found through the same program model as `reached`; None otherwise. Both go through
+    ``loader_chain``."""
+    own = anatomy.classes.named(dotted(site.call.func)) if resolve(anatomy.aliases, site.call.func) is None else None
+    if own is not None:
+        prog = _model(anatomy, path, options)[0] if path else None
+        base = loader_chain(anatomy, _model(anatomy, path, options)[1].aliases if path else anatomy.aliases, own,
+                            (lambda q: prog._class(q, _DEPTH)) if prog is not None else None)
+        if base is None:
+            return None
+        line = anatomy.position(own)[0] or (_def_line(path, own.name.value) if path else 0)
+        where = f"{os.path.relpath(path, prog.project.root or os.sep).replace(os.sep, '/')}:{line}" if path else f"line {line}"
+        return LoaderSubclass(own.name.value, where, base[0], base[1])
     if not path:
         return None
     prog, unit = _model(anatomy, path, options)

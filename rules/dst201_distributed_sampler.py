@@ -267,11 +267,12 @@ class DistributedSamplerRule(Rule):
             pass  # said by _switch_on
         elif reshard:
             why = "which also builds evaluation loaders" if here is not None else "another module, not rewritten"
-            ctx.report(
-                self.code, f.call.call,
-                f"{f.name} is built by {where} ({why}): re-sharded here with "
-                f"{ctx.runtime}.shard_loader, a DataLoader over the same dataset with a DistributedSampler",
-            )
+            said = (f"{f.name} is built by {where} ({why}): re-sharded here with "
+                    f"{ctx.runtime}.shard_loader, a DataLoader over the same dataset with a DistributedSampler")
+            if sub is not None and ctx.anatomy.classes.named(f.builder) is not None:
+                said = (f"{f.name} is a {sub.name} ({sub.where}), a subclass of {sub.base} whose __init__ gives it a "
+                        f"DistributedSampler: passed through {ctx.runtime}.shard_loader, which keeps such a loader as it is")
+            ctx.report(self.code, f.call.call, said)
         else:
             ctx.report(
                 self.code, f.call.call,
