@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
+from distify.audit import HVD_OPTIMIZER
 from distify.dataflow import ref_text
 from distify.facts import SELF_RETURNING
 from distify.model_build import module_container, through_compile
 from distify.records import DDP, FSDP1, FULLY_SHARD, CallSite, Loader
-from distify.syntax import all_nodes, arg, dotted
+from distify.syntax import all_nodes, arg, dotted, path_to
 
 if TYPE_CHECKING:  # pragma: no cover
     from distify.anatomy import Anatomy
@@ -103,6 +104,24 @@ def sharded_models(a: Anatomy) -> Set[str]:
     out = same_modules(a, names)
     a.__dict__["_sharded_models"] = out
     return out
+
+
+def built_into(a: Anatomy, c: CallSite) -> Optional[cst.Call]:
+    """The call that `c`'s value goes straight into as its first argument, when `c` has no name of
+    its own (``Schedule(optim.Adam(...), ...)``, ``hvd.DistributedOptimizer(optim.Adam(...))``)."""
+    path = path_to(c.stmt, c.call)
+    if path is None or len(path) < 3:
+        return None
+    holder, outer = path[-2], path[-3]
+    if isinstance(holder, cst.Arg) and isinstance(outer, cst.Call) and outer.args and outer.args[0] is holder:
+        return outer
+    return None
+
+
+def wrapped_where_built(a: Anatomy, c: CallSite) -> bool:
+    """`c` (an optimizer) is built straight into ``hvd.DistributedOptimizer(...)``."""
+    outer = built_into(a, c)
+    return outer is not None and a.qualname(outer.func) in HVD_OPTIMIZER
 
 
 def same_modules(a: Anatomy, names: Set[str]) -> Set[str]:

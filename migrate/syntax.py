@@ -78,6 +78,19 @@ def contains_node(tree: cst.CSTNode, target: cst.CSTNode) -> bool:
     return bool(found)
 
 
+def path_to(tree: cst.CSTNode, target: cst.CSTNode) -> Optional[Tuple[cst.CSTNode, ...]]:
+    """The nodes from `tree` down to `target`, both included (None when `target` is not below it):
+    the expression context a node sits in (an argument of a call, an element of a list, a lambda's
+    body, one arm of a conditional)."""
+    if tree is target:
+        return (tree,)
+    for child in tree.children:
+        below = path_to(child, target)
+        if below is not None:
+            return (tree, *below)
+    return None
+
+
 # ------------------------------------------------------------------------------ name walking
 
 

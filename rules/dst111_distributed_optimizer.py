@@ -5,7 +5,9 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, method_calls_in, note_batch_norm
-from distify.syntax import all_nodes, dotted
+from distify.gradients import reads_gradients
+from distify.parallel import wrapped_where_built
+from distify.syntax import all_nodes, dotted, path_to
 from distify.transplant import readable_after, spell_in
 
 
@@ -75,6 +77,10 @@ class DistributedOptimizer(Rule):
             if o.target is not None and not _already_wrapped(ctx, o) and not _already_averaged(ctx, o)
         ]
         backwards = _backward_sites(ctx)
+        in_place, refusal = _unnamed(ctx, backwards)
+        if refusal is not None:
+            ctx.block(self.code, *refusal)
+            return
         explicit = {}
         for opt in optimizers:
             reason = _several_passes(ctx, opt, backwards, len(ctx.anatomy.optimizers))
@@ -124,19 +130,17 @@ class DistributedOptimizer(Rule):
                 continue
             counts[opt] = (anchor, _code(spelled))
         hooked = [o for o in optimizers if o not in explicit]
+        for opt in in_place:
+            self._wrap_in_place(ctx, opt, len(hooked) + len(in_place))
+            anchors[opt] = opt.call.stmt
+            wrapped.append(opt)
         for opt, (reason, steps) in explicit.items():
             self._average_before_step(ctx, opt, reason, steps)
             averaged.append(opt)
         for opt in hooked:
             hvd = ctx.hvd
             extra, notes = "", []
-            if len(opt.models) == 1 and len(hooked) == 1:
-                extra += f", named_parameters={opt.models[0]}.named_parameters()"
-            elif len(opt.models) == 1:
-                # several DistributedOptimizers: tensor names must be unique across all of them
-                m = opt.models[0]
-                prefix = m.split(".")[-1]
-                extra += f', named_parameters=[("{prefix}." + n, p) for n, p in {m}.named_parameters()]'
+            extra += _named_parameters(opt, len(hooked) + len(in_place))
             anchor, accumulation = counts[opt]
             if accumulation is None:
                 unsure = _unrecognised_step_condition(ctx, opt)
@@ -168,6 +172,31 @@ class DistributedOptimizer(Rule):
                                 "and keeps running statistics of its own (rank 0's are saved)",
                                 f"use {hvd}.SyncBatchNorm layers")
 
+    def _wrap_in_place(self, ctx: Context, opt, n_wrapped: int) -> None:
+        """`Schedule(optim.Adam(...), ...)` -> `Schedule(hvd.DistributedOptimizer(optim.Adam(...), ...), ...)`:
+        an optimizer with no name of its own is wrapped where it is built."""
+        hvd = ctx.hvd
+        extra = _named_parameters(opt, n_wrapped)
+        if ctx.options.fp16_allreduce:
+            extra += f", compression={hvd}.Compression.fp16"
+        if ctx.options.adasum:
+            extra += f", op={hvd}.Adasum"
+
+        def wrap(node, template=f"{hvd}.DistributedOptimizer(_{extra})"):
+            outer = cst.parse_expression(template)
+            return outer.with_changes(args=[outer.args[0].with_changes(value=node), *outer.args[1:]])
+
+        ctx.edits.replace(opt.call.call, wrap)
+        ctx.report(
+            self.code, opt.call.call,
+            "the optimizer built here averages gradients across ranks (hvd.DistributedOptimizer, wrapped where it "
+            "is built: it has no name of its own)",
+        )
+        for m in (m for m in ctx.anatomy.models if m.optimizer is opt):
+            note_batch_norm(ctx, self.code, m.name, m.value,
+                            "and keeps running statistics of its own (rank 0's are saved)",
+                            f"use {hvd}.SyncBatchNorm layers")
+
     def _average_before_step(self, ctx: Context, opt, reason: str, steps) -> None:
         """One grouped all-reduce of `opt`'s gradients after the last backward() before each step."""
         hvd = ctx.hvd
@@ -196,6 +225,64 @@ class DistributedOptimizer(Rule):
             f"{opt.target}: {reason}; its gradients are all-reduced before each step (not hvd.DistributedOptimizer, "
             "whose hooks count backward passes)",
         )
+
+
+def _named_parameters(opt, n_wrapped: int) -> str:
+    """The `named_parameters=` argument of the wrap: the model's names, prefixed with the model's
+    own when several DistributedOptimizers must keep them unique."""
+    if len(opt.models) != 1:
+        return ""
+    m = opt.models[0]
+    if n_wrapped == 1:
+        return f", named_parameters={m}.named_parameters()"
+    prefix = m.split(".")[-1]
+    return f', named_parameters=[("{prefix}." + n, p) for n, p in {m}.named_parameters()]'
+
+
+# where an optimizer with no name may sit to be wrapped where it is built: handed on as a value,
+# evaluated once, exactly where it stands
+_PASSING = (cst.Call, cst.Arg, cst.List, cst.Tuple, cst.Element, cst.Dict, cst.DictElement)
+
+
+def _unnamed(ctx: Context, backwards):
+    """The optimizers built inside an expression (`Schedule(optim.Adam(...), ...)`, an argument of
+    a call) that can be wrapped where they are built, and the refusal for one that cannot:
+    ([optimizers], None) or ([], (node, message)).
+
+    Such an optimizer is stepped through code distify does not see by name (the scheduling class's
+    own `self._optimizer.step()`), so what the named path checks between backward() and each step
+    is checked on every function that calls backward(): nothing there may read the gradients
+    before Horovod has averaged them (clipping would read half-reduced values)."""
+    a = ctx.anatomy
+    out = []
+    for opt in a.optimizers:
+        if opt.target is not None or wrapped_where_built(a, opt.call):
+            continue
+        path = path_to(opt.call.stmt, opt.call.call)
+        where = None
+        if (
+            path is None
+            or not isinstance(opt.call.stmt, cst.SimpleStatementLine)
+            or not isinstance(path[1], (cst.Assign, cst.AnnAssign, cst.Expr))
+        ):
+            where = "in a statement distify cannot add the parameter broadcast after (a return, a header)"
+        elif not all(isinstance(n, _PASSING) for n in path[2:-1]):
+            where = "inside an expression that may not build it exactly once (a lambda, a condition, a comprehension)"
+        if where is None:
+            for b in backwards:
+                body = b.scope.body if isinstance(b.scope, cst.FunctionDef) else b.scope
+                read = reads_gradients(a, body, b.scope)
+                if read is not None:
+                    where = (
+                        f"and stepped through code distify does not follow, while line {a.position(read)[0]} reads "
+                        "the gradients, which Horovod may still be averaging there"
+                    )
+                    break
+        if where is not None:
+            return [], (opt.call.call, f"this optimizer has no name of its own and is built {where}: bind it to a "
+                        "name first (opt = ...), then run distify again; file not migrated to Horovod")
+        out.append(opt)
+    return out, None
 
 
 def _wrap_anchor(ctx: Context, opt):

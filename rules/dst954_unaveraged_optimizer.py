@@ -10,7 +10,7 @@ from distify.anatomy import Anatomy
 from distify.records import COLLECTIVES, DDP, FULLY_SHARD
 from distify.syntax import arg, dotted, all_nodes
 from distify.audit import HVD_OPTIMIZER
-from distify.parallel import FSDP, same_modules, sharded_root, wrapped_models
+from distify.parallel import FSDP, same_modules, sharded_root, wrapped_models, wrapped_where_built
 from distify.rules.base import AuditCheck, Context
 from distify.grad_values import gradient_value
 
@@ -67,20 +67,29 @@ class UnaveragedOptimizer(AuditCheck):
                 if o is not None and dotted(o.value):
                     wrapped.add(dotted(o.value))
             for opt in a.optimizers:
-                if opt.target and opt.target in stepped and opt.target not in wrapped:
+                if opt.target and (opt.target in stepped or _handed_back(opt)) and opt.target not in wrapped:
                     ctx.warn(
                         self.code,
                         opt.call.call,
                         f"{opt.target} steps on this rank's gradients alone: wrap it, "
                         f"{opt.target} = hvd.DistributedOptimizer({opt.target}, named_parameters=model.named_parameters())",
                     )
+                elif opt.target is None and not wrapped_where_built(a, opt.call):
+                    # built inside an expression (handed straight to the script's own scheduling
+                    # class, a function, a return): whoever steps it, nothing averages it
+                    ctx.warn(
+                        self.code,
+                        opt.call.call,
+                        "this optimizer steps on this rank's gradients alone: build it inside "
+                        "hvd.DistributedOptimizer(..., named_parameters=model.named_parameters())",
+                    )
             return
         wrappers, inner = (set(x) for x in wrapped_models(a))
         self._built_before_sharding(ctx, a, stepped)
         for opt in a.optimizers:
-            if not opt.models or (opt.target and opt.target not in stepped):
+            if not opt.models or (opt.target and opt.target not in stepped and not _handed_back(opt)):
                 continue
-            loose = [m for m in opt.models if m not in wrappers and m not in inner and not _escapes(a, opt.call.scope, m)]
+            loose = [m for m in opt.models if not _averaged(a, opt.call.scope, m, wrappers | inner)]
             if loose:
                 ctx.warn(
                     self.code,
@@ -102,7 +111,7 @@ class UnaveragedOptimizer(AuditCheck):
             if root:
                 shards.append((c, same_modules(a, {root})))
         for opt in a.optimizers:
-            if not opt.models or (opt.target and opt.target not in stepped):
+            if not opt.models or (opt.target and opt.target not in stepped and not _handed_back(opt)):
                 continue
             for c, names in shards:
                 if c.scope is not opt.call.scope or not set(opt.models) & names:
@@ -127,6 +136,29 @@ class UnaveragedOptimizer(AuditCheck):
                 break
 
 
+def _averaged(a: Anatomy, scope, name: str, wrapped: Set[str], depth: int = 0) -> bool:
+    """`name` (a model an optimizer steps, in `scope`) is wrapped, may be wrapped where the audit
+    does not follow it, or is a parameter of the optimizer's function that every call of it fills
+    with such a model (`def build_optimizer(model): return optim.SGD(model.parameters())` called as
+    `build_optimizer(ddp_model)`)."""
+    if name in wrapped or _escapes(a, scope, name):
+        return True
+    root = name.split(".")[0]
+    if not isinstance(scope, cst.FunctionDef) or root not in a.facts.params(scope) or depth > 3:
+        return False
+    sites = a.callers(scope)
+    if not sites:
+        return True  # never called in this file: whoever calls it is not in sight
+    for site in sites:
+        value = a.bound_value(site.call, scope, root)
+        passed = dotted(value) if value is not None else None
+        if passed is None:
+            return True  # an expression distify does not name: not judged
+        if not _averaged(a, site.scope, passed + name[len(root):], wrapped, depth + 1):
+            return False
+    return True
+
+
 def _escapes(a: Anatomy, scope, name: str) -> bool:
     """The model leaves the scope that built the optimizer for code of this script that wraps a
     model – returned, or handed to such a function or class (``Trainer(model, ...)`` whose
@@ -142,11 +174,31 @@ def _escapes(a: Anatomy, scope, name: str) -> bool:
             return True
     if isinstance(scope, cst.FunctionDef):
         for n in all_nodes(scope.body, skip_nested=True):
-            if isinstance(n, cst.Return) and n.value is not None and any(
-                dotted(m) == name for m in all_nodes(n.value)
-            ):
+            if isinstance(n, cst.Return) and n.value is not None and any(dotted(m) == name for m in _held(n.value)):
                 return True
     return False
+
+
+def _handed_back(opt) -> bool:
+    """The optimizer's function returns it (`opt = optim.SGD(...); return opt`): the caller steps it."""
+    scope = opt.call.scope
+    if not isinstance(scope, cst.FunctionDef):
+        return False
+    return any(
+        isinstance(n, cst.Return) and n.value is not None and any(dotted(m) == opt.target for m in _held(n.value))
+        for n in all_nodes(scope.body, skip_nested=True)
+    )
+
+
+def _held(value: cst.BaseExpression):
+    """The values a returned expression hands back: itself, or the items of a tuple or list it
+    builds (`return model, optimizer`). A model only read inside it (`return optim.SGD(model.parameters())`)
+    is not handed back."""
+    if isinstance(value, (cst.Tuple, cst.List)):
+        for element in value.elements:
+            yield from _held(element.value)
+    else:
+        yield value
 
 
 def _stepped(a: Anatomy) -> Set[str]:

@@ -526,6 +526,27 @@ if _DIR:
 '''
 
 
+def spied_parameters(script, tmp_path, launch, launcher: str) -> list:
+    """Launch `script` on two ranks with `launch` (run_torchrun / run_horovodrun) under PARAM_SPY
+    and return each rank's parameters at exit (every tensor an optimizer of the run steps)."""
+    import torch
+
+    dumps = Path(tmp_path) / "dumps"
+    dumps.mkdir()
+    env = sitecustomize_env(Path(tmp_path) / "spy", PARAM_SPY, {"DISTIFY_E2E_PARAM_DIR": str(dumps)})
+    run = Path(tmp_path) / "run"
+    run.mkdir()
+    checked(launch(script, [], nproc=2, env=env, cwd=run, check=False), launcher, Path(script).name)
+    return [torch.load(dumps / f"rank{r}.pt") for r in (0, 1)]
+
+
+def same_on_every_rank(ranks) -> bool:
+    """Both ranks dumped the same non-empty list of bit-identical tensors."""
+    import torch
+
+    return len(ranks[0]) == len(ranks[1]) > 0 and all(torch.equal(a, b) for a, b in zip(*ranks))
+
+
 # FSDP: like PARAM_SPY, but the parameters are DTensor shards, so each rank gathers the FULL
 # tensors (p.full_tensor(), a collective) and also counts what it holds locally: parameters
 # (p.to_local()) and the optimizers' state tensors. The dump happens where every rank still has the

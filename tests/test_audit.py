@@ -250,6 +250,8 @@ EXPECTED = {
     ("DST906", "star_args"): ("DST951", "DataLoader arguments unpacked; DST906 refuses to shard"),
     ("DST906", "two_splats"): ("DST951", "DataLoader arguments unpacked; DST906 refuses to shard"),
     ("DST205", "no_input_nodes"): ("DST951", "a NeighborLoader without input_nodes; DST205 does not guess the node count"),
+    ("DST111", "optimizer_returned"): ("DST954", "the optimizer's model is a parameter of its builder; DST905 cannot wrap "
+                                                 "it there, and the audit refuses the output"),
 }
 
 
@@ -452,3 +454,57 @@ def test_a_while_loop_drawing_with_next_is_a_batch_loop() -> None:
     for name in ("train_loader", "v1", "test_loader"):  # its role comes from the loop, not its name
         result = migrate_source(own.replace(b"train_loader", name.encode()), Options(backend="ddp"))
         assert "DistributedSampler" in result.output.decode() and "DST951" not in audit_codes(result.findings), name
+
+
+# ------------------------------------------------------------------ optimizers built in a function
+
+
+BUILDER_DDP = '''\
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def build_optimizer(model, lr):
+    return torch.optim.SGD(model.parameters(), lr=lr)
+
+
+dist.init_process_group("gloo")
+net = DDP(nn.Linear(8, 1))
+optimizer = build_optimizer(net, 0.1)
+for x in torch.randn(4, 8):
+    optimizer.zero_grad()
+    net(x).sum().backward()
+    optimizer.step()
+'''
+
+
+@pytest.mark.parametrize("returned", ["return torch.optim.SGD(model.parameters(), lr=lr)",
+                                      "opt = torch.optim.SGD(model.parameters(), lr=lr)\n    return opt"])
+def test_an_optimizer_built_in_a_function_is_judged_by_what_its_callers_pass(returned) -> None:
+    """DST954 follows a builder's model parameter to what each call passes. A model read inside the
+    returned optimizer is not handed back (the old check took any mention in a `return` for an
+    escape, so an unwrapped model passed to the builder went unreported, and distify wrote such a
+    migration). Control: the same script with the model left unwrapped is reported."""
+    good = BUILDER_DDP.replace("return torch.optim.SGD(model.parameters(), lr=lr)", returned)
+    assert codes(lint_source(good.encode())) == set()
+    bad = broken(good, "net = DDP(nn.Linear(8, 1))", "net = nn.Linear(8, 1)")
+    assert codes(lint_source(bad)) == {"DST954"}
+
+
+def test_a_horovod_optimizer_with_no_name_must_be_built_into_the_wrapper() -> None:
+    """An optimizer handed straight to the script's own scheduling class is averaged only when it
+    is built inside hvd.DistributedOptimizer (fixtures/DST111/optimizer_in_schedule); the audit
+    reported only optimizers bound to a name, so the unwrapped one passed in silence. Control: the
+    migrated fixture with the wrap removed."""
+    source = migrate_source((FIXTURES / "DST111" / "optimizer_in_schedule.in.py").read_bytes(),
+                            Options(backend="horovod")).output.decode()
+    assert audit_codes(lint_source(source.encode())) == set()
+    unwrapped = broken(
+        source,
+        "hvd.DistributedOptimizer(torch.optim.Adam(net.parameters(), lr=0, betas=(0.9, 0.98), eps=1e-9), "
+        "named_parameters=net.named_parameters())",
+        "torch.optim.Adam(net.parameters(), lr=0, betas=(0.9, 0.98), eps=1e-9)",
+    )
+    assert "DST954" in codes(lint_source(unwrapped))

@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e_support import PARAM_SPY, REPO_ROOT, checked, migrate, run_torchrun, sitecustomize_env  # noqa: E402
+from e2e_support import REPO_ROOT, migrate, run_torchrun, same_on_every_rank, spied_parameters  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -26,21 +26,10 @@ WRAPPED_FORWARD = "recon, z, codes = model(xb)"
 
 
 def _ranks(script: Path, tmp_path: Path) -> list:
-    import torch
-
-    dumps = tmp_path / "dumps"
-    dumps.mkdir()
-    env = sitecustomize_env(tmp_path / "spy", PARAM_SPY, {"DISTIFY_E2E_PARAM_DIR": str(dumps)})
-    run = tmp_path / "run"
-    run.mkdir()
-    checked(run_torchrun(script, [], nproc=2, env=env, cwd=run, check=False), "torchrun", script.name)
-    return [torch.load(dumps / f"rank{r}.pt") for r in (0, 1)]
+    return spied_parameters(script, tmp_path, run_torchrun, "torchrun")
 
 
-def _same(ranks) -> bool:
-    import torch
-
-    return len(ranks[0]) == len(ranks[1]) > 0 and all(torch.equal(a, b) for a, b in zip(*ranks))
+_same = same_on_every_rank
 
 
 def _migrated(tmp_path: Path) -> Path:
