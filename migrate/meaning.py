@@ -83,20 +83,6 @@ def built_from(a, receiver: Optional[str], value: cst.BaseExpression) -> bool:
     return False
 
 
-def pickled_members(site) -> List[cst.BaseExpression]:
-    """The values of a dict / list / tuple literal that ``torch.save`` is handed to pickle
-    (``torch.save({'encoder': encoder, 'epoch': epoch}, path)``): each is pickled whole, a model
-    among them as the module object itself, as in ``torch.save(model, path)``."""
-    if site.qualname != "torch.save" or not site.call.args or site.call.args[0].keyword is not None:
-        return []
-    value = site.call.args[0].value
-    if isinstance(value, cst.Dict):
-        return [e.value for e in value.elements if isinstance(e, cst.DictElement)]
-    if isinstance(value, (cst.List, cst.Tuple)):
-        return [e.value for e in value.elements if isinstance(e, cst.Element)]
-    return []
-
-
 def copies_argument(a, site, i: int) -> bool:
     """Argument `i` of this call is copied or averaged into a copy: an EMA / SWA model, a
     deepcopy. The copy must be of the module, not of the DDP wrapper (its state would carry

@@ -6,7 +6,8 @@ import libcst as cst
 
 from distify.records import MODULE_API, STATE_API
 from distify.syntax import dotted
-from distify.meaning import copies_argument, pickled_members
+from distify.meaning import copies_argument
+from distify.pickled import handed, pickled, pickled_elsewhere
 from distify.rules.base import DDP_BACKEND, Context, Rule, reaching_scopes
 from distify.walk import walk
 from distify.forward_methods import runs_forward, takes_gradients
@@ -42,6 +43,7 @@ class UnwrapModule(Rule):
 
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
+        edited: set = set()  # the values a save pickles, each replaced once (several saves of one dict)
         for model, anchor in ctx.plan.wrapped:
             targets = reaching_scopes(ctx, model, anchor)
             model_cls = a.model_class(model)
@@ -86,9 +88,9 @@ class UnwrapModule(Rule):
                 what = "state" if attr.attr.value in STATE_API else f"attribute .{attr.attr.value}"
                 via = f"{name}.module" if mode == "module" else f"{ctx.runtime}.unwrap({name})"
                 ctx.report(self.code, attr, f"{what} of the wrapped model reached through {via}")
-            self._arguments(ctx, model, anchor, targets)
+            self._arguments(ctx, model, anchor, targets, edited)
 
-    def _arguments(self, ctx: Context, model, anchor, targets) -> None:
+    def _arguments(self, ctx: Context, model, anchor, targets, edited: set) -> None:
         """`ModelEMA(model)`, `ema.update(model)`: a callee of this script that only reads the
         model's state or copies it gets the unwrapped module (its copy must not be a DDP)."""
         a = ctx.anatomy
@@ -122,22 +124,43 @@ class UnwrapModule(Rule):
                     else:
                         rt = ctx.runtime
                         new_value = lambda n, rt=rt: cst.parse_expression(f"{rt}.unwrap()").with_changes(args=[cst.Arg(n)])
+                    edited.add(id(x.value))
                     ctx.edits.replace(x.value, new_value)
                     ctx.report(self.code, x.value, said)
-            self._pickled(ctx, model, anchor, targets, site)
+            self._pickled(ctx, model, anchor, targets, site, edited)
 
-    def _pickled(self, ctx: Context, model, anchor, targets, site) -> None:
-        """`torch.save({'decoder': decoder, ...}, path)`: a wrapped model among the values torch.save
-        pickles whole is saved as its module (a pickled wrapper loads only under a process group)."""
+    def _pickled(self, ctx: Context, model, anchor, targets, site, edited: set) -> None:
+        """`torch.save({'decoder': decoder, ...}, path)`, also through a dict built first and saved by
+        name and through a helper that saves what it is given (``distify.pickled``): a wrapped model
+        among the values torch.save pickles whole is saved as its module (a pickled wrapper loads
+        only under a process group)."""
         a = ctx.anatomy
-        for member in pickled_members(site):
+        found = pickled(a, site)
+        if not found and _hands(a, site, targets):
+            found = pickled_elsewhere(a, site, ctx.plan.script_path, ctx.options)
+        for p in found:
+            member = p.expr
             name = dotted(member)
             how = targets.get((id(site.scope), name)) if name is not None else None
-            if how is None or (how[0] is not None and not a.is_before(how[0], site.stmt)):
+            if how is None or (how[0] is not None and not a.is_before(how[0], p.stmt)):
                 continue
-            mode = _still_wrapped(a, model, anchor, site.scope, name, site.stmt, how[1])
+            if p.into is not None and (id(p.into[0]), p.into[1]) in targets:
+                continue  # the script's function gets the model itself: unwrapped where it saves it
+            mode = _still_wrapped(a, model, anchor, site.scope, name, p.stmt, how[1])
             if mode is None:
                 continue
+            if p.read_back is not None:
+                ctx.block(
+                    self.code, member,
+                    f"torch.save() pickles {name} whole from a container that is also read back "
+                    f"(line {a.position(p.read_back)[0]}): saving the module DDP wraps would hand that read the "
+                    "unwrapped model too, and a wrapper pickled whole loads only under a process group; file not "
+                    f"migrated. Save {name}.state_dict() instead",
+                )
+                return
+            if id(member) in edited:
+                continue
+            edited.add(id(member))
             if mode == "module":
                 ctx.edits.replace(member, lambda n: cst.Attribute(value=n, attr=cst.Name("module")))
             else:
@@ -173,6 +196,11 @@ class UnwrapModule(Rule):
             )
             return None
         return f"{dotted(site.call.func)}() ({t.where}) reads .{attr} of the model: it gets the unwrapped model"
+
+
+def _hands(a, site, targets) -> bool:
+    """`site` is handed a name of `targets` (an argument, or in a container passed as one)."""
+    return any((id(site.scope), dotted(v)) in targets for v in handed(a, site))
 
 
 def _still_wrapped(a, model, anchor, scope, name, stmt, mode):

@@ -8,6 +8,7 @@ from distify.rules.base import HOROVOD_BACKEND, Context, Rule, method_calls_in, 
 from distify.gradients import reads_gradients
 from distify.parallel import wrapped_where_built
 from distify.syntax import all_nodes, dotted, path_to
+from distify.pickled import saved_whole
 from distify.transplant import readable_after, spell_in
 
 
@@ -130,6 +131,8 @@ class DistributedOptimizer(Rule):
                 continue
             counts[opt] = (anchor, _code(spelled))
         hooked = [o for o in optimizers if o not in explicit]
+        if self._pickled_whole(ctx, hooked):
+            return
         for opt in in_place:
             self._wrap_in_place(ctx, opt, len(hooked) + len(in_place))
             anchors[opt] = opt.call.stmt
@@ -196,6 +199,29 @@ class DistributedOptimizer(Rule):
             note_batch_norm(ctx, self.code, m.name, m.value,
                             "and keeps running statistics of its own (rank 0's are saved)",
                             f"use {hvd}.SyncBatchNorm layers")
+
+    def _pickled_whole(self, ctx: Context, hooked) -> bool:
+        """A checkpoint that pickles a hooked optimizer whole (``torch.save({'optimizer': opt}, path)``,
+        also through a dict saved by name or a helper, ``distify.pickled``): the class
+        hvd.DistributedOptimizer makes cannot be pickled, so the first save would raise PicklingError
+        after a whole epoch of training. Saving its state_dict() instead would change what the file
+        holds for the code that loads it, so the file is refused, with the line, before any run."""
+        a = ctx.anatomy
+        names = {(id(o.call.scope), o.target): o for o in hooked}
+        if not names:
+            return False
+        for site, expr, key in saved_whole(a, names, ctx.plan.script_path, ctx.options):
+            opt = names[key]
+            if a.is_before(_wrap_anchor(ctx, opt), site.stmt):
+                ctx.block(
+                    self.code, expr,
+                    f"torch.save() pickles the optimizer {opt.target} whole, and the class hvd.DistributedOptimizer "
+                    "makes of it cannot be pickled (PicklingError at the first save); file not migrated to "
+                    f"Horovod. Save {opt.target}.state_dict() and restore it with load_state_dict(), or migrate "
+                    "with --backend ddp",
+                )
+                return True
+        return False
 
     def _average_before_step(self, ctx: Context, opt, reason: str, steps) -> None:
         """One grouped all-reduce of `opt`'s gradients after the last backward() before each step."""

@@ -8,7 +8,8 @@ import libcst as cst
 
 from distify.syntax import dotted, all_nodes
 from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
-from distify.meaning import copies_argument, pickled_members
+from distify.meaning import copies_argument
+from distify.pickled import handed, pickled, pickled_elsewhere, saved_whole
 
 
 class CopyOfShardedModel(Rule):
@@ -18,7 +19,9 @@ class CopyOfShardedModel(Rule):
         Under ``--backend fsdp``, a ``copy.deepcopy(model)``, ``AveragedModel(model)``, timm's
         ``ModelEma(model)``, ``ema.update(model)`` / ``swa.update_parameters(model)``, or a class or
         function of the script that deep-copies the model it is given (``ModelEMA(model)``), made
-        of a sharded model, leaves the file unchanged with this warning.
+        of a sharded model, leaves the file unchanged with this warning. So does a save that pickles
+        the sharded model or its optimizer whole (``state = {'model': model, 'optimizer':
+        optimizer}; torch.save(state, path)``, also through a helper: ``distify.pickled``).
 
     Why:
         FSDP2 refuses to deep-copy a sharded module ("FSDP does not support deepcopy"): the script
@@ -37,12 +40,19 @@ class CopyOfShardedModel(Rule):
     summary = "a copy (EMA, SWA, deepcopy) of a sharded model: file not migrated"
 
     def apply(self, ctx: Context) -> None:
+        if self._optimizer_pickled(ctx):
+            return
         a = ctx.anatomy
         for model, anchor in ctx.plan.wrapped:
             targets = reaching_scopes(ctx, model, anchor)
             for site in a.calls:
-                for member in pickled_members(site):
+                found = pickled(a, site)
+                if not found and any((id(site.scope), dotted(v)) in targets for v in handed(a, site)):
+                    found = pickled_elsewhere(a, site, ctx.plan.script_path, ctx.options)
+                for p in found:
+                    member = p.expr
                     how = targets.get((id(site.scope), dotted(member)))
+                    # fully_shard changes the module in place: a dict built before it holds it sharded too
                     if how is not None and (how[0] is None or a.is_before(how[0], site.stmt)):
                         ctx.block(
                             self.code,
@@ -78,6 +88,28 @@ class CopyOfShardedModel(Rule):
                         "shard it by hand",
                     )
                     return
+
+
+    def _optimizer_pickled(self, ctx: Context) -> bool:
+        """An optimizer of a sharded model pickled whole by a save (``state['optimizer'] = optimizer``;
+        ``torch.save(state, path)``): its parameters and their state are this rank's shards."""
+        a = ctx.anatomy
+        sharded = {m.name for m, _ in ctx.plan.wrapped}
+        names = {(id(o.call.scope), o.target): o for o in a.optimizers if o.target and sharded & set(o.models)}
+        if not names:
+            return False
+        for site, expr, key in saved_whole(a, names, ctx.plan.script_path, ctx.options):
+            opt = names[key]
+            if a.is_before(opt.call.stmt, site.stmt):
+                ctx.block(
+                    self.code, expr,
+                    f"torch.save() pickles the optimizer {opt.target} of a sharded model whole: its parameters "
+                    "and their state are this rank's shards, so the file would hold one rank's part; file not "
+                    f"migrated. Save get_optimizer_state_dict(model, {opt.target}, options=StateDictOptions("
+                    "full_state_dict=True)) instead",
+                )
+                return True
+        return False
 
 
 def _copy_of(ctx: Context, site, i: int) -> Optional[str]:
