@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import libcst as cst
+
 from distify.early_stop import per_rank_stops
 from distify.rules.base import Context, Rule
 
@@ -10,11 +12,14 @@ class AgreeEarlyStop(Rule):
     """Take an early stop on every rank at once.
 
     What it does:
-        Finds each ``break`` (or ``return``) that leaves a loop that trains under a condition
-        reading a value each rank computes from its own shard (``distify.early_stop``: a loss, a
-        validation metric, a running reward, a patience counter they feed) and wraps that condition
-        in ``runtime.agree(...)``: true on every rank when it is true on any. The conditions around
-        the exit are agreed too, outermost first, so every rank reaches the inner one.
+        Finds each ``break`` (``return``, ``sys.exit()``) that leaves a loop that trains under a
+        condition reading a value each rank computes from its own shard (``distify.early_stop``: a
+        loss, a validation metric, a running reward, a patience counter they feed, the flag an
+        early-stopping object of the script keeps) and wraps that condition in
+        ``runtime.agree(...)``: true on every rank when it is true on any. The conditions around
+        the exit are agreed too, outermost first, so every rank reaches the inner one. The test of
+        a ``while`` loop that trains is wrapped in ``runtime.agree_all(...)``: the loop goes on
+        only while it would on every rank.
 
     Why:
         Each rank evaluates the condition on its own numbers. One rank leaves the loop while the
@@ -47,7 +52,16 @@ class AgreeEarlyStop(Rule):
                 if id(test) in done:
                     continue
                 done.add(id(test))
-                ctx.edits.call_around(test.test, f"{ctx.runtime}.agree")
+                helper = "agree_all" if isinstance(test, cst.While) else "agree"
+                ctx.edits.call_around(test.test, f"{ctx.runtime}.{helper}")
+            if isinstance(stop.exit, cst.While):
+                ctx.report(
+                    self.code,
+                    stop.exit,
+                    "the test of this loop reads a value of each rank's own shard: runtime.agree_all goes on only "
+                    "while it would on every rank, so no rank leaves the loop while the others wait for it",
+                )
+                continue
             ctx.report(
                 self.code,
                 stop.exit,

@@ -35,6 +35,7 @@ __all__ = [
     "ShareSampler",
     "ShareStream",
     "agree",
+    "agree_all",
     "all_reduce",
     "all_reduce_sum",
     "barrier",
@@ -520,6 +521,15 @@ def agree(flag: Any) -> bool:
     if not _group_ready() and _horovod() is None:
         return bool(flag)
     return all_reduce(1 if flag else 0, "max") == 1
+
+
+def agree_all(flag: Any) -> bool:
+    """The other half of ``agree``: True on each rank only when `flag` is true on every rank, for
+    the test of a loop that trains (``while runtime.agree_all(not done):``), so that the loop ends
+    on every rank as soon as it would end on one. ``bool(flag)`` without peers."""
+    if not _group_ready() and _horovod() is None:
+        return bool(flag)
+    return all_reduce(1 if flag else 0, "min") == 1
 
 
 def reduce_mean(value: Union[int, float, torch.Tensor]) -> Any:

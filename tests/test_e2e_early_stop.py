@@ -7,6 +7,12 @@ rank 1's never does. Migrated, ``runtime.agree`` makes the decision one for both
 with the same parameters on every rank (they took as many steps). Control: without it rank 0 leaves
 the loop and rank 1 waits for it in the next gradient all-reduce (gloo then fails on the closed
 connection, or the launch times out).
+
+Two stops the condition alone does not show, one run each (ddp; the agreement is the same runtime
+call under every backend): the early-stopping object of the common recipe, whose ``__call__``
+keeps the flag the loop reads (fixtures/DST207/early_stopping_object), and a ``while`` loop whose
+test reads a flag set from the last batch loss (fixtures/DST207/while_not_done, agreed with
+``runtime.agree_all``). Each has its control, the same migration with the agreement taken out.
 """
 from __future__ import annotations
 
@@ -56,3 +62,35 @@ def test_every_rank_stops_at_the_same_epoch(tmp_path, backend):
         script.write_text(text.replace(AGREED, "if loss.item() < args.tol:"))
         with pytest.raises(RunFailed):
             launch(script, ARGS, nproc=2, cwd=tmp_path, timeout=60)
+
+
+# (fixture, the agreed line, the line without the agreement, what it prints when it never stops early)
+SHAPES = {
+    "early_stopping_object": ("if runtime.agree(early_stopping.early_stop):", "if early_stopping.early_stop:",
+                              "stopped after epoch 39"),
+    "while_not_done": ("while runtime.agree_all(not done):", "while not done:", "stopped after epoch 40"),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_a_stop_decided_outside_the_test_is_taken_by_every_rank(tmp_path, shape):
+    import torch
+
+    agreed, alone, never = SHAPES[shape]
+    args = ["--batch-size", 8, "--epochs", 40]
+    script = tmp_path / "script" / f"{shape}.py"
+    migrate(REPO_ROOT / "fixtures" / "DST207" / f"{shape}.in.py", script, backend="ddp")
+    text = script.read_text()
+    assert agreed in text, "DST207 did not agree the stop"
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    env = sitecustomize_env(tmp_path / "spy", PARAM_SPY, {"DISTIFY_E2E_PARAM_DIR": str(dumps)})
+    result = run_torchrun(script, args, nproc=2, env=env, cwd=tmp_path, timeout=180)
+    assert "stopped after epoch" in result.stdout and never not in result.stdout, result.stdout
+    rank0, rank1 = (torch.load(dumps / f"rank{r}.pt") for r in range(2))
+    assert rank0 and all(torch.equal(a, b) for a, b in zip(rank0, rank1)), "the ranks took different steps"
+
+    # control: each rank decides alone -> one leaves the loop, the other waits in the next all-reduce
+    script.write_text(text.replace(agreed, alone))
+    with pytest.raises(RunFailed):
+        run_torchrun(script, args, nproc=2, cwd=tmp_path, timeout=60)

@@ -112,3 +112,128 @@ def test_agree_in_one_process_is_the_flag():
     from distify import runtime
 
     assert runtime.agree(True) is True and runtime.agree(0) is False
+
+
+# Stops the loop's own test cannot show: a `while` test, an exit of the process, a flag an object of
+# the script keeps, a counter steered by a per-rank branch, a function returning under a per-rank
+# test. Each with its control: the same shape on values every rank shares.
+SHAPES = '''\
+import sys
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Stopper:
+    def __init__(self, patience):
+        self.patience = patience
+        self.best = None
+        self.counter = 0
+        self.early_stop = False
+
+    def __call__(self, value):
+        {keeps}
+        if self.counter >= self.patience:
+            self.early_stop = True
+
+
+def converged(model):
+    if {converged} < 0.01:
+        return True
+    return False
+
+
+loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8)
+model = nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+stopper = Stopper(3)
+best, patience, done, epoch = 1e9, 0, False, 0
+while {loop}:
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+    epoch += 1
+    {tail}
+'''
+
+SHAPE_DEFAULTS = {"keeps": "self.counter += 1", "converged": "model.weight.abs().sum()", "loop": "epoch < 10", "tail": "pass"}
+
+# (the per-rank shape, the control, what the stop's test becomes)
+SHAPE_CASES = {
+    # the object's __call__ keeps a flag set under a test on the loss it is handed
+    "object-keeps-a-flag": (
+        {"keeps": "if self.best is None or value < self.best:\n            self.best, self.counter = value, 0\n"
+                  "        else:\n            self.counter += 1",
+         "tail": "stopper(loss.item())\n    if stopper.early_stop:\n        break"},
+        # the same object counting calls: the value it is handed decides nothing it keeps
+        {"tail": "stopper(loss.item())\n    if stopper.early_stop:\n        break"},
+        "if runtime.agree(stopper.early_stop):",
+    ),
+    "while-test": (
+        {"loop": "not done", "tail": "done = loss.item() < 0.01 or epoch >= 10"},
+        {"loop": "not done", "tail": "done = epoch >= 10"},
+        "while runtime.agree_all(not done):",
+    ),
+    "sys-exit": (
+        {"tail": "if torch.isnan(loss):\n        sys.exit(1)"},
+        {"tail": "if epoch > 8:\n        sys.exit(0)"},
+        "if runtime.agree(torch.isnan(loss)):",
+    ),
+    "raise-system-exit": (
+        {"tail": "if loss.item() > 1e6:\n        raise SystemExit(2)"},
+        {"tail": "if epoch > 1e6:\n        raise SystemExit(2)"},
+        "if runtime.agree(loss.item() > 1e6):",
+    ),
+    # the counter is steered by a per-rank branch, and read by a test of its own
+    "counter-steered-by-a-branch": (
+        {"tail": "if loss.item() < best:\n        best = loss.item()\n        patience = 0\n    else:\n        patience += 1\n"
+                 "    if patience >= 3:\n        break"},
+        {"tail": "if epoch % 2:\n        patience = 0\n    else:\n        patience += 1\n"
+                 "    if patience >= 3:\n        break"},
+        "if runtime.agree(patience >= 3):",
+    ),
+    "function-returns-under-a-test": (
+        {"converged": "nn.functional.mse_loss(model(next(iter(loader))[0]), next(iter(loader))[1]).item()",
+         "tail": "if converged(model):\n        break"},
+        {"tail": "if converged(model):\n        break"},
+        "if runtime.agree(converged(model)):",
+    ),
+}
+
+
+def _shape(parts: dict, backend: str = "ddp") -> str:
+    src = SHAPES.format(**{**SHAPE_DEFAULTS, **parts})
+    return migrate_source(src.encode(), Options(backend=backend)).output.decode()
+
+
+@pytest.mark.parametrize("backend", ["ddp", "horovod", "fsdp"])
+@pytest.mark.parametrize("case", sorted(SHAPE_CASES))
+def test_a_stop_the_test_does_not_show_is_agreed(case, backend):
+    per_rank, shared, expected = SHAPE_CASES[case]
+    out = _shape(per_rank, backend)
+    assert expected in out and out.count("runtime.agree") == 1, out
+    assert migrate_source(out.encode(), Options(backend=backend)).output.decode() == out, "not idempotent"
+    assert "runtime.agree" not in _shape(shared, backend), "control: the same shape on shared values"
+
+
+def test_the_values_beside_an_agreed_decision_stay_each_ranks_own():
+    """Once `val < best` is agreed, every rank takes the branch together: the patience counter it
+    steers is one value everywhere (no second agreement), but `best` is still each rank's own figure,
+    so a later stop on it is agreed in its turn (and rank 0's is what rank 0 saves or reports)."""
+    tail = ("if loss.item() < best:\n        best = loss.item()\n        patience = 0\n    else:\n"
+            "        patience += 1\n        if patience >= 3:\n            break\n"
+            "    if {late} < 0.01:\n        break")
+    out = _shape({"tail": tail.format(late="best")})
+    assert "if runtime.agree(loss.item() < best):" in out, out
+    assert "if patience >= 3:" in out and "if runtime.agree(best < 0.01):" in out, out
+    out = _shape({"tail": tail.format(late="patience")})
+    assert "if patience >= 3:" in out and "if patience < 0.01:" in out, "control: the counter is agreed already"
+
+
+def test_agree_all_in_one_process_is_the_flag():
+    from distify import runtime
+
+    assert runtime.agree_all(True) is True and runtime.agree_all(0) is False
