@@ -23,6 +23,7 @@ from distify.dataflow import (
     _loop_var, optimizer_parameter_roots, _returns, bound_from_return, iterated_refs, ref_text, return_slot,
 )
 from distify.facts import Binding, Facts
+from distify.instance import instance_of
 from distify.model_build import (
     _compiled_alias, _find_model, built_class, moves_to_device,
 )
@@ -362,7 +363,7 @@ def analyse(module: cst.Module, project=None, joined=None, text: Optional[str] =
         trains = None
         for ref in iterated_refs(loop.iter, q):
             if trains is None:
-                trains = body_trains(loop.body, trainers, col.functions, col.methods, cls)
+                trains = body_trains(loop.body, trainers, col.functions, col.methods, instance_of(scope, col.methods, col.stmt_scope))
             batch_loops.append(BatchLoop(loop=loop, scope=scope, cls=cls, ref=ref, trains=trains))
     for loop, scope, cls, outer in col.fors:
         keyed = keyed_loop(loop, outer, q)
@@ -373,7 +374,7 @@ def analyse(module: cst.Module, project=None, joined=None, text: Optional[str] =
                 BatchLoop(loop=loop, scope=scope, cls=cls, ref=base, trains=bool(trains_for), keys=keys, train_keys=trains_for)
             )
     for c, loop, ref in next_consumers(col.calls):
-        trains = body_trains(loop.body, trainers, col.functions, col.methods, c.cls)
+        trains = body_trains(loop.body, trainers, col.functions, col.methods, instance_of(c.scope, col.methods, col.stmt_scope))
         batch_loops.append(BatchLoop(loop=loop, scope=c.scope, cls=c.cls, ref=ref, trains=trains, via="next"))
     passes: Dict[cst.CSTNode, cst.FunctionDef] = {}
     for fn in _all_functions(col):
@@ -420,11 +421,22 @@ def analyse(module: cst.Module, project=None, joined=None, text: Optional[str] =
 
     def placed(site: CallSite, name: str, origin: Optional[CallSite]) -> List[Ref]:
         """Where a name bound at `site` is visible: its scope, a class's methods, a global's readers."""
-        if name.startswith("self."):
-            return [(m, name, origin) for m, k in col.methods.items() if k is site.cls and site.cls is not None]
+        if facts.instance_attr(site.scope, name) is not None:  # an attribute of the instance
+            return on_instance(site.scope, name, origin)
         out = [(site.scope, name, origin)]
         if isinstance(site.scope, cst.Module):
             out += [(f, name, origin) for f in _all_functions(col) if not facts.local_to(f, name)]
+        return out
+
+    def on_instance(scope: Scope, name: str, origin: Optional[CallSite]) -> List[Ref]:
+        """An attribute of the instance bound in `scope`: every method of the class sees it, each
+        under its own spelling of the instance (``this.loader`` in one, ``self.loader`` in another)."""
+        cls = facts.instance(scope)[1]
+        out = []
+        for m, k in col.methods.items():
+            there = facts.respell(name, scope, m) if k is cls else None
+            if there is not None:
+                out.append((m, there, origin))
         return out
 
     returns_of: Dict[cst.FunctionDef, List[cst.Return]] = {}
@@ -462,9 +474,8 @@ def analyse(module: cst.Module, project=None, joined=None, text: Optional[str] =
         if loader.family is not None:
             return spread(placed(loader.call, loader.family, None))
         if loader.target is not None:
-            if loader.target.startswith("self."):
-                cls = loader.call.cls
-                return [(m, loader.target, None) for m, k in col.methods.items() if k is cls]
+            if facts.instance_attr(loader.call.scope, loader.target) is not None:
+                return on_instance(loader.call.scope, loader.target, None)
             out = placed(loader.call, loader.target, None)
         elif isinstance(loader.call.scope, cst.FunctionDef):
             # `return DataLoader(...)`: the loader is only known by the names its callers bind
@@ -501,18 +512,16 @@ def analyse(module: cst.Module, project=None, joined=None, text: Optional[str] =
                 elif (
                     len(a_node.targets) == 1
                     and scope in col.methods
-                    and (dotted(a_node.targets[0].target) or "").startswith("self.")
+                    and facts.instance_attr(scope, dotted(a_node.targets[0].target)) is not None
                     and (
                         ref_text(a_node.value) == name
                         or (moves_to_device(a_node.value) and ref_text(a_node.value.func.value) == name)
                     )
                 ):
                     # `self.train_data = train_data` in a method: every method of the class sees it
-                    attr = dotted(a_node.targets[0].target)
-                    for m, k in col.methods.items():
-                        if k is col.methods[scope]:
-                            add((m, attr, origin))
-            if isinstance(scope, cst.FunctionDef) and not name.startswith("self."):
+                    for ref in on_instance(scope, dotted(a_node.targets[0].target), origin):
+                        add(ref)
+            if isinstance(scope, cst.FunctionDef) and facts.instance_attr(scope, name) is None:
                 for ref in returned(scope, lambda e, name=name: ref_text(e) == name, origin):
                     add(ref)
         return out
@@ -605,6 +614,8 @@ def analyse(module: cst.Module, project=None, joined=None, text: Optional[str] =
                 if ref_here in params:
                     v = bind_param(site, fn, ref_here)
                     ref_here = dotted(v) if v is not None else None
+                elif ref_here is not None:  # the instance's attribute, as the caller spells it
+                    ref_here = facts.respell(ref_here, fn, site.scope)
                 fors = [f for f in site.loops]
                 if fors:
                     ep = fors[-1]
@@ -634,7 +645,8 @@ def analyse(module: cst.Module, project=None, joined=None, text: Optional[str] =
     seen_models: Set[Tuple[int, str]] = set()
     for opt in optimizers:
         for root in opt.models:
-            key = (id(opt.call.scope if not root.startswith("self.") else opt.call.cls), root)
+            inst = facts.instance(opt.call.scope) if facts.instance_attr(opt.call.scope, root) is not None else None
+            key = (id(inst[1]), facts.canonical(opt.call.scope, root)) if inst is not None else (id(opt.call.scope), root)
             if key in seen_models:
                 continue
             m = _find_model(col, opt, root)

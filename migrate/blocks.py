@@ -10,6 +10,8 @@ from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
+from distify.instance import instance_name, on
+
 from distify.syntax import all_nodes, dotted
 
 
@@ -77,11 +79,12 @@ def repeated_blocks(cls: cst.ClassDef, classes: Dict[str, cst.ClassDef], qualnam
             for inner in repeated_blocks(classes[name], classes, qualname, depth + 1):
                 out.append(RepeatedBlocks(f"{path}.{inner.path}", inner.owner, inner.container, inner.member, inner.how))
 
+    me = instance_name(init)  # the instance, whatever __init__ calls it
     for node in all_nodes(init.body):
         if isinstance(node, cst.Assign) and len(node.targets) == 1:
-            target = dotted(node.targets[0].target)
-            if target and target.startswith("self.") and target.count(".") == 1:
-                container_of(target[5:], node.value)
+            attr = on(dotted(node.targets[0].target), me)
+            if attr is not None and "." not in attr:
+                container_of(attr, node.value)
         elif (
             isinstance(node, cst.For)
             and isinstance(node.iter, cst.Call)
@@ -90,10 +93,9 @@ def repeated_blocks(cls: cst.ClassDef, classes: Dict[str, cst.ClassDef], qualnam
             for call in all_nodes(node.body):
                 if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)):
                     continue
-                owner = dotted(call.func.value) or ""
-                if call.func.attr.value == "append" and owner[5:] in empty and owner.startswith("self.") and len(call.args) == 1:
+                path = on(dotted(call.func.value), me)
+                if call.func.attr.value == "append" and path in empty and len(call.args) == 1:
                     member = call.args[0].value
-                    path = owner[5:]
                     if isinstance(member, cst.Call) and path not in seen:
                         seen.add(path)
                         out.append(RepeatedBlocks(path, cls.name.value, empty[path], code(member.func), "repetition"))

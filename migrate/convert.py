@@ -255,8 +255,8 @@ def strip(anatomy: Anatomy, options: Options) -> Tuple[cst.Module, List[Finding]
                     _remove(ctx, site.stmt)  # model = DDP(model, ...)
                 else:
                     ctx.edits.replace(call, lambda n: n.args[0].value)
-                if target is not None:
-                    wrapped.add(target)
+                if target is not None:  # an attribute of the instance: as every method spells it
+                    wrapped.update(a.facts.spellings(site.scope, target))
                 ctx.report(CONVERT_CODE, call, f"DistributedDataParallel wrapper removed ({averages})")
             elif q in TORCH_DIST_RANK and not call.args:
                 neutral(call, TORCH_DIST_RANK[q])

@@ -327,6 +327,8 @@ def _passes_of(a: "Anatomy", bl: BatchLoop, via=()) -> List["EpochLoop"]:
         if ref in a.facts.params(fn):
             v = a.facts.bound_value(site.call, fn, ref)
             ref = dotted(v) if v is not None else None
+        elif ref is not None:  # the instance's attribute, as the caller spells it
+            ref = a.facts.respell(ref, fn, site.scope)
         if site.loops:
             ep = site.loops[-1]
             return [EpochLoop(ep, site.scope, site.cls, _loop_var(ep), ref)]
@@ -378,14 +380,18 @@ def _attribute_origin(a: "Anatomy", scope: Scope, name: str, via: tuple) -> list
     in the methods of the class binds (``self.train_loader, self.train_sampler = get_loader(...)``
     in ``launch()``, iterated in ``train_one_epoch()``); none when the class assigns it more than
     once or otherwise."""
-    cls = a.methods.get(scope) if isinstance(scope, cst.FunctionDef) else None
-    if cls is None or not name.startswith("self.") or name.count(".") != 1:
+    inst = a.facts.instance(scope)
+    attr = a.facts.instance_attr(scope, name)
+    if attr is None or "." in attr:
         return []
-    binds = [(node, stmt) for node, stmt, _sc, k in a.facts.assigns if k is cls and name in _assigned(node)]
+    key = a.facts.canonical(scope, name)  # as every method of the class sees it, however each spells the instance
+    binds = [(node, stmt) for node, stmt, sc, k in a.facts.assigns
+             if k is inst[1] and key in [a.facts.canonical(sc, n) for n in _assigned(node)]]
     if len(binds) != 1 or not isinstance(binds[0][0].value, cst.Call):
         return []
     site = next((c for c in a.calls if c.call is binds[0][0].value), None)
-    return [(site, name, via)] if site is not None else []
+    there = a.facts.respell(name, scope, site.scope) if site is not None else None  # as the binding method spells it
+    return [(site, there, via)] if there is not None else []
 
 
 def gated_sampler(a: "Anatomy", loader, value: cst.BaseExpression) -> Optional[cst.IfExp]:

@@ -192,8 +192,9 @@ def _loop_var(loop: cst.For) -> Optional[str]:
     return loop.target.value if isinstance(loop.target, cst.Name) else None
 
 
-def _parameter_roots(expr: cst.BaseExpression) -> List[str]:
-    """Dotted roots of `X.parameters()` / `X.sub.parameters()` calls in an optimizer's params."""
+def _parameter_roots(expr: cst.BaseExpression, instance: Optional[str] = None) -> List[str]:
+    """Dotted roots of `X.parameters()` / `X.sub.parameters()` calls in an optimizer's params; on the
+    method's `instance` (whatever it is spelled), the attribute: `self.model` of `self.model.parameters()`."""
     roots: List[str] = []
 
     class V(cst.CSTVisitor):
@@ -205,7 +206,7 @@ def _parameter_roots(expr: cst.BaseExpression) -> List[str]:
                 d = dotted(node.func.value)
                 if d:
                     parts = d.split(".")
-                    root = ".".join(parts[:2]) if parts[0] == "self" and len(parts) > 1 else parts[0]
+                    root = ".".join(parts[:2]) if parts[0] == instance and len(parts) > 1 else parts[0]
                     if root not in roots:
                         roots.append(root)
 
@@ -220,7 +221,9 @@ def optimizer_parameter_roots(facts, scope, stmt: cst.CSTNode, expr: cst.BaseExp
     name is bound to in `scope` before `stmt`. A name bound more than once, augmented, or reached
     through an attribute in the scope (`params.append(...)`, `params.extend(...)`: it may gain another
     model's parameters) gives no roots: the optimizer's model stays unknown."""
-    roots = _parameter_roots(expr)
+    inst = facts.instance(scope)
+    instance = inst[0] if inst is not None else None
+    roots = _parameter_roots(expr, instance)
     if roots or not isinstance(expr, cst.Name):
         return roots
     name = expr.value
@@ -235,4 +238,4 @@ def optimizer_parameter_roots(facts, scope, stmt: cst.CSTNode, expr: cst.BaseExp
     for node, parents, _nested in facts.uses(scope, name):
         if parents and isinstance(parents[-1], cst.Attribute) and parents[-1].value is node:
             return []
-    return _parameter_roots(assign.value)
+    return _parameter_roots(assign.value, instance)

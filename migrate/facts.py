@@ -16,6 +16,7 @@ import libcst as cst
 
 from distify.rank import branch_of, rank_dependent
 from distify.grad_values import gradient_names
+from distify.instance import INSTANCE, instance_of, method_kind, on
 from distify.rank_flow import made_from_rank, process_calls, rank_flow
 from distify.syntax import NESTED, Scope, _number, all_nodes, by_node, arg, contains_node, dotted, header_names, names
 from distify.walk import children
@@ -257,7 +258,7 @@ class Facts:
         elif any_receiver:
             out = [c for c in self.calls if isinstance(c.call.func, cst.Attribute) and c.call.func.attr.value == name]
         else:
-            out = [c for c in self._by_callee.get(f"self.{name}", ()) if c.cls is cls]
+            out = list(self._method_calls().get((id(cls), name), ()))
             if name == "__init__" and isinstance(self.stmt_scope.get(cls), cst.Module):
                 out += self._by_callee.get(cls.name.value, [])  # `Trainer(model, loader)` runs __init__
             elif isinstance(self.stmt_scope.get(cls), cst.Module):
@@ -286,12 +287,73 @@ class Facts:
             here = self.stmt_scope.get(here)
         if self.functions.named(d) is not None:
             return self.functions.named(d)
-        if d.startswith("self.") and d.count(".") == 1 and isinstance(scope, cst.FunctionDef):
-            cls = self.methods.get(scope)
+        attr, inst = self.instance_attr(scope, d), self.instance(scope)
+        if attr is not None and "." not in attr:
             for m, k in self.methods.items():
-                if k is cls and m.name.value == d[5:]:
+                if k is inst[1] and m.name.value == attr:
                     return m
         return None
+
+    def _method_calls(self) -> Dict[Tuple[int, str], list]:
+        """(class, method name) -> the calls ``<instance>.name(...)`` made on the instance of a
+        method of that class (or of a function nested in one), whatever the instance is called."""
+        def index() -> Dict[Tuple[int, str], list]:
+            out: Dict[Tuple[int, str], list] = {}
+            for c in self.calls:
+                func = c.call.func
+                if type(func) is cst.Attribute and type(func.value) is cst.Name:
+                    inst = self.instance(c.scope)
+                    if inst is not None and func.value.value == inst[0]:
+                        out.setdefault((id(inst[1]), func.attr.value), []).append(c)
+            return out
+        return self.memo(("method_calls",), index)
+
+    # the instance of a method (distify.instance) -------------------------------------------
+    def instance(self, scope) -> Optional[Tuple[str, cst.ClassDef]]:
+        """(name, class) when code in `scope` holds the instance of a method of `class` under
+        `name`: `scope` is a method that is no static- or classmethod (its first positional
+        parameter, whatever it is spelled, unless the method rebinds it), or a function nested in
+        one that does not bind the name itself. None for a plain function or the module, whose
+        `self`, if one is spelled so, is no instance."""
+        if not isinstance(scope, cst.FunctionDef):
+            return None
+        return self.memo(("instance", id(scope)), lambda: instance_of(scope, self.methods, self.stmt_scope))
+
+    def instance_attr(self, scope, name: Optional[str]) -> Optional[str]:
+        """The attribute path `name` (dotted) reads on the instance `scope` holds: ``train_loader``
+        for ``this.train_loader`` in a method whose instance is `this`; None when it reads none."""
+        inst = self.instance(scope)
+        return on(name, inst[0]) if inst is not None else None
+
+    def canonical(self, scope, name: Optional[str]) -> Optional[str]:
+        """The key of the dotted `name` in `scope` that every method of the class shares: the
+        instance's spelling replaced by ``distify.instance.INSTANCE``; `name` itself otherwise."""
+        attr = self.instance_attr(scope, name)
+        return f"{INSTANCE}.{attr}" if attr is not None else name
+
+    def key(self, scope, name: Optional[str]) -> Tuple[int, Optional[str]]:
+        """`canonical` with the class it is an attribute of (its id; 0 for a name on no instance):
+        `this.sampler` in one method of a class and `self.sampler` in another have one key."""
+        inst = self.instance(scope) if self.instance_attr(scope, name) is not None else None
+        return (id(inst[1]), self.canonical(scope, name)) if inst is not None else (0, name)
+
+    def spellings(self, scope, name: str) -> List[str]:
+        """`name` as written in `scope` and, for an attribute of the instance, as every method of the
+        class spells it (for the facts that are sets of dotted names, read in any scope)."""
+        if self.instance_attr(scope, name) is None:
+            return [name]
+        there = (self.respell(name, scope, m) for m in self.methods)
+        return [name, *(t for t in there if t is not None and t != name)]
+
+    def respell(self, name: str, from_scope, to_scope) -> Optional[str]:
+        """`name` as written in `from_scope`, spelled for `to_scope`: an attribute of the instance
+        takes `to_scope`'s own spelling of it (None where `to_scope` holds no instance of that
+        class); any other name is itself."""
+        attr = self.instance_attr(from_scope, name)
+        if attr is None:
+            return name
+        inst, there = self.instance(from_scope), self.instance(to_scope)
+        return f"{there[0]}.{attr}" if there is not None and there[1] is inst[1] else None
 
     def instance_call(self, scope: Scope, name: str, stmt: cst.CSTNode) -> Optional[cst.Call]:
         """The call whose result `name` holds at `stmt` in `scope`: its last binding before `stmt`
@@ -311,7 +373,7 @@ class Facts:
         """The positional parameters a call binds, in order (a method's first one, the instance it is
         called on, left out: it is `self` by convention only)."""
         params = [p.name.value for p in (*fn.params.posonly_params, *fn.params.params)]
-        if fn in self.methods and params and not any(dotted(d.decorator) == "staticmethod" for d in fn.decorators):
+        if fn in self.methods and params and method_kind(fn) != "static":
             params = params[1:]  # the instance (or the class), whatever it is called
         return params
 

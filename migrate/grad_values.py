@@ -39,8 +39,8 @@ def _targets(target: cst.BaseExpression) -> List[str]:
 def gradient_names(facts: "Facts") -> FrozenSet[str]:
     """Dotted names bound to gradients or to containers of them (assignments and for-loop targets)."""
     flows: List[Tuple[List[str], cst.CSTNode]] = []
-    for a, _stmt, _scope, _cls in facts.assigns:
-        flows.append(([n for t in a.targets for n in _targets(t.target)], a.value))
+    for a, _stmt, scope, _cls in facts.assigns:  # an attribute of the instance: as every method spells it
+        flows.append(([s for t in a.targets for n in _targets(t.target) for s in facts.spellings(scope, n)], a.value))
     for stmt in facts.statements():
         if isinstance(stmt, cst.For):
             flows.append((_targets(stmt.target), stmt.iter))

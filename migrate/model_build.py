@@ -11,6 +11,7 @@ import libcst as cst
 from distify.forward_methods import class_method
 from distify.library import BATCH_NORM, Known, known
 from distify.syntax import all_nodes, arg, dotted
+from distify.instance import receiver
 from distify.model_state import final_place
 from distify.records import DATA_PARALLEL, Model, Optimizer, _Collector
 
@@ -97,11 +98,9 @@ def built_class(classes, qualname, expr: Optional[cst.BaseExpression]) -> Option
 
 def _builds_own_instance(classes, cls: cst.ClassDef, name: str) -> bool:
     fn = class_method(classes, cls, name)
-    if fn is None or not fn.params.params or not any(
-        isinstance(d.decorator, cst.Name) and d.decorator.value == "classmethod" for d in fn.decorators
-    ):
+    me = receiver(fn, "class") if fn is not None else None  # a classmethod's class, whatever it is called
+    if me is None:
         return False
-    me = fn.params.params[0].name.value
     made: set = set()
     returns = []
     for node in all_nodes(fn.body, skip_nested=True):
@@ -139,9 +138,12 @@ def moves_model(qualname, expr: cst.BaseExpression, root: str) -> bool:
 
 def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
     """The statement constructing `root` and the last one moving it, before the optimizer."""
-    if root.startswith("self."):
+    facts = col.facts
+    inst = facts.instance(opt.call.scope) if facts.instance_attr(opt.call.scope, root) is not None else None
+    key = facts.canonical(opt.call.scope, root)  # the attribute's key in every method of the class
+    if inst is not None:
         candidates = [
-            (a, s, sc) for a, s, sc, k in col.assigns if k is opt.call.cls and k is not None
+            (a, s, sc) for a, s, sc, k in col.assigns if k is inst[1]
         ]
     else:
         candidates = [(a, s, sc) for a, s, sc, k in col.assigns if sc is opt.call.scope]
@@ -152,19 +154,20 @@ def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
     assign_node = None
     opt_stmt = opt.call.stmt
     for a, s, sc in candidates:
-        if len(a.targets) != 1 or dotted(a.targets[0].target) != root:
+        if len(a.targets) != 1 or facts.canonical(sc, dotted(a.targets[0].target)) != key:
             continue
         if sc is opt.call.scope and not _before(col, s, opt_stmt):
             continue
         v = a.value
-        if moves_model(col.qualname, v, root) or compiles_model(col.qualname, v, root):
+        here = facts.respell(root, opt.call.scope, sc) or root  # how that method spells the model
+        if moves_model(col.qualname, v, here) or compiles_model(col.qualname, v, here):
             # model = model.to(device), also `model = nn.DataParallel(model).to(device)`, and
             # model = torch.compile(model): the wrap goes after it (compile first, then wrap)
             place = s
             if assign_stmt is None:
                 rebinding = (s, v, a)
             continue
-        if dotted(data_parallel_module(col.qualname, v)) == root:
+        if dotted(data_parallel_module(col.qualname, v)) == here:
             # model = nn.DataParallel(model): DST902 removes it. A model that comes from a parameter
             # is wrapped in its place, when that is at the optimizer's level (not under an `if`)
             if assign_stmt is None and rebinding is None and col.stmt_parent.get(s) == col.stmt_parent.get(opt_stmt):
@@ -179,9 +182,10 @@ def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
         return None
     # statement-form moves: `model.to(device)` / `model.cuda()` between assignment and optimizer
     for c in col.calls:
-        if c.scope is not opt.call.scope and not root.startswith("self."):
+        here = facts.respell(root, opt.call.scope, c.scope) if inst is not None else root
+        if (c.scope is not opt.call.scope and inst is None) or here is None:
             continue
-        if moves_model(col.qualname, c.call, root) and isinstance(c.stmt, cst.SimpleStatementLine):
+        if moves_model(col.qualname, c.call, here) and isinstance(c.stmt, cst.SimpleStatementLine):
             small = c.stmt.body[0]
             if isinstance(small, cst.Expr) and small.value is c.call:
                 if _before(col, place, c.stmt) and _before(col, c.stmt, opt_stmt):
@@ -200,7 +204,7 @@ def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
     return Model(
         name=root,
         scope=col.stmt_scope[assign_stmt],
-        cls=opt.call.cls if root.startswith("self.") else None,
+        cls=inst[1] if inst is not None else None,
         assign=assign_stmt,
         value=value,
         place=place,
@@ -214,7 +218,7 @@ def _compiled_alias(col: _Collector, opt: Optimizer, m: Model) -> Optional[Model
     parameters: training calls `model`, so `model` is what gets wrapped (after the compile),
     while raw_model stays the plain module (its state_dict keeps the original's keys)."""
     other = dotted(m.value) if isinstance(m.value, cst.Name) else None
-    if other is None or other == m.name or m.name.startswith("self."):
+    if other is None or other == m.name or col.facts.instance_attr(opt.call.scope, m.name) is not None:
         return None
     for a, s, sc, _cls in col.assigns:
         if (

@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import libcst as cst
 
 from distify.facts import Facts, training_call
+from distify.instance import instance_name, is_attribute_of
 from distify.library import known
 from distify.syntax import all_nodes, dotted
 from distify.walk import children
@@ -70,11 +71,12 @@ def _members(init: cst.FunctionDef, classes, qualname) -> Dict[str, cst.Assign]:
     (``timm.create_model``, ``torchvision.models.resnet18``, ``AutoModel.from_pretrained``: the
     library table's model rows)>(...)` in ``__init__``."""
     out: Dict[str, cst.Assign] = {}
+    me = instance_name(init)  # the instance, whatever __init__ calls it
     for n in all_nodes(init.body, skip_nested=True):
         if not (isinstance(n, cst.Assign) and len(n.targets) == 1 and isinstance(n.value, cst.Call)):
             continue
         target = n.targets[0].target
-        if not (isinstance(target, cst.Attribute) and dotted(target.value) == "self"):
+        if not is_attribute_of(target, me):
             continue
         q = qualname(n.value.func) or ""
         if q in PARAMETER_FREE or q.endswith("Loss"):
@@ -90,7 +92,7 @@ def _members(init: cst.FunctionDef, classes, qualname) -> Dict[str, cst.Assign]:
 
 
 def _reached(cls: cst.ClassDef) -> List[cst.FunctionDef]:
-    """``forward`` and the methods it calls through ``self.m(...)``, transitively."""
+    """``forward`` and the methods it calls on its instance (``self.m(...)``), transitively."""
     methods = _methods(cls)
     todo = [methods["forward"]] if "forward" in methods else []
     seen: List[cst.FunctionDef] = []
@@ -99,8 +101,9 @@ def _reached(cls: cst.ClassDef) -> List[cst.FunctionDef]:
         if fn in seen:
             continue
         seen.append(fn)
+        me = instance_name(fn)
         for n in all_nodes(fn.body, skip_nested=True):
-            if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and dotted(n.func.value) == "self":
+            if isinstance(n, cst.Call) and is_attribute_of(n.func, me):
                 called = methods.get(n.func.attr.value)
                 if called is not None:
                     todo.append(called)
@@ -111,10 +114,11 @@ def _dynamic(fns: List[cst.FunctionDef]) -> bool:
     """Members reached by name at run time (``getattr(self, name)``, ``self._modules``,
     ``self.children()``): which are used cannot be read."""
     for fn in fns:
+        me = instance_name(fn)
         for n in all_nodes(fn.body, skip_nested=True):
             if isinstance(n, cst.Call) and dotted(n.func) in ("getattr", "vars"):
                 return True
-            if isinstance(n, cst.Attribute) and dotted(n.value) == "self" and n.attr.value in (
+            if is_attribute_of(n, me) and n.attr.value in (
                 "_modules", "_parameters", "__dict__", "children", "modules", "named_children",
                 "named_modules", "parameters", "named_parameters",
             ):
@@ -122,7 +126,7 @@ def _dynamic(fns: List[cst.FunctionDef]) -> bool:
     return False
 
 
-def _structural(test: cst.BaseExpression, member: str) -> bool:
+def _structural(test: cst.BaseExpression, member: str, me: str) -> bool:
     """``self.X``, ``not self.X``, ``self.X is not None`` about the member itself: a submodule that
     may be None has no parameters when it is."""
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
@@ -131,10 +135,10 @@ def _structural(test: cst.BaseExpression, member: str) -> bool:
         c = test.comparisons[0]
         if isinstance(c.operator, (cst.IsNot, cst.Is)) and dotted(c.comparator) == "None":
             test = test.left
-    return dotted(test) == f"self.{member}"
+    return dotted(test) == f"{me}.{member}"
 
 
-def _always(node: cst.CSTNode, members: Set[str]) -> Set[str]:
+def _always(node: cst.CSTNode, members: Set[str], me: Optional[str]) -> Set[str]:
     """The members `node` reaches on every path through it: outside any condition, or in both
     branches of an ``if``/``else`` (DCGAN's ``if ngpu > 1: data_parallel(self.main, x) else:
     self.main(x)`` reaches ``self.main`` either way)."""
@@ -146,7 +150,7 @@ def _always(node: cst.CSTNode, members: Set[str]) -> Set[str]:
         if isinstance(n, (cst.If, cst.IfExp)):
             go(n.test)
             if n.orelse is not None:
-                out.update(_always(n.body, members) & _always(n.orelse, members))
+                out.update(_always(n.body, members, me) & _always(n.orelse, members, me))
             return
         if isinstance(n, cst.BooleanOperation):
             go(n.left)
@@ -154,7 +158,7 @@ def _always(node: cst.CSTNode, members: Set[str]) -> Set[str]:
         if isinstance(n, cst.While):
             go(n.test)
             return
-        if isinstance(n, cst.Attribute) and dotted(n.value) == "self" and n.attr.value in members:
+        if is_attribute_of(n, me) and n.attr.value in members:
             out.add(n.attr.value)
             return
         for child in children(n):
@@ -169,12 +173,15 @@ def _conditional_uses(fn: cst.FunctionDef, members: Set[str]):
     condition whose every branch reaches the member (an ``if``/``else`` using it on both sides)
     does not count for it."""
     found = []
+    me = instance_name(fn)
+    if me is None:
+        return found
 
     def visit(node: cst.CSTNode, conds: tuple) -> None:
         if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)) and node is not fn:
             return
         if isinstance(node, (cst.If, cst.IfExp)):
-            both = _always(node.body, members) & _always(node.orelse, members) if node.orelse is not None else set()
+            both = _always(node.body, members, me) & _always(node.orelse, members, me) if node.orelse is not None else set()
             visit(node.test, conds)
             visit(node.body, conds + ((node.test, both),))
             if node.orelse is not None:
@@ -188,9 +195,9 @@ def _conditional_uses(fn: cst.FunctionDef, members: Set[str]):
             visit(node.test, conds)
             visit(node.body, conds + ((node.test, set()),))
             return
-        if isinstance(node, cst.Attribute) and dotted(node.value) == "self" and node.attr.value in members:
+        if is_attribute_of(node, me) and node.attr.value in members:
             member = node.attr.value
-            real = [c for c, either in conds if member not in either and not _structural(c, member)]
+            real = [c for c, either in conds if member not in either and not _structural(c, member, me)]
             if real:
                 found.append((member, node, real[-1]))
             return
@@ -220,7 +227,7 @@ def forward_gaps(cls: cst.ClassDef, classes: Dict[str, cst.ClassDef], qualname, 
             n.attr.value
             for fn in reached
             for n in all_nodes(fn.body, skip_nested=True)
-            if isinstance(n, cst.Attribute) and dotted(n.value) == "self"
+            if is_attribute_of(n, instance_name(fn))
         }
         for member, assign in members.items():
             if member not in used:

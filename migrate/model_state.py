@@ -256,9 +256,9 @@ def final_place(facts: Facts, qualname, root: str, assign_stmt, place, opt_stmt)
     holds (a move, a compile, an initialisation, surgery, freezing; not a load, which every rank
     reads alike) after the optimizer and before the first loop, at the construction's level.
     Statement-level; the caller lifts a nested one to the construction's level."""
-    if root.startswith("self."):
-        return None
     scope = facts.stmt_scope.get(assign_stmt)
+    if facts.instance_attr(facts.stmt_scope.get(opt_stmt), root) is not None:
+        return None  # an attribute of the instance: its changes may be in any method
     late = None
     for s in facts.statements(scope):
         if facts.order(s) <= facts.order(place) or facts.order(s) >= facts.order(opt_stmt):

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Tuple
 
 import libcst as cst
 
+from distify.instance import method_kind
 from distify.facts import keyword_bindings
 from distify.syntax import dotted
 from distify.library import known
@@ -170,9 +171,9 @@ class Program:
     def bind(self, target: Target, call: cst.Call) -> Dict[str, cst.BaseExpression]:
         """Parameter -> the expression `call` passes for it (positional or keyword); a call with
         ``*args``/``**kwargs`` binds nothing it cannot be sure of."""
-        params = [p.name.value for p in target.fn.params.params]
-        if target.cls is not None and params:
-            params = params[1:]  # self (a staticmethod is rare enough to be left out of the model)
+        params = [p.name.value for p in (*target.fn.params.posonly_params, *target.fn.params.params)]
+        if target.cls is not None and params and method_kind(target.fn) != "static":
+            params = params[1:]  # the instance (or the class), whatever it is called
         kwonly = {p.name.value for p in target.fn.params.kwonly_params}
         out: Dict[str, cst.BaseExpression] = {}
         positional = [a for a in call.args if a.keyword is None]

@@ -91,11 +91,11 @@ def rank_flow(facts: "Facts") -> Tuple[FrozenSet[str], FrozenSet[int]]:
     """(dotted names bound to a rank, ids of the calls whose value is one): see the module's doc."""
     calls: Set[int] = {id(c.call) for c in facts.calls if (known(c.qualname) or _NO_ROW).kind == "rank"}
     found: Set[str] = _argparse_seeds(facts) | _spawn_seeds(facts)
-    pending: List[Tuple[str, cst.BaseExpression]] = []
-    for a, _stmt, _scope, _cls in facts.assigns:
+    pending: List[Tuple[str, cst.BaseExpression, object]] = []
+    for a, _stmt, scope, _cls in facts.assigns:
         name = dotted(a.targets[0].target) if len(a.targets) == 1 else None
         if name:
-            pending.append((name, a.value))
+            pending.append((name, a.value, scope))
     functions = [fn for fn in facts.all_functions() if facts.callers(fn)]
     returns = {fn: [r.value for r in all_nodes(fn.body) if isinstance(r, cst.Return) and r.value is not None]
                for fn in functions}
@@ -103,13 +103,13 @@ def rank_flow(facts: "Facts") -> Tuple[FrozenSet[str], FrozenSet[int]]:
     while changed:
         changed = False
         names, ids = frozenset(found), frozenset(calls)
-        for name, value in pending:
+        for name, value, scope in pending:
             if name in found:
                 continue
             part = _rank_value_part(value, ids)
             # an object built from a rank (a sampler, a wrapped model) is no rank
             if part is not None and reads_rank(part, names, ids):
-                found.add(name)
+                found.update(facts.spellings(scope, name))  # an attribute of the instance: every method's spelling
                 changed = True
         for fn in functions:
             # a parameter every caller passes a rank to: `Trainer(model, data, rank)` / `gpu_id`
@@ -156,19 +156,19 @@ def made_from_rank(facts: "Facts") -> FrozenSet[str]:
     calls = facts.process_calls
     found: Set[str] = set(facts.rank_names)
     pending = []
-    for a, _stmt, _scope, _cls in facts.assigns:
+    for a, _stmt, scope, _cls in facts.assigns:
         name = dotted(a.targets[0].target) if len(a.targets) == 1 else None
         if name and name not in found and _text(a.value):
             if reads_rank(a.value, frozenset(found), calls):
-                found.add(name)
+                found.update(facts.spellings(scope, name))
             else:
-                pending.append((name, {dotted(n) for n in all_nodes(a.value) if isinstance(n, (cst.Name, cst.Attribute))}))
+                pending.append((name, scope, {dotted(n) for n in all_nodes(a.value) if isinstance(n, (cst.Name, cst.Attribute))}))
     changed = True
     while changed:
         changed = False
-        for name, read in pending:
+        for name, scope, read in pending:
             if name not in found and read & found:
-                found.add(name)
+                found.update(facts.spellings(scope, name))
                 changed = True
     return frozenset(found)
 

@@ -124,7 +124,10 @@ class Loader:
     """A data loader the script builds, with the loops it feeds and every reference that reaches it."""
 
     call: CallSite
-    target: Optional[str]  # dotted: "train_loader", "self.train_loader"
+    # dotted, as the scope that binds it spells it: "train_loader", "self.train_loader" (an attribute
+    # of the instance, "this.train_loader" where the method calls it `this`: Facts.key compares it
+    # with another method's spelling, Facts.respell writes it there)
+    target: Optional[str]
     dataset: Optional[cst.BaseExpression]
     role: str = "unknown"  # train | eval | unknown | shared (one helper builds both: not sharded)
     batch_loops: List["BatchLoop"] = field(default_factory=list)
@@ -146,7 +149,7 @@ class BatchLoop:
     loop: cst.For
     scope: Scope
     cls: Optional[cst.ClassDef]
-    ref: str  # the dotted name iterated (e.g. "train_loader", "self.train_loader", a parameter)
+    ref: str  # the dotted name iterated, as `scope` spells it ("train_loader", "self.train_loader", a parameter)
     trains: bool  # body contains backward() / optimizer step
     # `for b in loaders[phase]` inside `for phase in ["train", "val"]`: the keys `ref[...]` takes
     # and, of those, the ones for which the body reaches backward()/step() (see keyed_loop)
@@ -186,7 +189,7 @@ class Optimizer:
 class Model:
     """A model the script builds and trains, with where it is built, moved and optimised."""
 
-    name: str  # dotted: "model", "self.model"
+    name: str  # dotted, as the optimizer's scope spells it: "model", "self.model" (see Loader.target)
     scope: Scope
     cls: Optional[cst.ClassDef]
     assign: Stmt  # statement that constructs it

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Set, 
 import libcst as cst
 
 from distify.facts import training_call
+from distify.instance import instance_of, on
 from distify.syntax import all_nodes, arg, dotted
 from distify.library import DISTRIBUTION_DRAWS, DISTRIBUTIONS
 from distify.names import Defined, row_of
@@ -46,15 +47,15 @@ def training_functions(functions: Defined, methods: Mapping[cst.FunctionDef, cst
             continue
         fn = site.scope
         inside = site.stmt is not fn
+        holder = instance_of(fn, methods, stmt_scope) if d is not None else None
         while isinstance(fn, cst.FunctionDef):
             if inside and fn in callees:
                 if direct:
                     trains.add(fn)
-                own = by_class.get(methods[fn], {}) if fn in methods else {}
                 if functions.named(d) is not None:
                     callees[fn].add(functions.named(d))
-                elif d is not None and d.startswith("self.") and d[5:] in own:
-                    callees[fn].add(own[d[5:]])
+                elif d is not None and holder is not None and on(d, holder[0]) in by_class.get(holder[1], {}):
+                    callees[fn].add(by_class[holder[1]][on(d, holder[0])])  # a method called on the instance
             fn, inside = stmt_scope.get(fn), True
     changed = True
     while changed:
@@ -66,14 +67,15 @@ def training_functions(functions: Defined, methods: Mapping[cst.FunctionDef, cst
     return trains
 
 
-def body_trains(node: cst.CSTNode, trainers: Set[cst.FunctionDef], functions: Defined, methods, cls) -> bool:
+def body_trains(node: cst.CSTNode, trainers: Set[cst.FunctionDef], functions: Defined, methods, holder) -> bool:
     """`node` reaches backward()/step() itself or calls a function in `trainers` (see
-    `training_functions`): module-level functions as `Defined.named` finds them, through self for methods of `cls`."""
+    `training_functions`): module-level functions as `Defined.named` finds them, methods of the
+    class through the instance `holder` names (``distify.instance.instance_of`` of `node`'s scope)."""
     if _trains_directly(node):
         return True
     if not trainers:
         return False
-    own = {m.name.value: m for m, k in methods.items() if k is cls} if cls is not None else {}
+    own = {m.name.value: m for m, k in methods.items() if k is holder[1]} if holder is not None else {}
 
     def pred(n):
         if not isinstance(n, cst.Call):
@@ -83,7 +85,7 @@ def body_trains(node: cst.CSTNode, trainers: Set[cst.FunctionDef], functions: De
             return False
         if functions.named(d) in trainers:
             return True
-        return d.startswith("self.") and own.get(d[5:]) in trainers
+        return holder is not None and own.get(on(d, holder[0])) in trainers
 
     return _contains(node, pred)
 

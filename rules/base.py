@@ -209,9 +209,12 @@ class Context:
         broadcasts the module's buffers (BatchNorm statistics). Horovod's forward is local. A method
         DST121 registers with ``register_fsdp_forward_method`` (``model.decode(z)``) gathers too."""
         a = self.anatomy
-        sharded = {m.name for m, _ in self.plan.wrapped} if self.backend in TORCH_BACKENDS else set()
+        key = a.facts.key  # a model held on the instance is one whatever each method calls the instance
+        models = {m.name: m for m in a.models}
+        wrapped = [m for m, _ in self.plan.wrapped] if self.backend in TORCH_BACKENDS else []
+        sharded = {key(m.scope, m.name) for m in wrapped}
         gaining = self.plan.gains_collective
-        registered = self.plan.forward_methods
+        registered = {key(models[n].scope, n) if n in models else (0, n): v for n, v in self.plan.forward_methods.items()}
         if not (sharded or gaining) or depth > 3:
             return None
         scope = a.stmt_scope.get(stmt)
@@ -219,15 +222,15 @@ class Context:
             if site.scope is not scope or not (site.stmt is stmt or stmt in site.parents):
                 continue
             name = dotted(site.call.func)
-            if name in sharded:
+            if key(scope, name) in sharded:
                 return site.call
             func = site.call.func
-            if isinstance(func, cst.Attribute) and func.attr.value in registered.get(dotted(func.value), ()):
+            if isinstance(func, cst.Attribute) and func.attr.value in registered.get(key(scope, dotted(func.value)), ()):
                 return site.call  # model.decode(z): registered with register_fsdp_forward_method (DST121)
             callee = a.callee(site.call, scope)
             if callee is None:
                 continue
-            if callee in gaining or any(dotted(x.value) in sharded for x in site.call.args):
+            if callee in gaining or any(key(scope, dotted(x.value)) in sharded for x in site.call.args):
                 return site.call
             for inner in callee.body.body if isinstance(callee.body, cst.IndentedBlock) else ():
                 if self.forward_in(inner, depth + 1) is not None:
@@ -432,10 +435,11 @@ def reaching_scopes(ctx: Context, model, anchor) -> dict:
     # a wrap after a compound statement (`if resume: load ... else: init ...`) follows all of it
     anchor = last_within(a.facts, anchor)
     out = {(id(model.scope), model.name): (anchor, "module")}
-    if model.name.startswith("self.") and model.cls is not None:
-        for fn, cls in a.methods.items():
-            if cls is model.cls and fn is not model.scope:
-                out[(id(fn), model.name)] = (None, "module")
+    if a.facts.instance_attr(model.scope, model.name) is not None:  # held on the instance: every method sees it
+        for fn in a.methods:
+            there = a.facts.respell(model.name, model.scope, fn) if fn is not model.scope else None
+            if there is not None:
+                out[(id(fn), there)] = (None, "module")
         return out
     if isinstance(model.scope, cst.Module):
         for fn in list(a.functions.values()) + list(a.methods):

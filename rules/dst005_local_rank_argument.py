@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.rules.base import Context, Rule
+from distify.syntax import dotted
 
 
 ENV_HELPERS = {"RANK": "rank", "LOCAL_RANK": "local_rank", "WORLD_SIZE": "world_size"}
@@ -93,8 +94,8 @@ class LocalRankArgument(Rule):
         for attr, scope, cls, stmt in a.attr_uses:
             if attr.attr.value != "local_rank" or not isinstance(attr.value, cst.Name) or id(attr) in targets:
                 continue
-            if attr.value.value in ("runtime", "hvd", "dist", "self"):
-                continue
+            if a.qualname(attr.value) is not None or a.facts.instance_attr(scope, dotted(attr)) is not None:
+                continue  # a module's own (dist, hvd, the runtime) or the instance's attribute: no argument
             rt = ctx.runtime
             ctx.edits.replace(attr, lambda n, rt=rt: cst.parse_expression(f"{rt}.local_rank()"))
             ctx.report(self.code, attr, f"{ctx.code(attr)} now comes from the launcher ({rt}.local_rank())")

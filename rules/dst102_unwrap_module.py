@@ -207,7 +207,7 @@ def _still_wrapped(a, model, anchor, scope, name, stmt, mode):
     """How a use of the wrapped name reaches the module, now that the name may have been rebound
     since the wrap (`model = NeuralNetwork()` to reload a checkpoint): None when it holds another
     object there, "unwrap" (works for both) when it may, else `mode`."""
-    if scope is model.scope and name != model.name and not name.startswith("self."):
+    if scope is model.scope and name != model.name and a.facts.instance_attr(scope, name) is None:
         # an alias of the model in its own scope (`raw_model = model`): bound before the wrap, it
         # holds the plain module
         bound = a.reaching_binding(scope, name, stmt)
@@ -220,7 +220,7 @@ def _still_wrapped(a, model, anchor, scope, name, stmt, mode):
         if held == "no":
             return None
         return "unwrap" if held == "maybe" else mode
-    if mode == "module" and not name.startswith("self."):
+    if mode == "module" and a.facts.instance_attr(scope, name) is None:
         # a function reading the global may run before or after a later rebinding
         if any(
             a.is_before(anchor, s) and not a.facts.keeps(s, model.name)

@@ -250,13 +250,16 @@ def _existing_shard(ctx: Context, model: Model) -> Optional[cst.CSTNode]:
     """The statement `fully_shard(model)` already in the model's scope (an earlier run's), or for a
     container the loop ``for layer in model: fully_shard(layer)`` that shards what it holds."""
     a = ctx.anatomy
+    f = a.facts
+    held = f.instance(model.scope) if f.instance_attr(model.scope, model.name) is not None else None
+    key = f.canonical(model.scope, model.name)  # the model's key in every method of its class
     for site in a.calls_to(FULLY_SHARD):
         args = site.call.args
-        if not args or not (site.scope is model.scope or (model.name.startswith("self.") and site.cls is model.cls)):
+        if not args or not (site.scope is model.scope or (held is not None and (f.instance(site.scope) or (0, None))[1] is held[1])):
             continue
-        if dotted(args[0].value) == model.name:
+        if f.canonical(site.scope, dotted(args[0].value)) == key:
             return site.stmt
-        if sharded_root(a, site) == model.name:
+        if f.canonical(site.scope, sharded_root(a, site)) == key:
             return next(s for s in reversed(a.stmt_parent[site.stmt]) if isinstance(s, cst.For))
     return None
 

@@ -57,14 +57,17 @@ class SetEpoch(Rule):
                     continue
                 if ep.var is None:
                     continue
-                same_place = ep.scope is loader.call.scope or (
-                    loader.target is not None and loader.target.startswith("self.") and ep.cls is loader.call.cls
-                )
-                if sname is not None and same_place:
+                f = ctx.anatomy.facts
+                obj = None
+                if sname is not None and ep.scope is loader.call.scope:
                     obj = sname
-                elif ep.loader_ref is not None:
+                elif sname is not None and loader.target is not None and f.instance_attr(loader.call.scope, loader.target) is not None:
+                    # a sampler held on the instance, as the epoch loop's method spells the instance
+                    # (None where that scope holds no instance of the class)
+                    obj = f.respell(sname, loader.call.scope, ep.scope)
+                if obj is None and ep.loader_ref is not None:
                     obj = f"{ep.loader_ref}.sampler"
-                else:
+                elif obj is None:
                     continue
                 body = ep.loop.body
                 if (ep.loop, obj) in done:

@@ -227,12 +227,12 @@ def _root(a, expr: cst.BaseExpression) -> cst.BaseExpression:
 def _model_named(a, name: Optional[str], site) -> Optional[Model]:
     if name is None:
         return None
+    f = a.facts
+    here = f.instance(site.scope) if f.instance_attr(site.scope, name) is not None else None
     for m in a.models:
-        if m.name != name:
-            continue
-        if name.startswith("self.") and m.cls is not None and m.cls is site.cls:
-            return m
-        if m.scope is site.scope:
+        if here is not None and m.cls is here[1] and f.canonical(m.scope, m.name) == f.canonical(site.scope, name):
+            return m  # the same attribute of the instance, however each method spells it
+        if m.name == name and m.scope is site.scope:
             return m
     return None
 

@@ -38,8 +38,9 @@ class UnwrappedModel(Rule):
         found = {id(m.optimizer) for m in a.models}
         named = {(id(m.optimizer), n) for m in a.models for n in (m.name, m.stands_for) if n}
         # optimizers whose .step() the script calls anywhere (`self.opt.step()` in a layer's own train_step too)
+        # (by key: an optimizer held on the instance is one whatever each method calls the instance)
         steps = {
-            dotted(c.call.func.value)
+            a.facts.key(c.scope, dotted(c.call.func.value))
             for c in a.calls
             if isinstance(c.call.func, cst.Attribute) and c.call.func.attr.value == "step"
         }
@@ -57,7 +58,7 @@ class UnwrappedModel(Rule):
                     )
                 else:
                     how = "not wrapped; wrap it with runtime.DDP(model, device_ids=runtime.device_ids()) yourself"
-                if opt.target is not None and opt.target in steps:
+                if opt.target is not None and a.facts.key(opt.call.scope, opt.target) in steps:
                     # it steps: written with a warning, the ranks would drift apart from the first step
                     whose = (
                         f"the parameters of {m}, which no distributed wrapper owns (it is not built in this scope "

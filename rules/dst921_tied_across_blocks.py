@@ -6,6 +6,8 @@ from typing import List, Optional
 
 import libcst as cst
 
+from distify.instance import instance_name
+
 from distify.syntax import dotted
 from distify.rules.base import FSDP_BACKEND, Context, Rule
 
@@ -58,9 +60,10 @@ class TiedAcrossBlocks(Rule):
             init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
             if init is None:
                 continue
+            me = instance_name(init)  # the instance, whatever __init__ calls it
             for node in _assigns(init):
                 target, value = node.targets[0].target, node.value
-                left, right = _self_path(ctx, target), _self_path(ctx, value)
+                left, right = _self_path(ctx, target, me), _self_path(ctx, value, me)
                 if left is None or right is None:
                     continue
                 if _unit(left, blocks) == _unit(right, blocks):
@@ -99,17 +102,18 @@ def _assigns(fn: cst.FunctionDef) -> List[cst.Assign]:
     return out
 
 
-def _self_path(ctx: Context, expr: cst.BaseExpression) -> Optional[str]:
-    """`self.a.b[0].weight` -> "a.b[0].weight" for an attribute chain ending in a parameter name."""
+def _self_path(ctx: Context, expr: cst.BaseExpression, me: Optional[str]) -> Optional[str]:
+    """`self.a.b[0].weight` -> "a.b[0].weight" for an attribute chain ending in a parameter name, on
+    the instance `me` (``__init__``'s first parameter, whatever it is spelled)."""
     if not (isinstance(expr, cst.Attribute) and expr.attr.value in ("weight", "bias")):
         return None
     node = expr
     while isinstance(node, (cst.Attribute, cst.Subscript)):
         node = node.value
-    if not (isinstance(node, cst.Name) and node.value == "self"):
+    if me is None or not (isinstance(node, cst.Name) and node.value == me):
         return None
     text = "".join(ctx.code(expr).split())
-    return text[len("self."):]
+    return text[len(me) + 1:]
 
 
 def _unit(path: str, blocks: List[str]) -> str:

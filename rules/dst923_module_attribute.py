@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.syntax import dotted
+from distify.instance import instance_name, is_attribute_of
+from distify.syntax import all_nodes, dotted, flatten_target
 from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
 
 
@@ -60,14 +61,23 @@ class ShardedModule(Rule):
 
 
 def _has_module_attribute(a, model) -> bool:
-    """The model's class (of this file) assigns ``self.module``: a real submodule FSDP keeps."""
+    """The model's class (of this file) assigns the instance's ``module`` attribute in one of its
+    methods (``self.module = ...``, whatever the method calls its instance): a real submodule FSDP keeps."""
     value = model.value
     while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):  # Net().to(device)
         value = value.func.value
     cls = a.classes.named(dotted(value.func)) if isinstance(value, cst.Call) else None
     if cls is None:
         return False
-    return "self.module =" in cst.Module(body=[]).code_for_node(cls)
+    for fn in cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ():
+        me = instance_name(fn) if isinstance(fn, cst.FunctionDef) else None
+        if me is None:
+            continue
+        for n in all_nodes(fn.body, skip_nested=True):
+            targets = [t.target for t in n.targets] if isinstance(n, cst.Assign) else [n.target] if isinstance(n, cst.AnnAssign) else []
+            if any(is_attribute_of(x, me) and x.attr.value == "module" for t in targets for x in flatten_target(t)):
+                return True
+    return False
 
 
 def _tested(ctx: Context, stmt, name: str) -> bool:

@@ -52,14 +52,15 @@ class NoSetEpoch(AuditCheck):
             _, sampler = sampler_of(a, loader)
             if sampler is None or not _shuffles(sampler):
                 continue
-            names: Set[str] = {r + ".sampler" for _s, r in loader.refs}
+            f = a.facts  # by key: an attribute of the instance is one whatever each method calls the instance
+            names: Set[tuple] = {f.key(s, r + ".sampler") for s, r in loader.refs}
             if loader.target:
-                names.add(loader.target + ".sampler")
+                names.add(f.key(loader.call.scope, loader.target + ".sampler"))
             site = next((c for c in a.calls if c.call is sampler), None)
             bound = assigned_to(site) if site is not None else None
             if bound:
-                names.add(bound)
-            mine = [c for c in calls if _spelled(c.call.func.value) in names]
+                names.add(f.key(site.scope, bound))
+            mine = [c for c in calls if f.key(c.scope, _spelled(c.call.func.value)) in names]
             good = [c for c in mine if _per_pass(a, c)]
             if good:
                 continue

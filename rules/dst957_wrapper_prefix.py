@@ -59,8 +59,8 @@ class WrapperPrefix(AuditCheck):
             name = assigned_to(c)
             if name is None:
                 continue
-            if name.startswith("self.") and c.cls is not None:
-                classes.add((id(c.cls), name))
+            if a.facts.instance_attr(c.scope, name) is not None:  # an attribute of the instance
+                classes.add((id(a.facts.instance(c.scope)[1]), a.facts.canonical(c.scope, name)))
             else:
                 wrappers[(id(c.scope), name)] = True
                 if isinstance(c.scope, cst.Module):
@@ -68,8 +68,8 @@ class WrapperPrefix(AuditCheck):
                         wrappers.setdefault((id(fn), name), True)
 
         def is_wrapper(scope, cls, name: str, depth: int = 0) -> bool:
-            if name.startswith("self."):
-                return cls is not None and (id(cls), name) in classes
+            if a.facts.instance_attr(scope, name) is not None:
+                return (id(a.facts.instance(scope)[1]), a.facts.canonical(scope, name)) in classes
             if (id(scope), name) in wrappers:
                 return True
             if isinstance(scope, cst.FunctionDef) and depth < 3 and name in a.facts.params(scope):

@@ -225,8 +225,9 @@ def _hands_over(a: Anatomy, site: CallSite, built: Set[str]) -> bool:
     file, nor torch, a builtin or a library object distify knows (a loader, a wrapper...)."""
     if not built or a.facts.callee(site.call, site.scope) is not None or builds_scheduler_by_name(a, site):
         return False
-    head = (dotted(site.call.func) or "").split(".")[0]
-    if head in a.functions or head in a.classes or (head == "self" and site.cls is not None):
+    func = dotted(site.call.func) or ""
+    head = func.split(".")[0]
+    if head in a.functions or head in a.classes or a.facts.instance_attr(site.scope, func) is not None:
         return False
     q = qualified(a.aliases, site.call.func, a.name_bindings) or star_import(a.star_modules, site.call.func, a.name_bindings) or ""
     if q.split(".")[0] in ("torch", "builtins", "distify") or known(q) is not None:

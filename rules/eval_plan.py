@@ -175,9 +175,9 @@ class _Planner:
         """Find every use of the loader (through function parameters); None when all are known."""
         target = loader.target
         start: List[Tuple[Scope, str]] = []
-        if target.startswith("self."):
-            cls = loader.call.cls
-            start = [(m, target) for m, k in self.a.methods.items() if k is cls]
+        f = self.a.facts
+        if f.instance_attr(loader.call.scope, target) is not None:  # every method sees it, as it spells it
+            start = [(m, t) for m in self.a.methods if (t := f.respell(target, loader.call.scope, m)) is not None]
         elif isinstance(loader.call.scope, cst.Module):
             start = [(self.a.module, target)]
             for fn in self.a.all_functions():

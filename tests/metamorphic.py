@@ -14,10 +14,13 @@ Three transformations, each a pure function of the source text:
 
 What "the script defines" means here (libcst scope metadata): every name with an assignment in some
 scope that is not an import and not a builtin: variables, functions, classes, parameters, loop and
-`with` targets. Also attribute names assigned on `self` and method names. Left alone, because renaming
-them would change what the program does, not only how it is spelled: imported names and any name that
-is also imported somewhere in the file, dunder names, the receivers `self` and `cls` (a convention of
-the language, not a user's choice), keyword arguments of calls to anything the script did not define,
+`with` targets. Also attribute names assigned on `self` and method names, and the instance (or class)
+parameter of every method (`self`, `cls`: the first positional parameter of a function defined in a
+class body that is no staticmethod), each method's to a name of its own (`def train(v7)`, `def fit(v9)`):
+`self` and `cls` are a convention of the language, not something a decision may read. Left alone,
+because renaming them would change what the program does, not only how it is spelled: imported names
+and any name that is also imported somewhere in the file, dunder names, a `self` or `cls` that is no
+method's first parameter, keyword arguments of calls to anything the script did not define,
 attribute names reached from an imported name (`F.relu`), and attribute or method names that library
 objects also have (`model.train`, `self.weight`, `forward`): renaming those would break the override.
 """
@@ -170,6 +173,12 @@ class Renaming:
     # string literals of the original script; one distify wrote (`"model." + k`, a parameter-name
     # prefix made from the variable's name) spells the renamed names too
     strings: FrozenSet[str] = frozenset()
+    # scope path of a method ("Trainer/fit") -> the new name of its instance (or class) parameter
+    receivers: Dict[str, str] = None
+
+    def __post_init__(self) -> None:
+        if self.receivers is None:
+            self.receivers = {}
 
     def apply(self, source: str) -> str:
         module = cst.parse_module(source)
@@ -177,7 +186,57 @@ class Renaming:
         survey = _Survey()
         wrapper.visit(survey)
         scopes = wrapper.resolve(ScopeProvider)
-        return wrapper.module.visit(_Renamer(self, survey, _imported_names(wrapper), scopes)).code
+        receivers = _receiver_nodes(wrapper.module, scopes, self.receivers)
+        return wrapper.module.visit(_Renamer(self, survey, _imported_names(wrapper), scopes, receivers)).code
+
+
+def _methods(module: cst.Module):
+    """(scope path, method) of every function defined directly in a class body that takes its
+    instance or class first: not a staticmethod, with a positional parameter."""
+    out = []
+
+    def go(body, path: str, in_class: bool) -> None:
+        for stmt in body:
+            if isinstance(stmt, cst.ClassDef):
+                go(_block(stmt), f"{path}{stmt.name.value}/", True)
+            elif isinstance(stmt, cst.FunctionDef):
+                params = (*stmt.params.posonly_params, *stmt.params.params)
+                static = any(isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod" for d in stmt.decorators)
+                if in_class and params and not static:
+                    out.append((f"{path}{stmt.name.value}", stmt))
+                go(_block(stmt), f"{path}{stmt.name.value}/", False)
+            elif isinstance(stmt, cst.BaseCompoundStatement):
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    part = getattr(stmt, field, None)
+                    for sub in part if isinstance(part, (list, tuple)) else [part]:
+                        if isinstance(sub, (cst.BaseSuite, cst.ExceptHandler, cst.Else, cst.Finally)):
+                            go(_block(sub), path, in_class)
+
+    go(module.body, "", False)
+    return out
+
+
+def _block(node) -> list:
+    body = node.body
+    return list(body.body) if isinstance(body, cst.IndentedBlock) else list(getattr(body, "body", ()) or ())
+
+
+def _receiver_nodes(module: cst.Module, scopes, receivers: Dict[str, str]) -> Dict[int, str]:
+    """id of every Name node that reads or binds a method's instance parameter -> its new name
+    (`receivers`: by the method's scope path), found through the scopes (closures too)."""
+    params = {}
+    for path, fn in _methods(module):
+        if path in receivers:
+            params[id((*fn.params.posonly_params, *fn.params.params)[0])] = receivers[path]
+    out: Dict[int, str] = {}
+    if not params:
+        return out
+    for node, scope in scopes.items():
+        if isinstance(node, cst.Name) and scope is not None and node.value in scope:
+            for a in scope[node.value]:
+                if id(getattr(a, "node", None)) in params:
+                    out[id(node)] = params[id(a.node)]
+    return out
 
 
 def _scope_path(scope) -> str:
@@ -210,9 +269,10 @@ def _imported_names(wrapper: MetadataWrapper) -> Set[str]:
 
 
 class _Renamer(cst.CSTTransformer):
-    def __init__(self, renaming: Renaming, survey: _Survey, imported: Set[str], scopes=None) -> None:
+    def __init__(self, renaming: Renaming, survey: _Survey, imported: Set[str], scopes=None, receivers=None) -> None:
         self.r = renaming
         self.s = survey
+        self.receivers = receivers or {}  # id of a Name node of a method's instance -> its new name
         self.imported = imported
         self.scopes = scopes  # given when renaming distify's output: check whose binding a name is
         self.words = None
@@ -232,6 +292,8 @@ class _Renamer(cst.CSTTransformer):
 
     def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.Name:
         key = id(original)
+        if key in self.receivers:
+            return updated.with_changes(value=self.receivers[key])
         if key in self.s.import_parts:
             return updated
         if key in self.s.attr_names:
@@ -351,9 +413,14 @@ def rename(source: str, style: str = "neutral", keep: Iterable[str] = ()):
             continue
         # A method that is also a module-level name keeps one spelling for both.
         attrs[n] = names.get(n) or fresh("a")
+    receivers: Dict[str, str] = {}
+    for path, _fn in _methods(wrapper.module):
+        receivers.setdefault(path, fresh("s"))  # one name per method (a property's setter shares its getter's)
     literals = frozenset(n.value for n in _nodes(wrapper.module, cst.SimpleString))
-    renaming = Renaming(names, attrs, bindings=_bindings(wrapper), strings=literals)
-    return wrapper.module.visit(_Renamer(renaming, survey, _imported_names(wrapper))).code, renaming
+    renaming = Renaming(names, attrs, bindings=_bindings(wrapper), strings=literals, receivers=receivers)
+    scopes = wrapper.resolve(ScopeProvider)
+    renamer = _Renamer(renaming, survey, _imported_names(wrapper), receivers=_receiver_nodes(wrapper.module, scopes, receivers))
+    return wrapper.module.visit(renamer).code, renaming
 
 
 class _Commenter(cst.CSTTransformer):

@@ -2,7 +2,8 @@
 
 For every fixture input and backend, one of three transformations (tests/metamorphic.py):
 
-- `neutral`: every identifier the script defines renamed consistently to `v1`, `v2`, ...;
+- `neutral`: every identifier the script defines renamed consistently to `v1`, `v2`, ..., and each
+  method's instance (or class) parameter to a name of its own (`self` is a convention, not a fact);
 - `misleading`: the same, to names such as `test_loader4` or `gpu_ds7` that say the wrong thing;
 - `comments`: `# rank`, `# no_sync`, `# TODO: DistributedSampler`, `# local_rank gpu` around every
   statement.
@@ -145,6 +146,28 @@ def test_control_a_method_name_prefix_put_back_fails(monkeypatch) -> None:
     assert difference(case, "fsdp", "neutral") is None
     monkeypatch.setattr(dst121, "runs_forward", lambda classes, q, cls, name, foreign: not name.startswith(("save", "from_")))
     assert difference(case, "fsdp", "neutral") is not None
+
+
+def test_control_the_instance_by_its_spelling_fails(monkeypatch) -> None:
+    """Control: the renaming gives every method's instance a name of its own (`def fit(s12)`). Take
+    the instance by its spelling again (only a first parameter spelled `self` counts, as some 35
+    tests in the fact layer and the rules once did) and the Trainer's loaders, model and epoch loop
+    are no longer followed through the renamed instance (DST951: an unsharded loader, DST905: an
+    optimizer of no wrapped model): the migration changes; with the fact
+    (Facts.instance, the method's first positional parameter) it does not."""
+    import distify.facts as facts
+
+    case = FIXTURES / "scenarios" / "trainer_class.in.py"
+    assert difference(case, "ddp", "neutral") is None
+    real = facts.instance_of
+
+    def spelled(scope, methods, stmt_scope):
+        found = real(scope, methods, stmt_scope)
+        return found if found is not None and found[0] == "self" else None
+
+    monkeypatch.setattr(facts, "instance_of", spelled)
+    why = difference(case, "ddp", "neutral") or ""
+    assert "DST951" in why and "DST905" in why  # the loader left unsharded, the model unwrapped
 
 
 def test_control_a_reordering_that_moves_nothing_is_caught(monkeypatch) -> None:
