@@ -80,6 +80,17 @@ def host_conditions(a: "Anatomy", stmt: cst.CSTNode, node: cst.CSTNode) -> List[
     ]
 
 
+def rank_conditions(a: "Anatomy", stmt: cst.CSTNode, node: cst.CSTNode) -> List[cst.If]:
+    """The ``if`` statements of `stmt` around `node` whose test is a rank condition (``if rank ==
+    0:``), outermost first: a load under one runs on those ranks only. In the single process the
+    test held (it is rank 0), so every rank of the migration must end with what that load gave."""
+    return [
+        n for n in all_nodes(stmt, skip_nested=True)
+        if isinstance(n, cst.If) and n is not node and contains_node(n, node) and not contains_node(n.test, node)
+        and a.facts.rank_condition(n.test)
+    ]
+
+
 BROADCASTS = frozenset({"distify.runtime.broadcast_module", "distify.runtime.broadcast_object"})
 
 

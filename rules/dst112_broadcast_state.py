@@ -122,10 +122,15 @@ def _when_loaded(ctx: Context, stmt: cst.CSTNode, load: cst.CSTNode):
     """True when the optimizer load in `stmt` runs on every path; the condition's source when it
     runs in the body of an ``if`` on something that is the same on every rank (``args.resume``)
     – a fresh optimizer must not get Horovod's zero-gradient state step; ON_RANK0 when the
-    condition calls something whose answer may differ between hosts; False otherwise."""
+    condition calls something whose answer may differ between hosts, or is a rank condition;
+    False otherwise."""
     if not isinstance(stmt, cst.If):
         return True
-    if stmt.orelse is not None or not contains_node(stmt.body, load) or ctx.anatomy.facts.rank_condition(stmt.test):
+    if ctx.anatomy.facts.rank_condition(stmt.test):
+        # `if rank == 0:` loads on some ranks only; the single process is rank 0, so rank 0's
+        # state, when it holds one, is every rank's
+        return ON_RANK0
+    if stmt.orelse is not None or not contains_node(stmt.body, load):
         return False
     if any(isinstance(n, cst.Call) for n in all_nodes(stmt.test)):
         # `os.path.isfile(path)` may differ between hosts (only rank 0 may see the file): a

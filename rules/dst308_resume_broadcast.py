@@ -7,7 +7,9 @@ from typing import Set
 import libcst as cst
 
 from distify.model_state import LOAD, before_training, changes_in
-from distify.resume import BROADCASTS, broadcast_follows, broadcasts, host_conditions, host_dependent, resumed_values
+from distify.resume import (
+    BROADCASTS, broadcast_follows, broadcasts, host_conditions, host_dependent, rank_conditions, resumed_values,
+)
 from distify.syntax import all_nodes
 from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, Context, Rule
 
@@ -24,7 +26,12 @@ class ResumeBroadcast(Rule):
         optimizer.state_dict()))`` under ``if runtime.broadcast_object(len(optimizer.state) > 0):``
         for an optimizer it loads (only when rank 0 has a state to give), and one
         ``runtime.broadcast_object`` of the values the load binds and the script reads later
-        (``start_epoch, best_acc1``, ``distify.resume``).
+        (``start_epoch, best_acc1``, ``distify.resume``). A load the script itself runs on some
+        ranks only (``if rank == 0 and args.resume:``) gets the same broadcasts: the single process
+        is rank 0, so every rank must end with what rank 0 loaded. Under FSDP such a load is
+        refused with its line, before or after the shard: ``fully_shard`` broadcasts nothing (each
+        rank would cut its shards from its own weights) and ``set_model_state_dict`` is a
+        collective the other ranks would never join.
 
     Why:
         On several nodes without a shared disk only rank 0 may see the checkpoint: the other ranks
@@ -64,6 +71,8 @@ class ResumeBroadcast(Rule):
         a = ctx.anatomy
         done: Set[int] = set()
         rt = ctx.runtime
+        if ctx.backend == FSDP_BACKEND:
+            self._rank_only_loads(ctx)
         for opt in a.optimizers:
             roots = [*opt.models, *([opt.target] if opt.target else [])]
             loaded, found = None, []
@@ -75,7 +84,12 @@ class ResumeBroadcast(Rule):
                     loaded, found = stmt, changes
                 if any(isinstance(n, (cst.For, cst.While)) for n in all_nodes(stmt, skip_nested=True)):
                     break
-            if loaded is None or id(loaded) in done or not any(host_dependent(a, loaded, c.node) for c in found):
+            if loaded is None or id(loaded) in done:
+                continue
+            ranked = [t for c in found for t in rank_conditions(a, loaded, c.node)]
+            if ranked and ctx.backend == FSDP_BACKEND:
+                continue  # refused below (_rank_only_loads)
+            if not ranked and not any(host_dependent(a, loaded, c.node) for c in found):
                 continue
             if ctx.backend == FSDP_BACKEND:
                 self._one_decision(ctx, loaded, found)
@@ -99,10 +113,33 @@ class ResumeBroadcast(Rule):
             ctx.edits.insert_after(loaded, ctx.stmts("\n".join(lines)))
             ctx.report(
                 self.code, loaded,
-                "the checkpoint may be readable on rank 0 only: its model and optimizer state"
+                (f"the checkpoint is loaded on some ranks only (the rank condition of line {a.position(ranked[0])[0]}): "
+                 "its model and optimizer state" if ranked else
+                 "the checkpoint may be readable on rank 0 only: its model and optimizer state")
                 + (f" and {', '.join(values)}" if values else "") + " are broadcast from rank 0 after the load",
             )
 
+
+    def _rank_only_loads(self, ctx: Context) -> None:
+        """FSDP: a checkpoint loaded under a rank condition, before or after the shard, is refused."""
+        a = ctx.anatomy
+        seen: Set[int] = set()
+        for model in a.models:
+            roots = [model.name, *([model.optimizer.target] if model.optimizer and model.optimizer.target else [])]
+            for stmt in before_training(a.facts, model.assign):
+                for c in changes_in(a.facts, a.qualname, stmt, roots):
+                    tests = rank_conditions(a, stmt, c.node) if c.kind == LOAD else []
+                    if not tests or id(c.node) in seen:
+                        continue
+                    seen.add(id(c.node))
+                    ctx.block(
+                        self.code, c.node,
+                        f"{c.root} is loaded under a rank condition (line {a.position(tests[0])[0]}): under FSDP the "
+                        "other ranks would keep their own weights (fully_shard broadcasts nothing) or never join the "
+                        "load's collectives (set_model_state_dict); load the checkpoint on every rank (each takes "
+                        "its own shard), or run set_model_state_dict on every rank with "
+                        "StateDictOptions(full_state_dict=True, broadcast_from_rank0=True): file not migrated",
+                    )
 
     def _one_decision(self, ctx: Context, loaded, found) -> None:
         """FSDP: the host-dependent tests around the loads take rank 0's answer."""

@@ -171,3 +171,44 @@ def test_ddp_rank_that_cannot_read_the_checkpoint_gets_rank0s_state(tmp_path, re
         assert not _same(ranks[1], ranks[0]), "control: rank 1 kept fresh weights and momentum and still agreed"
     else:
         assert ranks[0] and _same(ranks[1], ranks[0]), "the ranks trained different models"
+
+
+# A load the script itself runs on rank 0 only (`if rank == 0 and args.resume:`, fixtures/DST308/
+# rank0_load_after_wrap): in the single process it always ran, so every rank must end with what it
+# loaded. DDP broadcasts rank 0's weights, momentum and epoch after the `if`; control: without the
+# weight and momentum broadcasts (the epoch still broadcast, so both ranks run as many steps) rank 1
+# trains on from its fresh (seeded) weights and momentum and the ranks differ.
+RANK0_STATE = ("runtime.broadcast_module(model)\n"
+               "if runtime.broadcast_object(len(optimizer.state) > 0):\n"
+               "    optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n")
+RANK0_EPOCH = "start_epoch = runtime.broadcast_object(start_epoch)\n"
+
+
+def test_ddp_load_on_rank0_only_reaches_every_rank(tmp_path):
+    import torch
+    import torch.nn as nn
+
+    script = tmp_path / "train.py"
+    migrate(REPO_ROOT / "fixtures" / "DST308" / "rank0_load_after_wrap.in.py", script, backend="ddp")
+    text = script.read_text()
+    assert RANK0_STATE + RANK0_EPOCH in text, "DST308 did not broadcast the state rank 0 loaded"
+    torch.manual_seed(7)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(8, 4)).sum().backward()
+    optimizer.step()  # a momentum buffer to resume
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 0}, tmp_path / "ckpt.pt")
+
+    def ranks(path: Path, name: str) -> list:
+        dumps = tmp_path / name
+        dumps.mkdir()
+        env = sitecustomize_env(tmp_path / f"spy-{name}", PARAM_SPY, {"DISTIFY_E2E_PARAM_DIR": str(dumps)})
+        run_torchrun(path, ["--resume", tmp_path / "ckpt.pt", "--epochs", 2], nproc=2, env=env, cwd=tmp_path)
+        return [torch.load(dumps / f"rank{r}.pt") for r in range(2)]
+
+    migrated = ranks(script, "migrated")
+    assert migrated[0] and _same(migrated[1], migrated[0]), "the ranks trained different models"
+    control = tmp_path / "control.py"
+    control.write_text(text.replace(RANK0_STATE, ""))
+    found = ranks(control, "control")
+    assert not _same(found[1], found[0]), "control: rank 1 kept its fresh weights and momentum and still agreed"

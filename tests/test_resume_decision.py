@@ -43,3 +43,41 @@ def test_a_resume_that_binds_no_value_is_broadcast_once_in_two_runs():
     once = migrate_source(source.encode(), Options(backend="ddp")).output.decode()
     assert once.count("runtime.broadcast_object(optimizer.state_dict())") == 1, once
     assert migrate_source(once.encode(), Options(backend="ddp")).output.decode() == once
+
+
+# A load the script runs on rank 0 only (`if rank == 0 and args.resume:`): every rank must end with
+# what it loaded (the single process is rank 0). Controls: the same load under a test every rank
+# shares (`if args.resume:`), which every rank runs.
+RANK0 = (Path(__file__).resolve().parent.parent / "fixtures" / "DST308" / "rank0_load_after_wrap.in.py").read_text()
+BEFORE_SHARD = (Path(__file__).resolve().parent.parent / "fixtures" / "DST308" / "rank0_load_before_shard.in.py").read_text()
+SHARED = {"if rank == 0 and args.resume:": "if args.resume:",
+          'if rank == 0 and os.path.exists("pretrained.pt"):': "if True:"}
+
+
+def _shared(source: str) -> str:
+    for old, new in SHARED.items():
+        source = source.replace(old, new)
+    return source
+
+
+def _run(source: str, backend: str):
+    return migrate_source(source.encode(), Options(backend=backend))
+
+
+def test_fsdp_refuses_a_load_on_rank0_only_before_or_after_the_shard():
+    for source, loads in ((RANK0, "set_model_state_dict(model, "), (BEFORE_SHARD, "model.load_state_dict(")):
+        result = _run(source, "fsdp")
+        assert result.refused and any(f.code == "DST308" for f in result.findings)
+        control = _run(_shared(source), "fsdp")
+        assert not control.refused and loads in control.output.decode()
+
+
+def test_ddp_and_horovod_hand_rank0s_load_to_every_rank():
+    out = _run(RANK0, "ddp").output.decode()
+    assert "\nruntime.broadcast_module(model)\n" in out and "start_epoch = runtime.broadcast_object(start_epoch)" in out
+    assert "runtime.broadcast_module(" not in _run(_shared(RANK0), "ddp").output.decode()  # control
+    out = _run(RANK0, "horovod").output.decode()
+    assert ("if runtime.broadcast_object(len(optimizer.state) > 0):\n"
+            "    hvd.broadcast_optimizer_state(optimizer, root_rank=0)") in out, out
+    control = _run(_shared(RANK0), "horovod").output.decode()
+    assert "if args.resume:\n    hvd.broadcast_optimizer_state(optimizer, root_rank=0)" in control, control
