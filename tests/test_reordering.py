@@ -158,3 +158,78 @@ def test_normal_form_lets_library_effects_pass_definitions(why: str, a: str, b: 
     initialised before the first statement that runs): a library call cannot see the script's
     globals, so it commutes with a definition or assignment it does not mention."""
     assert _same_normal_form(a, b), why
+
+
+# Every way a name is bound, and imports beside them: reordering._bound_names asks Python's symtable
+# which names are bound by anything but an import (the sweep's hot spot with libcst's scope metadata).
+BINDINGS = _src('''
+    import os, a.b as c
+    from x import y, z as w
+    def f(p, /, q=1, *r, s, **t):
+        global g
+        g = 1
+        h: int
+        def inner():
+            nonlocal h
+            h = 2
+        return [i for i in r if (j := i)], lambda u: u, {k: v for k, v in t.items()}
+    class C(B, metaclass=M):
+        attr = 1
+        def m(self):
+            return super().m()
+    try:
+        pass
+    except E as e:
+        pass
+    with open(f) as (fh, gh):
+        pass
+    for a1, *a2 in x:
+        pass
+    x[0] = 1
+    x.attr2 = 2
+    aug += 1
+    import os
+    os = 3
+''')
+
+
+def _scope_metadata_bound_names(source: str) -> set:
+    """The reference: what libcst's scope metadata calls an assignment other than an import."""
+    import libcst as cst
+    from libcst.metadata import Assignment, MetadataWrapper, ScopeProvider
+
+    wrapper = MetadataWrapper(cst.parse_module(source), unsafe_skip_copy=True)
+    out = set()
+    for scope in set(wrapper.resolve(ScopeProvider).values()):
+        if scope is not None:
+            out |= {a.name for a in scope.assignments
+                    if not (isinstance(a, Assignment) and isinstance(a.node, (cst.Import, cst.ImportFrom)))}
+    return out
+
+
+@pytest.mark.parametrize("case", ["bindings", "DST305/logging_basic_config", "scenarios/trainer_class",
+                                  "corpus/hf_style_local"])
+def test_bound_names_are_the_scope_metadatas(case: str) -> None:
+    """symtable and libcst's scope metadata agree on the names bound other than by import (the
+    comprehension's own `.0` argument aside), on every kind of binding and on fixtures; imports
+    alone bind none (`c`, `w`, `y` above), an assignment of an imported name binds it (`os`)."""
+    from reordering import _bound_names
+
+    from test_fixtures import FIXTURES
+
+    source = BINDINGS if case == "bindings" else (FIXTURES / f"{case}.in.py").read_text()
+    got = {n for n in _bound_names(source) if n.isidentifier()}
+    assert got == _scope_metadata_bound_names(source)
+    if case == "bindings":
+        assert {"c", "w", "y"}.isdisjoint(got) and {"os", "g", "h", "j", "u", "e", "fh", "a2", "aug", "attr"} <= got
+
+
+def test_match_captures_and_del_are_bindings() -> None:
+    """Where the two differ, symtable is Python's answer: a `match` capture binds its name, and `del`
+    unbinds one, which makes it the script's own (libcst's scope metadata records neither; no fixture
+    has either, so the sweep's cases are the same)."""
+    from reordering import _bound_names
+
+    source = "import os\ndel os\nmatch q:\n    case {'k': print, **rest} as whole:\n        pass\n"
+    assert {"os", "print", "rest", "whole"} <= _bound_names(source)
+    assert not {"os", "print", "rest", "whole"} & _scope_metadata_bound_names(source)
