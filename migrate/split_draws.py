@@ -1,0 +1,117 @@
+"""Is the data a DistributedSampler shards the same on every rank? (part of the fact layer, see facts.py)
+
+A DistributedSampler gives each rank every N-th index of *its own* dataset: the shards are disjoint
+and cover the set only if every rank built the same dataset in the same order. A dataset made by a
+random draw the script never seeds (``train_ds, val_ds = random_split(full, [n, m])`` with no
+``generator=``, ``random.shuffle(files)`` before the split, ``np.random.permutation(n)`` indices,
+scikit-learn's ``train_test_split`` with no ``random_state=``) is another split on each rank: torch
+2.13, Python's ``random`` and NumPy seed each process from the OS. The shards then overlap, samples
+go missing from training, and one rank's validation set holds another rank's training samples, with
+no error. A seed call of the draw's generator anywhere in the script counts as seeding it (the
+script is then the same on every rank, as the single-process run is); a draw with its own
+``generator=`` / ``random_state=`` counts as seeded too. Read-only; the audit asks it (DST965).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator, List, Optional, Set, Tuple
+
+import libcst as cst
+
+from distify.parallel import feeding_loaders, sampler_of
+from distify.rank_input import SEEDS
+from distify.syntax import all_nodes, arg
+
+if TYPE_CHECKING:
+    from distify.anatomy import Anatomy
+    from distify.records import Loader
+
+# draws that split or order a dataset (a permutation, a sample, a shuffle, a split), and the keyword
+# that gives each its own generator. Draws that make values (torch.randn data, randint labels) are
+# left out: a script whose data is generated is a stand-in for data read from disk, which is the same
+# on every rank, and DST959/DST963 speak of generated batches
+SPLIT_DRAWS = {
+    "torch.utils.data.random_split": "generator",
+    "torch.utils.data.dataset.random_split": "generator",
+    "torch.randperm": "generator",
+    "numpy.random.permutation": "",
+    "numpy.random.choice": "",
+    "numpy.random.shuffle": "",
+    "random.shuffle": "",
+    "random.sample": "",
+    "sklearn.model_selection.train_test_split": "random_state",
+}
+# the generator each family of draws reads, by the qualified-name prefix of the draw, and the seed
+# calls (rank_input.SEEDS) that seed it
+_FAMILIES = (("numpy.random.", "numpy.random.seed"), ("sklearn.", "numpy.random.seed"),
+             ("random.", "random.seed"), ("torch.", "torch.manual_seed"))
+_DEPTH = 4
+
+
+def _family_seed(qualname: str) -> Optional[str]:
+    return next((seed for prefix, seed in _FAMILIES if qualname.startswith(prefix)), None)
+
+
+def _unseeded_draw(a: "Anatomy", call: cst.Call, seeded: Set[str]) -> bool:
+    q = a.qualname(call.func) or ""
+    if q not in SPLIT_DRAWS:
+        return False
+    own = SPLIT_DRAWS[q]
+    if own and arg(call, None, own) is not None:
+        return False
+    seed = _family_seed(q)
+    return seed is not None and seed not in seeded
+
+
+def _values(a: "Anatomy", scope, stmt: cst.CSTNode, expr: cst.BaseExpression, depth: int,
+            seen: Set[int]) -> Iterator[Tuple[cst.CSTNode, object, cst.CSTNode]]:
+    """`expr` and, through the names it reads, the statements that made them before `stmt` in
+    `scope` (an assignment of any target shape, a call that mutates the name in place:
+    ``random.shuffle(files)``), and the returns of the script's functions it calls, as
+    (expression, its scope, the statement it stands in)."""
+    if id(expr) in seen:
+        return
+    seen.add(id(expr))
+    yield expr, scope, stmt
+    if depth >= _DEPTH:
+        return
+    for n in all_nodes(expr):
+        if isinstance(n, cst.Call):
+            fn = a.facts.callee(n, scope)
+            if fn is not None:
+                for line in a.facts.statements(fn):
+                    for r in (line.body if isinstance(line, cst.SimpleStatementLine) else ()):
+                        if isinstance(r, cst.Return) and r.value is not None:
+                            yield from _values(a, fn, line, r.value, depth + 1, seen)
+        if not isinstance(n, cst.Name):
+            continue
+        b = a.facts.reaching_binding(scope, n.value, stmt)
+        if b is not None and b.kind == "assign":
+            line = b.stmt
+            for small in (line.body if isinstance(line, cst.SimpleStatementLine) else ()):
+                if isinstance(small, cst.Assign):
+                    yield from _values(a, scope, b.stmt, small.value, depth + 1, seen)
+        at = a.facts.order(stmt)
+        for c in a.calls:  # in-place draws on the name before its use: random.shuffle(files)
+            if (c.scope is scope and a.facts.order(c.stmt) < at and c.qualname in ("random.shuffle", "numpy.random.shuffle")
+                    and any(isinstance(x.value, cst.Name) and x.value.value == n.value for x in c.call.args)):
+                yield c.call, scope, c.stmt
+
+
+def unseeded_splits(a: "Anatomy") -> List[Tuple[cst.Call, "Loader"]]:
+    """(the draw, the loader) for each training loader a DistributedSampler shards whose dataset is
+    made, through the bindings before it (four deep, into the script's own functions), by a random
+    draw of a generator the script never seeds: each rank shards a different dataset."""
+    seeded = {c.qualname for c in a.calls_to(SEEDS)}  # torch.cuda.manual_seed leaves the CPU generator alone
+    out: List[Tuple[cst.Call, "Loader"]] = []
+    done: Set[int] = set()
+    for loader in feeding_loaders(a):
+        if loader.dataset is None or sampler_of(a, loader)[1] is None:
+            continue
+        site = loader.call
+        for expr, _, _ in _values(a, site.scope, site.stmt, loader.dataset, 0, set()):
+            for n in all_nodes(expr):
+                if isinstance(n, cst.Call) and id(n) not in done and _unseeded_draw(a, n, seeded):
+                    done.add(id(n))
+                    out.append((n, loader))
+    return out

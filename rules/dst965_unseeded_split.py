@@ -1,0 +1,52 @@
+"""DST965 a sharded training set made by a random draw the script never seeds: another split on every rank."""
+
+from __future__ import annotations
+
+from distify.anatomy import Anatomy
+from distify.split_draws import unseeded_splits
+from distify.rules.base import AuditCheck, Context
+
+
+class UnseededSplit(AuditCheck):
+    """The dataset a DistributedSampler shards must be the same on every rank.
+
+    What it does:
+        Part of the output audit (and of ``distify lint``). Reports a random draw that makes the
+        dataset of a training loader a DistributedSampler shards – directly or through the names
+        and the script's functions it is built from: ``random_split`` without ``generator=``,
+        ``random.shuffle`` of a file list, ``np.random.permutation`` indices, ``train_test_split``
+        without ``random_state=`` – when the script never seeds that draw's generator.
+
+    Why:
+        A DistributedSampler hands each rank every N-th index of the dataset that rank built. An
+        unseeded generator is seeded from the OS in each process (torch 2.13, Python's ``random``,
+        NumPy), so every rank splits or orders the data differently: the shards overlap, some
+        samples are never trained on, and one rank's validation set holds another rank's training
+        samples. The run trains and reports, wrongly, with no error.
+
+    Example:
+        train_ds, val_ds = random_split(full, [800, 200])   # DST965 in a DDP script
+        train_loader = DataLoader(train_ds, sampler=DistributedSampler(train_ds))
+
+        fix: random_split(full, [800, 200], generator=torch.Generator().manual_seed(0)), or
+        torch.manual_seed(seed) before the split
+    """
+
+    code = "DST965"
+    name = "unseeded-split"
+    summary = "audit: sharded dataset split by an unseeded random draw"
+
+    def check(self, ctx: Context, a: Anatomy) -> None:
+        for draw, loader in unseeded_splits(a):
+            where = f" of {loader.target}" if loader.target else ""
+            ctx.warn(
+                self.code,
+                draw,
+                f"{ctx.code(draw.func)}() makes the training set{where}, which a DistributedSampler shards, from a "
+                "random generator the script never seeds: each rank draws another split, so the shards overlap and "
+                "miss samples; seed it the same on every rank (generator=torch.Generator().manual_seed(seed), "
+                "random_state=seed, or a seed call before the draw)",
+            )
+
+
+RULE = UnseededSplit()
