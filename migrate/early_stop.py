@@ -1,7 +1,8 @@
 """Early stops that each rank would decide alone: a way out of a loop that trains (runs
 ``backward()``: the gradient all-reduce every rank joins) under a condition that reads a value each
 rank computes from its own shard. A way out is a ``break``, a ``return``, a ``sys.exit()`` (or
-``raise SystemExit``), or the test of a ``while`` loop that trains itself.
+``raise SystemExit``, also in a function of the script that every rank calls from such a loop:
+``check(loss.item())``), or the test of a ``while`` loop that trains itself.
 
 ``if val_loss > best: patience += 1`` ... ``if patience >= limit: break``, ``if loss.item() < tol:
 break``, ``if running_reward > threshold: print("Solved!"); break``, ``while not done:``: in one
@@ -96,6 +97,14 @@ def _stops(a: "Anatomy", settled: FrozenSet[int]) -> List[Stop]:
         parents = facts.stmt_parent.get(stmt, ())
         enclosing = [i for i, p in enumerate(parents) if isinstance(p, (cst.For, cst.While))]
         if not enclosing:
+            loop = _called_from_training(facts, stmt, loops) if kind == "exit" else None
+            tests = tuple(
+                p for p in parents
+                if loop is not None and isinstance(p, cst.If) and not _agreed(a, p.test)
+                and per_rank_value(a, scope_of(stmt), p.test, tainted_in(stmt), 0, settled)
+            )
+            if tests:
+                out.append(Stop(stmt, loop, tests))
             continue
         # a break leaves the innermost loop; a return (or an exit) every loop of its function
         at = enclosing[-1] if kind == "break" else next(
@@ -112,6 +121,21 @@ def _stops(a: "Anatomy", settled: FrozenSet[int]) -> List[Stop]:
         if tests:
             out.append(Stop(stmt, loop, tests))
     return out
+
+
+def _called_from_training(facts, stmt: cst.CSTNode, loops) -> Optional[cst.CSTNode]:
+    """The loop that trains around the calls of `stmt`'s function (``check(loss)`` in the batch
+    loop, whose ``sys.exit`` ends the process), when every call of it is in such a loop and runs on
+    every rank (an agreement in a function some ranks skip would wait for them); None otherwise."""
+    fn = facts.stmt_scope.get(stmt)
+    sites = facts.callers(fn) if isinstance(fn, cst.FunctionDef) else []
+    found = None
+    for site in sites:
+        around = [p for p in facts.stmt_parent.get(site.stmt, ()) if id(p) in loops]
+        if not around or facts.runs_on_some_ranks(site.stmt):
+            return None
+        found = found or around[0]
+    return found
 
 
 def _exit_kind(a: "Anatomy", stmt: cst.CSTNode) -> Optional[str]:

@@ -237,3 +237,45 @@ def test_agree_all_in_one_process_is_the_flag():
     from distify import runtime
 
     assert runtime.agree_all(True) is True and runtime.agree_all(0) is False
+
+
+HELPER_EXIT = '''\
+import math
+import sys
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def check(value):
+    if not math.isfinite(value):
+        print("stopping at", value)
+        sys.exit(1)
+
+
+loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8)
+model = nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(3):
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        check({value})
+'''
+
+
+def test_an_exit_in_a_function_the_training_loop_calls_is_agreed():
+    out = migrate_source(HELPER_EXIT.format(value="loss.item()").encode(), Options(backend="ddp")).output.decode()
+    assert "    if runtime.agree(not math.isfinite(value)):" in out, out
+    assert migrate_source(out.encode(), Options(backend="ddp")).output.decode() == out
+    # controls: the function handed a value every rank shares; the function also called on rank 0 alone
+    out = migrate_source(HELPER_EXIT.format(value="float(epoch)").encode(), Options(backend="ddp")).output.decode()
+    assert "runtime.agree(" not in out
+    guarded = HELPER_EXIT.format(value="loss.item()").replace("import sys\n", "import os\nimport sys\n").replace(
+        "model = nn.Linear", 'rank = int(os.environ.get("RANK", 0))\nmodel = nn.Linear').replace(
+        "        check(loss.item())", "        if rank == 0:\n            check(loss.item())")
+    out = migrate_source(guarded.encode(), Options(backend="ddp")).output.decode()
+    assert "runtime.DDP(" in out and "runtime.agree(" not in out, out
