@@ -46,6 +46,7 @@ SPLIT_DRAWS = {
 _FAMILIES = (("numpy.random.", "numpy.random.seed"), ("sklearn.", "numpy.random.seed"),
              ("random.", "random.seed"), ("torch.", "torch.manual_seed"))
 _DEPTH = 4
+SHARE_SAMPLER = "distify.runtime.ShareSampler"  # DST901's share of a script's own sampler
 
 
 def _family_seed(qualname: str) -> Optional[str]:
@@ -99,17 +100,23 @@ def _values(a: "Anatomy", scope, stmt: cst.CSTNode, expr: cst.BaseExpression, de
 
 
 def unseeded_splits(a: "Anatomy") -> List[Tuple[cst.Call, "Loader"]]:
-    """(the draw, the loader) for each training loader a DistributedSampler shards whose dataset is
-    made, through the bindings before it (four deep, into the script's own functions), by a random
+    """(the draw, the loader) for each training loader a DistributedSampler shards (or whose own
+    sampler runtime.ShareSampler shares out) whose dataset or sampler's indices are made, through the bindings before it (four deep, into the script's own functions), by a random
     draw of a generator the script never seeds: each rank shards a different dataset."""
     seeded = {c.qualname for c in a.calls_to(SEEDS)}  # torch.cuda.manual_seed leaves the CPU generator alone
     out: List[Tuple[cst.Call, "Loader"]] = []
     done: Set[int] = set()
     for loader in feeding_loaders(a):
-        if loader.dataset is None or sampler_of(a, loader)[1] is None:
-            continue
         site = loader.call
-        for expr, _, _ in _values(a, site.scope, site.stmt, loader.dataset, 0, set()):
+        given = arg(site.call, 5, "sampler")
+        shared = given is not None and any(
+            isinstance(n, cst.Call) and a.qualname(n.func) == SHARE_SAMPLER for n in all_nodes(given.value))
+        if sampler_of(a, loader)[1] is None and not shared:
+            continue  # not sharded by a sampler: DST951's to speak of
+        # the rank's shard is cut from the dataset and, for a sampler shared out, from the indices
+        # the script's own sampler is given (SubsetRandomSampler(train_idx))
+        made = [e for e in (loader.dataset, given.value if shared else None) if e is not None]
+        for expr, _, _ in (v for e in made for v in _values(a, site.scope, site.stmt, e, 0, set())):
             for n in all_nodes(expr):
                 if isinstance(n, cst.Call) and id(n) not in done and _unseeded_draw(a, n, seeded):
                     done.add(id(n))

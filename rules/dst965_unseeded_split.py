@@ -15,7 +15,9 @@ class UnseededSplit(AuditCheck):
         dataset of a training loader a DistributedSampler shards – directly or through the names
         and the script's functions it is built from: ``random_split`` without ``generator=``,
         ``random.shuffle`` of a file list, ``np.random.permutation`` indices, ``train_test_split``
-        without ``random_state=`` – when the script never seeds that draw's generator.
+        without ``random_state=`` – when the script never seeds that draw's generator; for a
+        sampler of the script's own that DST901 shares out (``runtime.ShareSampler``), the indices
+        it is given are followed too (``SubsetRandomSampler(train_idx)``).
 
     Why:
         A DistributedSampler hands each rank every N-th index of the dataset that rank built. An
@@ -42,7 +44,7 @@ class UnseededSplit(AuditCheck):
             ctx.warn(
                 self.code,
                 draw,
-                f"{ctx.code(draw.func)}() makes the training set{where}, which a DistributedSampler shards, from a "
+                f"{ctx.code(draw.func)}() makes the training set{where}, which the ranks shard, from a "
                 "random generator the script never seeds: each rank draws another split, so the shards overlap and "
                 "miss samples; seed it the same on every rank (generator=torch.Generator().manual_seed(seed), "
                 "random_state=seed, or a seed call before the draw)",

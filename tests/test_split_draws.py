@@ -80,3 +80,30 @@ def test_a_seed_of_another_generator_does_not_count() -> None:
 def test_a_split_that_only_the_evaluation_reads_is_quiet() -> None:
     # control of the data flow: the training loader reads the whole set, the split only feeds validation
     assert lines(script(train="full"), "ddp") == []
+
+
+SAMPLED = '''\
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, SubsetRandomSampler, TensorDataset
+
+SEED_LINE
+xs = torch.linspace(-1, 1, 64).reshape(32, 2)
+data = TensorDataset(xs, xs)
+order = np.random.permutation(len(data))
+loader = DataLoader(data, batch_size=4, sampler=SubsetRandomSampler(order[8:].tolist()))
+model = torch.nn.Linear(2, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(2):
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.l1_loss(model(x), y).backward()
+        opt.step()
+'''
+
+
+@pytest.mark.parametrize("seed, found", [("", True), ("np.random.seed(4)", False)])
+def test_the_indices_of_a_shared_sampler_are_followed(seed, found) -> None:
+    # DST901 shares SubsetRandomSampler out with runtime.ShareSampler: its indices must be alike too
+    source = SAMPLED.replace("SEED_LINE", seed).encode()
+    assert bool(lines(source, "ddp")) is found
