@@ -163,8 +163,8 @@ def test_normal_form_lets_library_effects_pass_definitions(why: str, a: str, b: 
 # Every way a name is bound, and imports beside them: reordering._bound_names asks Python's symtable
 # which names are bound by anything but an import (the sweep's hot spot with libcst's scope metadata).
 BINDINGS = _src('''
-    import os, a.b as c
-    from x import y, z as w
+    import os, os.path as c
+    from math import y, z as w
     def f(p, /, q=1, *r, s, **t):
         global g
         g = 1
