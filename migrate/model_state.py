@@ -71,7 +71,7 @@ def changes_in(
     out: List[Change] = []
     scope = facts.stmt_scope.get(stmt)
     direct = {**{r: frozenset({r}) for r in roots}, **(named or {})}
-    refs = Refs(facts, scope, direct, held or {})
+    refs = Refs(facts, scope, direct, held or {}, qualname)
     upto = facts.order(last_within(facts, stmt)) if scope is not None else -1
 
     def of(expr) -> List[str]:
@@ -171,7 +171,47 @@ def _through_call(facts, qualname, call: cst.Call, scope, refs: Refs, upto: int,
     if fn is scope:
         return []
     bound = [(facts.param_for(fn, call, a), a.value) for a in call.args]
-    return _in_function(facts, qualname, fn, call, _handed(refs, bound, upto), depth)
+    named, held = _handed(refs, bound, upto)
+    _spread(facts, fn, call, refs, upto, named, held)
+    _instance(facts, scope, fn, call, refs, upto, named, held)
+    return _in_function(facts, qualname, fn, call, (named, held), depth)
+
+
+def _instance(facts, scope, fn: cst.FunctionDef, call: cst.Call, refs: Refs, upto: int, named, held) -> None:
+    """A method of the same class called on the instance (``self.init_weights()`` in ``__init__``):
+    the attributes of the instance that hold the modules, or containers of them, hold them in the
+    method too (``self.nets = [self.gen, self.disc]``, then ``for net in self.nets: ...`` there),
+    under the method's own name for the instance (its first parameter, whatever it is called)."""
+    here, there = facts.instance(scope), facts.instance(fn)
+    if here is None or there is None or here[1] is not there[1] or fn not in facts.methods:
+        return
+    mine, theirs = here[0], there[0]
+    if not isinstance(call.func, cst.Attribute) or not isinstance(call.func.value, cst.Name) or call.func.value.value != mine:
+        return
+    for name, labels in refs.attributes(mine, upto, held=False).items():
+        named[theirs + name[len(mine):]] = named.get(theirs + name[len(mine):], frozenset()) | labels
+    for name, labels in refs.attributes(mine, upto, held=True).items():
+        held[theirs + name[len(mine):]] = held.get(theirs + name[len(mine):], frozenset()) | labels
+
+
+def _spread(facts, fn: cst.FunctionDef, call: cst.Call, refs: Refs, upto: int, named, held) -> None:
+    """What a call binds that ``param_for`` leaves out: the positional arguments a ``*models``
+    parameter collects (``init_all(gen, disc)``: a tuple holding them), and a container spread into
+    the call (``init_all(*nets)``), whose items may land in any positional parameter or in the
+    ``*`` one (more than it binds: a wrap later than needed is harmless)."""
+    params = facts.params(fn)
+    star = fn.params.star_arg.name.value if isinstance(fn.params.star_arg, cst.Param) else None
+    spread = frozenset()
+    for x in call.args:
+        if x.star == "*":
+            spread |= refs.held_by(x.value, upto)
+    positional = [x for x in call.args if x.keyword is None and not x.star]
+    extra = frozenset().union(*(refs.roots_of(x.value, upto) for x in positional[len(params):])) if star else frozenset()
+    if star and (extra or spread):
+        held[star] = held.get(star, frozenset()) | extra | spread
+    if spread:
+        for p in params[len(positional):]:
+            named[p] = named.get(p, frozenset()) | spread
 
 
 def _through_project(facts, qualname, call: cst.Call, refs: Refs, upto: int, depth: int) -> List[Change]:
@@ -257,8 +297,8 @@ def final_place(facts: Facts, qualname, root: str, assign_stmt, place, opt_stmt)
     reads alike) after the optimizer and before the first loop, at the construction's level.
     Statement-level; the caller lifts a nested one to the construction's level."""
     scope = facts.stmt_scope.get(assign_stmt)
-    if facts.instance_attr(facts.stmt_scope.get(opt_stmt), root) is not None:
-        return None  # an attribute of the instance: its changes may be in any method
+    if facts.instance_attr(facts.stmt_scope.get(opt_stmt), root) is not None and facts.stmt_scope.get(opt_stmt) is not scope:
+        return None  # an attribute of the instance whose optimizer is built in another method: no order between them
     late = None
     for s in facts.statements(scope):
         if facts.order(s) <= facts.order(place) or facts.order(s) >= facts.order(opt_stmt):

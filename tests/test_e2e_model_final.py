@@ -215,3 +215,40 @@ def test_shard_after_inits_that_reach_the_model_under_other_names(tmp_path):
     script.write_text(text.replace(shards, "").replace(BUILT, BUILT + shards))
     with pytest.raises(AssertionError, match="control: weights differ"):
         assert_same_weights(want, run("control"), atol=1e-5, label="control")
+
+
+INSTANCE = REPO_ROOT / "fixtures" / "DST101" / "init_through_instance_containers.in.py"
+
+
+def test_wrap_after_inits_through_the_instance_and_star_args(tmp_path):
+    """fixtures/DST101/init_through_instance_containers: the trainer's network is re-initialised by a
+    method of its class through a ModuleList on the instance (`self.init_weights()`), then by the
+    script's `reset_biases(*nets)`, from the unseeded global generator; the DDP wrap must follow
+    both (distify.model_refs follows the instance's attributes into the method and the `*nets`
+    parameter). Real torchrun launches: every rank ends with the same parameters; seeded, the run
+    equals the original at twice the batch. Control: the wrap at the construction, where distify
+    put it before, leaves the ranks different."""
+    script = tmp_path / "script" / "init_through_instance_containers.py"
+    migrate(INSTANCE, script, backend="ddp")
+    text = script.read_text()
+    built, wrap = "self.mapper = Mapper(6)\n", "        self.mapper = runtime.DDP(self.mapper)\n"
+    assert text.index("reset_biases(self.mapper)\n") < text.index(wrap), "the wrap must follow both initialisations"
+    args = ["--batch-size", B, "--epochs", 1, "--checkpoint", "final.pt"]
+    fresh = _ranks(script, tmp_path / "fresh", args, real=True)
+    assert fresh[0] and _same_on_every_rank(fresh), "ranks trained different models after the inits"
+
+    original = tmp_path / "original"
+    original.mkdir()
+    run_python(INSTANCE, ["--seed", 3, "--batch-size", NPROC * B, "--epochs", 1, "--checkpoint", "final.pt"], cwd=original)
+    seeded = tmp_path / "seeded"
+    seeded.mkdir()
+    run_torchrun(script, ["--seed", 3, *args], nproc=NPROC, cwd=seeded)
+    assert_same_weights(load_state(original / "final.pt"), load_state(seeded / "final.pt"), atol=1e-5,
+                        label=f"ddp, 2 ranks x {B} vs batch {NPROC * B}")
+
+    early = text.replace(wrap, "").replace(built, "self.mapper = runtime.DDP(Mapper(6))\n")
+    assert early != text
+    script.write_text(early)
+    assert not _same_on_every_rank(_ranks(script, tmp_path / "control", args, real=True)), (
+        "control: with the wrap before the initialisations the ranks should differ"
+    )
