@@ -12,7 +12,7 @@ from distify.forward_methods import runs_forward
 from distify.records import Model, assigned_name
 from distify.syntax import arg, dotted, all_nodes, names
 from distify.facts import stmt_bindings
-from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
+from distify.rules.base import FSDP_BACKEND, Context, Rule, note_batch_norm, reaching_scopes
 
 # FSDP2's sharding call (public since torch 2.6; `_composable.fsdp` is where it lived before)
 FULLY_SHARD = {
@@ -207,6 +207,11 @@ class FullyShard(Rule):
                     else "sharded as one unit: its class is not defined in this file (no repeated blocks known)"
                 )
             ctx.report(self.code, model.assign, f"{model.name} sharded with fully_shard: {why}")
+            note_batch_norm(ctx, self.code, model.name, model.value,
+                            "and keeps running statistics of its own (fully_shard shards parameters, not "
+                            "buffers; the saved ones are rank 0's)",
+                            f"convert it before the shard: {model.name} = "
+                            f"torch.nn.SyncBatchNorm.convert_sync_batchnorm({model.name})")
             if methods:
                 ctx.report(
                     self.code,

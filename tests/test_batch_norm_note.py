@@ -1,4 +1,5 @@
-"""A model with BatchNorm layers is said to normalise per rank (DST101 under DDP, DST111 under Horovod).
+"""A model with BatchNorm layers is said to normalise per rank (DST101 under DDP, DST111 under Horovod,
+DST121 under FSDP).
 
 Under data parallelism each rank normalises with the statistics of its own shard of the batch, so a
 migrated script is not the original at N times the batch (distify verify measured 7e-3 on the
@@ -60,7 +61,8 @@ def _notes(source: bytes, backend: str) -> list:
 
 
 @pytest.mark.parametrize("backend,code,opt_in", [("ddp", "DST101", "SyncBatchNorm.convert_sync_batchnorm"),
-                                                 ("horovod", "DST111", "hvd.SyncBatchNorm")])
+                                                 ("horovod", "DST111", "hvd.SyncBatchNorm"),
+                                                 ("fsdp", "DST121", "SyncBatchNorm.convert_sync_batchnorm")])
 def test_a_batch_norm_in_a_submodule_class_is_said(backend, code, opt_in):
     notes = _notes(WITH_BN, backend)
     assert len(notes) == 1, notes
@@ -69,7 +71,7 @@ def test_a_batch_norm_in_a_submodule_class_is_said(backend, code, opt_in):
     assert note.line == 11  # the layer itself, in Block.__init__
 
 
-@pytest.mark.parametrize("backend", ["ddp", "horovod"])
+@pytest.mark.parametrize("backend", ["ddp", "horovod", "fsdp"])
 def test_no_note_without_batch_norm(backend):
     assert _notes(WITHOUT_BN, backend) == []
 
@@ -78,4 +80,15 @@ def test_control_a_fact_that_finds_nothing_says_nothing(monkeypatch):
     import distify.rules.base as rule
 
     monkeypatch.setattr(rule, "batch_norm", lambda *args, **kwargs: None)
-    assert _notes(WITH_BN, "ddp") == [] and _notes(WITH_BN, "horovod") == []
+    assert _notes(WITH_BN, "ddp") == [] and _notes(WITH_BN, "horovod") == [] and _notes(WITH_BN, "fsdp") == []
+
+
+def test_fsdp_fixture_notes_the_layer_and_the_buffers():
+    """fixtures/DST121/batch_norm_statistics: FSDP shards parameters, not buffers, so the note says
+    that each rank keeps running statistics of its own, at the layer in the block class."""
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parent.parent / "fixtures" / "DST121" / "batch_norm_statistics.in.py"
+    notes = _notes(src.read_bytes(), "fsdp")
+    assert [(n.code, n.line) for n in notes] == [("DST121", 14)], notes
+    assert "running statistics of its own" in notes[0].message and "not buffers" in notes[0].message
