@@ -104,6 +104,11 @@ class Anatomy:
         rng: Optional[CodeRange] = self._positions.get(node)
         return (rng.start.line, rng.start.column) if rng is not None else (0, 0)
 
+    def top_spans(self) -> Optional[List[Tuple[int, int]]]:
+        """Where each statement of the module's body lies in `text` (``positions.Locator.top_spans``),
+        when locating a finding has read the statements' lines already; None otherwise."""
+        return self._locator.top_spans() if self._locator is not None else None
+
     def qualname(self, expr: cst.BaseExpression) -> Optional[str]:
         return resolve(self.aliases, expr)
 

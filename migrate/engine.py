@@ -242,7 +242,15 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
         new_module = _standalone(new_module, ctx, findings)
     # no edit (and no runtime class): the tree is the one parsed from `source`, whose rendering
     # libcst guarantees byte for byte; a render would only cost a code generation of the module
-    output = source if new_module is original else new_module.bytes
+    if new_module is original:
+        output = source
+    elif module is original and anatomy.module is original and text.encode(original.encoding) == source:
+        # the statements of the body no edit touched: their text is the source's (distify.render)
+        from distify.render import render
+
+        output = render(new_module, original, text, anatomy.top_spans())
+    else:
+        output = new_module.bytes
     if output == source:
         findings += _audit(anatomy, options, findings, path=path)
         return MigrationResult(source, source, tuple(findings), encoding=encoding)

@@ -191,6 +191,7 @@ class Locator:
         self._seen: Dict[int, cst.CSTNode] = {}
         self._twice: set = set()
         self._elifs: set = set()
+        self._tree = None  # CPython's tree of `text`, once the statements' lines were asked for
 
     def start(self, node: cst.CSTNode) -> Optional[Tuple[int, int]]:
         """(line, zero-based column) where `node` starts, or None: not found this way."""
@@ -230,7 +231,69 @@ class Locator:
             self._pair(self.module.body, tree.body, out)
         except (SyntaxError, ValueError, LookupError, RecursionError):
             return {}
+        self._tree = tree
         return out
+
+    def top_spans(self) -> Optional[List[Tuple[int, int]]]:
+        """Where each statement of the module's body lies in `text`: (start, end) offsets of exactly
+        the text libcst renders for it (its leading comment and blank lines included, the lines up to
+        the next statement's), or None when not known without more work: the statements' lines were
+        never asked for (no CPython tree yet), or the text has a shape this does not handle (a
+        carriage return, a byte-order mark, no final newline), or a check below fails.
+
+        A statement's text starts `len(leading_lines)` lines (and its first decorator's) above the
+        line its first token is on (CPython's line: the first decorator's, else the statement's), and
+        runs to where the next one starts; the module's header and footer are as many lines as they
+        hold. Checked on the way: each such first line opens at column 0 (with `@` when decorated),
+        each line counted as a leading line is blank or a comment, the header's and footer's counts
+        meet the first and last statement."""
+        tree = self._tree
+        text = self.text
+        module = self.module
+        if tree is None or not module.has_trailing_newline:
+            return None
+        if "\r" in text or text.startswith("\ufeff") or not text.endswith("\n"):
+            return None
+        lines = self._source_lines  # text.split at line breaks: the last item is the empty rest
+        nodes = tree.body
+        starts: List[int] = []
+        i = 0
+        for stmt in module.body:
+            if i >= len(nodes):
+                return None
+            node = nodes[i]
+            first, lead = node.lineno, len(stmt.leading_lines)
+            if isinstance(stmt, cst.SimpleStatementLine):
+                i += len(stmt.body)
+            else:
+                i += 1
+                decorators = getattr(stmt, "decorators", ())
+                if len(decorators) != len(getattr(node, "decorator_list", ())):
+                    return None
+                if decorators:
+                    first = node.decorator_list[0].lineno
+                    lead += len(decorators[0].leading_lines)
+                    if not lines[first - 1].startswith("@"):
+                        return None
+            opening = lines[first - 1]
+            if not opening or opening[0] in " \t\f":
+                return None
+            start = first - lead
+            if start < 1 or (starts and start <= starts[-1]):
+                return None
+            for k in range(start, first):
+                rest = lines[k - 1].lstrip(" \t\f")
+                if rest and not rest.startswith("#"):
+                    return None
+            starts.append(start)
+        last = len(lines) - 1 - len(module.footer)  # the last line of the body
+        if i != len(nodes) or not starts or starts[0] != len(module.header) + 1 or starts[-1] > last:
+            return None
+        offsets = [0]
+        for line in lines:
+            offsets.append(offsets[-1] + len(line) + 1)
+        ends = starts[1:] + [last + 1]
+        return [(offsets[a - 1], offsets[b - 1]) for a, b in zip(starts, ends)]
 
     def _pair(self, stmts, nodes, out: Dict[int, int]) -> None:
         """Pair libcst statements with CPython's (LookupError where the two disagree)."""
