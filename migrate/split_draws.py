@@ -122,3 +122,29 @@ def unseeded_splits(a: "Anatomy") -> List[Tuple[cst.Call, "Loader"]]:
                     done.add(id(n))
                     out.append((n, loader))
     return out
+
+
+def written_by_training(a: "Anatomy", loader: "Loader", sampler: cst.BaseExpression) -> Optional[cst.CSTNode]:
+    """The first statement of a training loop over `loader` that writes a name its `sampler` is
+    built from (``hardness[idx] = loss.detach()``, ``weights += ...``, the name bound again):
+    weights learnt from the batches, which under data parallelism are each rank's own, so every
+    rank would build another sampler and a share drawn with one seed would not split one
+    sequence. None when the training writes none of them."""
+    site = loader.call
+    names = {n.value for e, _, _ in _values(a, site.scope, site.stmt, sampler, 0, set())
+             for n in all_nodes(e) if isinstance(n, cst.Name)}
+
+    def written(target: cst.BaseExpression) -> bool:
+        while isinstance(target, (cst.Subscript, cst.Attribute)):
+            target = target.value
+        return isinstance(target, cst.Name) and target.value in names
+
+    for bl in loader.batch_loops:
+        if not bl.trains:
+            continue
+        for n in all_nodes(bl.loop.body):
+            if isinstance(n, cst.Assign) and any(written(t.target) for t in n.targets):
+                return n
+            if isinstance(n, cst.AugAssign) and written(n.target):
+                return n
+    return None

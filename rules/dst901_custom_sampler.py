@@ -7,6 +7,7 @@ import libcst as cst
 from distify.records import DIST_SAMPLER
 from distify.syntax import arg, all_nodes
 from distify.data_sources import built_classes, gated_sampler, splits_itself
+from distify.split_draws import written_by_training
 from distify.rules.base import Context, Rule
 
 SHARE_SAMPLER = "distify.runtime.ShareSampler"
@@ -24,7 +25,9 @@ class CustomSampler(Rule):
         The seed of each pass comes from rank 0's global torch generator (broadcast when the pass
         starts), or from the sampler's own ``generator`` when it has one. A sampler whose class in
         this file asks for the rank or the world size already chooses its own share: it is left as
-        it is, with a warning.
+        it is, with a warning. A sampler built from values the training loop writes from its batches
+        (per-sample losses kept by index for hard-example sampling) is refused: each rank would
+        learn other weights from its own shard (``split_draws.written_by_training``).
 
     Why:
         Left whole, every rank draws the same samples and N processes do the work of one. Replaced
@@ -78,6 +81,16 @@ class CustomSampler(Rule):
                         given.value,
                         f"{what}'s {keyword} asks for the rank itself: assumed to draw this rank's share; "
                         "left as it is",
+                    )
+                    continue
+                learnt = written_by_training(a, loader, given.value)
+                if learnt is not None:
+                    ctx.block(
+                        self.code, learnt,
+                        f"{what}'s {keyword} is built from values this training loop writes from its batches: "
+                        "each rank would learn them from its own shard and build another sampler, so shares "
+                        "drawn with one seed overlap and miss samples: not migrated; reduce those values across "
+                        "the ranks before the sampler is built, or share the sampler out by hand",
                     )
                     continue
                 ctx.edits.call_around(given.value, f"{ctx.runtime}.ShareSampler")

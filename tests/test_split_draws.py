@@ -4,6 +4,8 @@ script seeded, or the draw kept away from the training set, stays quiet."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from distify.engine import migrate_source
@@ -107,3 +109,18 @@ def test_the_indices_of_a_shared_sampler_are_followed(seed, found) -> None:
     # DST901 shares SubsetRandomSampler out with runtime.ShareSampler: its indices must be alike too
     source = SAMPLED.replace("SEED_LINE", seed).encode()
     assert bool(lines(source, "ddp")) is found
+
+
+LEARNT = (Path(__file__).resolve().parents[1] / "fixtures" / "DST901" / "loss_weighted_sampler.in.py").read_text()
+WRITE = "            hardness[idx] = per_sample.detach() + 1e-3\n"
+
+
+@pytest.mark.parametrize("backend", ["ddp", "horovod"])
+def test_a_sampler_built_from_weights_the_training_writes_is_refused(backend) -> None:
+    out = migrate_source(LEARNT.encode(), Options(backend=backend))
+    assert not out.changed and [f.line for f in out.findings if f.code == "DST901"] == [
+        LEARNT.splitlines().index(WRITE.rstrip("\n")) + 1]
+    # control: weights fixed before training (the write taken out) are shared out as before
+    assert WRITE in LEARNT
+    fixed = migrate_source(LEARNT.replace(WRITE, "").encode(), Options(backend=backend))
+    assert fixed.changed and b"ShareSampler(sampler)" in fixed.output
