@@ -12,7 +12,6 @@ import statements directly, which is an order of magnitude cheaper).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
@@ -41,14 +40,18 @@ from distify.training import (
     body_trains, endless_loop, generator_passes, keyed_loop, loader_family, comprehension_consumers,
     next_consumers, stepped_names, steps_parameters, training_functions, trains_for_key,
 )
+from distify.values import Record
 from distify.walk import walk
 from distify.writes import library_method_write, own_method_names
 
 
-@dataclass(eq=False)
-class Anatomy:
+class Anatomy(Record):
     """What ``analyse`` found in a module: its records, the training structure, and its facts."""
 
+    __slots__ = ("module", "wrapper", "aliases", "calls", "loaders", "optimizers", "models", "epoch_loops",
+                 "entry_owner", "entry_body", "distributed", "has_training", "functions", "classes", "methods",
+                 "stmt_parent", "stmt_scope", "attr_uses", "name_bindings", "star_modules", "fors", "ifexps", "facts",
+                 "flow_from", "batch_loops", "want_positions", "text", "_positions", "_order", "_locator", "__dict__")
     module: cst.Module
     wrapper: MetadataWrapper
     aliases: Dict[str, str]
@@ -70,17 +73,38 @@ class Anatomy:
     name_bindings: Set[str]
     star_modules: Tuple[str, ...]
     fors: List[Tuple[cst.For, Scope, Optional[cst.ClassDef], Tuple[cst.For, ...]]]
-    ifexps: List[cst.IfExp] = field(default_factory=list)
-    facts: Optional[Facts] = None  # the queries below answer from it
+    ifexps: List[cst.IfExp]
+    facts: Optional[Facts]  # the queries below answer from it
     # (scope, name) -> the other (scope, name) pairs its value flows to: arguments to parameters (also
     # through `Cls(...)` into `__init__`), returns to the caller's names, `self.x = name(.to(dev))`
-    flow_from: Optional[object] = None
-    batch_loops: List[BatchLoop] = field(default_factory=list)  # every loop over an iterable (see BatchLoop)
-    want_positions: bool = True  # False when nothing will show them (--quiet): skips a costly pass
-    text: Optional[str] = None  # the text `module` was parsed from, when known: nodes are then located alone
-    _positions: Optional[dict] = None
-    _order: Optional[dict] = None
-    _locator: Optional[Locator] = None
+    flow_from: Optional[object]
+    batch_loops: List[BatchLoop]  # every loop over an iterable (see BatchLoop)
+    want_positions: bool  # False when nothing will show them (--quiet): skips a costly pass
+    text: Optional[str]  # the text `module` was parsed from, when known: nodes are then located alone
+    _positions: Optional[dict]
+    _order: Optional[dict]
+    _locator: Optional[Locator]
+
+    def __init__(self, module: cst.Module, wrapper: MetadataWrapper, aliases: Dict[str, str], calls: List[CallSite],
+                 loaders: List[Loader], optimizers: List[Optimizer], models: List[Model],
+                 epoch_loops: Dict[Loader, List[EpochLoop]], entry_owner: Optional[cst.CSTNode],
+                 entry_body: Sequence[cst.CSTNode], distributed: List[str], has_training: bool,
+                 functions: Dict[str, cst.FunctionDef], classes: Dict[str, cst.ClassDef],
+                 methods: Dict[cst.FunctionDef, cst.ClassDef], stmt_parent: Dict[cst.CSTNode, Tuple[cst.CSTNode, ...]],
+                 stmt_scope: Dict[cst.CSTNode, Scope],
+                 attr_uses: List[Tuple[cst.Attribute, Scope, Optional[cst.ClassDef], Stmt]], name_bindings: Set[str],
+                 star_modules: Tuple[str, ...],
+                 fors: List[Tuple[cst.For, Scope, Optional[cst.ClassDef], Tuple[cst.For, ...]]],
+                 ifexps: Optional[List[cst.IfExp]] = None, facts: Optional[Facts] = None,
+                 flow_from: Optional[object] = None, batch_loops: Optional[List[BatchLoop]] = None,
+                 want_positions: bool = True, text: Optional[str] = None) -> None:
+        self._set(module, wrapper, aliases, calls, loaders, optimizers, models, epoch_loops, entry_owner, entry_body,
+                  distributed, has_training, functions, classes, methods, stmt_parent, stmt_scope, attr_uses,
+                  name_bindings, star_modules, fors, [] if ifexps is None else ifexps, facts, flow_from,
+                  [] if batch_loops is None else batch_loops, want_positions, text)
+        self._positions = None
+        self._order = None
+        self._locator = None
 
     def position(self, node: cst.CSTNode) -> Tuple[int, int]:
         if not self.want_positions:

@@ -5,7 +5,6 @@ classes) that fully_shard wraps one by one before the root.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
@@ -13,6 +12,7 @@ import libcst as cst
 from distify.instance import instance_name, on
 
 from distify.syntax import all_nodes, dotted
+from distify.values import Value
 
 
 # ------------------------------------------------------------------------------ submodule containers
@@ -24,8 +24,7 @@ CONTAINERS = frozenset({
 MODULE_DICTS = frozenset({"torch.nn.ModuleDict", "torch.nn.modules.container.ModuleDict"})
 
 
-@dataclass(frozen=True)
-class RepeatedBlocks:
+class RepeatedBlocks(Value):
     """A ModuleList / Sequential attribute of a model class holding repeated blocks.
 
     ``path`` is the attribute path from the model (``blocks``, ``transformer.h``), ``owner`` the
@@ -34,11 +33,15 @@ class RepeatedBlocks:
     (``[Block(...) for _ in range(n)]``, ``*[...]``, ``.append`` in a ``for`` loop) or
     ``instances`` (two or more ``Block(...)`` of the same class of this file written out)."""
 
+    __slots__ = ("path", "owner", "container", "member", "how")
     path: str
     owner: str
     container: str
     member: str
     how: str
+
+    def __init__(self, path: str, owner: str, container: str, member: str, how: str) -> None:
+        self._set(path, owner, container, member, how)
 
 
 def repeated_blocks(cls: cst.ClassDef, classes: Dict[str, cst.ClassDef], qualname, depth: int = 0) -> List[RepeatedBlocks]:

@@ -11,7 +11,6 @@ reaches comes from the program model (``distify.program``), never from how anyth
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import List, Optional, Set
 
 import libcst as cst
@@ -19,6 +18,7 @@ import libcst as cst
 from distify.library import IMPORTS_BY_NAME, OPTIMIZER_MODULES, SCHEDULER_MODULES
 from distify.names import qualified
 from distify.records import CallSite
+from distify.values import Value
 
 DEPTH = 2  # project calls followed below the function the script calls
 
@@ -34,14 +34,17 @@ def builds_scheduler_by_name(a, site: CallSite) -> bool:
     return any(qualified(a.aliases, x.value, a.name_bindings) in SCHEDULER_MODULES for x in site.call.args)
 
 
-@dataclass(frozen=True)
-class ByName:
+class ByName(Value):
     """A call of the script whose project function imports the class it builds by name."""
 
+    __slots__ = ("site", "where", "importer", "uses")
     site: CallSite  # the script's call (``create_model(opt)``)
     where: str  # the function it reaches: "models/__init__.py:18"
     importer: str  # the import by name: "importlib.import_module() at models/__init__.py:10"
     uses: List[CallSite]  # the script's calls of methods of what it returns, inside a loop
+
+    def __init__(self, site: CallSite, where: str, importer: str, uses: List[CallSite]) -> None:
+        self._set(site, where, importer, uses)
 
 
 def imported_by_name(prog, target, depth: int = DEPTH, _seen: Optional[Set[int]] = None) -> Optional[str]:

@@ -34,10 +34,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, fields
 from typing import Optional, Tuple
 
 from distify.findings import Finding
+from distify.values import Value
 
 # CPython's own SHA-256, which hashlib falls back to without OpenSSL: importing hashlib loads
 # OpenSSL's libcrypto, a few ms of every run, cached or not; the digests are the same
@@ -111,25 +111,31 @@ def code_fingerprint() -> str:
 
 def settings_key(options) -> str:
     """Every field of the options (a field added later is in the key without anyone thinking of it)."""
-    items = [(f.name, repr(getattr(options, f.name))) for f in fields(options)]
+    items = [(name, repr(getattr(options, name))) for name in options.__slots__]
     return sha256(repr((code_fingerprint(), items)).encode()).hexdigest()[:32]
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(Value):
     """The stored result of a file that came out unchanged, replayed as a fresh run would say it."""
 
+    __slots__ = ("findings", "note", "encoding", "refused")
     findings: Tuple[Finding, ...]
     note: str
     encoding: str
-    refused: bool = False  # distify refused the file (exit 3): a replay must say so too
+    refused: bool  # distify refused the file (exit 3): a replay must say so too
+
+    def __init__(self, findings: Tuple[Finding, ...], note: str, encoding: str, refused: bool = False) -> None:
+        self._set(findings, note, encoding, refused)
 
 
-@dataclass(frozen=True)
-class Cache:
+class Cache(Value):
     """The entries for one settings key. Picklable (a folder name), for the worker processes."""
 
+    __slots__ = ("directory",)
     directory: str
+
+    def __init__(self, directory: str) -> None:
+        self._set(directory)
 
     @classmethod
     def for_options(cls, options, root: Optional[str] = None) -> "Cache":

@@ -5,7 +5,6 @@ IterableDataset) (part of the anatomy, see anatomy.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Optional, Set
 
 import libcst as cst
@@ -17,31 +16,37 @@ from distify.rank import RANK_ENV
 from distify.dataflow import _data_of, _first_items, _loop_var, _returns, ref_text
 from distify.records import DIST_SAMPLER, BatchLoop, CallSite, EpochLoop, Scope, assigned_name
 from distify.training import drawn_from, endless_loop
+from distify.values import Record
 
 if TYPE_CHECKING:
     from distify.anatomy import Anatomy
 
 
-@dataclass(eq=False)
-class ForeignLoader:
+class ForeignLoader(Record):
     """A training loop's data built by a function imported from another module (`from utils import
     get_training_dataloader`): distify cannot see or shard that loader."""
 
+    __slots__ = ("loop", "name", "call", "builder", "binding", "resharded", "epochs", "consumer", "__dict__")
     loop: BatchLoop
     name: str  # how the building scope names it
     call: "CallSite"  # the call that builds it
     builder: str  # its qualified name ("utils.get_training_dataloader")
     # the statement that binds `name` to it when it is a plain `name = builder(...)` (or a tuple
     # of names): the place to re-shard it; None when the value is bound otherwise
-    binding: Optional[cst.SimpleStatementLine] = None
+    binding: Optional[cst.SimpleStatementLine]
     # the script already re-shards it there (`name = runtime.shard_loader(name)`)
-    resharded: bool = False
+    resharded: bool
     # the loops that run its passes (`for epoch in ...` around the batch loop or around a call of
     # the function that holds it), `loader_ref` spelling it where each loop runs
-    epochs: List["EpochLoop"] = field(default_factory=list)
+    epochs: List["EpochLoop"]
     # the training loop that draws the batches when `loop` is a generator's pass over the loader
     # (`batches = infinite(loader)` ... `next(batches)`)
-    consumer: Optional[BatchLoop] = None
+    consumer: Optional[BatchLoop]
+
+    def __init__(self, loop: BatchLoop, name: str, call: "CallSite", builder: str,
+                 binding: Optional[cst.SimpleStatementLine] = None, resharded: bool = False,
+                 epochs: Optional[List["EpochLoop"]] = None, consumer: Optional[BatchLoop] = None) -> None:
+        self._set(loop, name, call, builder, binding, resharded, [] if epochs is None else epochs, consumer)
 
 
 def foreign_loaders(anatomy: "Anatomy") -> List[ForeignLoader]:
@@ -94,16 +99,19 @@ def counts(expr: cst.BaseExpression, aliases_q) -> bool:
     return inner is not None and counts(inner, aliases_q)
 
 
-@dataclass(eq=False)
-class UntracedSource:
+class UntracedSource(Record):
     """A training loop whose batches come from something distify cannot trace to a DataLoader
     (of this file or built by another module) nor to a random draw: a call of an unknown function
     iterated directly (`for x, y in utils.get_loader(...)`), a generator fed such a call, a
     collection of this file's own. Nothing shards it, so every rank may read all of it."""
 
+    __slots__ = ("loop", "source", "scope", "__dict__")
     loop: cst.CSTNode  # the training loop
     source: cst.BaseExpression  # what it iterates or draws from, as the loop's scope spells it
     scope: Scope
+
+    def __init__(self, loop: cst.CSTNode, source: cst.BaseExpression, scope: Scope) -> None:
+        self._set(loop, source, scope)
 
 
 def untraced_sources(anatomy: "Anatomy") -> List[UntracedSource]:

@@ -36,7 +36,6 @@ Read-only, over ``distify.facts.Facts`` and the anatomy's loaders.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Dict, FrozenSet, List, Optional, Set
 
 import libcst as cst
@@ -46,6 +45,7 @@ from distify.names import qualified
 from distify.rank_input import training_draws
 from distify.sums import COLLECTIVES
 from distify.syntax import Scope, all_nodes, dotted, names
+from distify.values import Value
 
 if TYPE_CHECKING:  # pragma: no cover
     from distify.anatomy import Anatomy
@@ -55,11 +55,14 @@ EXITS = frozenset({"sys.exit", "builtins.exit", "builtins.quit", "os._exit"})
 _NONE: FrozenSet[int] = frozenset()
 
 
-@dataclass(frozen=True)
-class Stop:
+class Stop(Value):
+    __slots__ = ("exit", "loop", "tests")
     exit: cst.CSTNode  # the break, return or exit statement; the loop itself for a `while` test
     loop: cst.CSTNode  # the loop that trains and that it leaves
     tests: tuple  # the `if`/`while` statements whose test reads a per-rank value, outermost first
+
+    def __init__(self, exit: cst.CSTNode, loop: cst.CSTNode, tests: tuple) -> None:
+        self._set(exit, loop, tests)
 
 
 def per_rank_stops(a: "Anatomy") -> List[Stop]:

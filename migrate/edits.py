@@ -17,34 +17,41 @@ equality), and the engine applies everything in a single pass:
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple, Union
 
 import libcst as cst
 
 from distify.walk import children, walk
+from distify.values import Record
 
 Stmt = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
 NodeFn = Callable[[cst.CSTNode], cst.CSTNode]
 
 
-@dataclass
-class EditSet:
+class EditSet(Record):
     """The edits the rules recorded against the input tree, applied in one pass (``ApplyEdits``)."""
 
-    replacements: Dict[cst.CSTNode, List[NodeFn]] = field(default_factory=dict)
-    before: Dict[cst.CSTNode, List[Stmt]] = field(default_factory=dict)
-    after: Dict[cst.CSTNode, List[Stmt]] = field(default_factory=dict)
-    guards: Dict[cst.CSTNode, str] = field(default_factory=dict)
-    removed: Dict[cst.CSTNode, bool] = field(default_factory=dict)
+    replacements: Dict[cst.CSTNode, List[NodeFn]]
+    before: Dict[cst.CSTNode, List[Stmt]]
+    after: Dict[cst.CSTNode, List[Stmt]]
+    guards: Dict[cst.CSTNode, str]
+    removed: Dict[cst.CSTNode, bool]
     # first statement -> (last statement, fn(updated statements) -> compound statement)
-    wraps: Dict[cst.CSTNode, Tuple[cst.CSTNode, Callable[[List[cst.CSTNode]], cst.CSTNode]]] = field(
-        default_factory=dict
-    )
+    wraps: Dict[cst.CSTNode, Tuple[cst.CSTNode, Callable[[List[cst.CSTNode]], cst.CSTNode]]]
     # import lines in the order first requested, e.g. "import torch.distributed as dist"
-    imports: List[str] = field(default_factory=list)
+    imports: List[str]
     # statement -> a later statement of the same block it moves below (after that one's insertions)
-    moves: Dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict)
+    moves: Dict[cst.CSTNode, cst.CSTNode]
+
+    def __init__(self) -> None:
+        self.replacements = {}
+        self.before = {}
+        self.after = {}
+        self.guards = {}
+        self.removed = {}
+        self.wraps = {}
+        self.imports = []
+        self.moves = {}
 
     def replace(self, node: cst.CSTNode, fn: NodeFn) -> None:
         self.replacements.setdefault(node, []).append(fn)

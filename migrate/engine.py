@@ -10,12 +10,12 @@ import enum
 import io
 import os
 import stat
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from distify.findings import Finding
 from distify.options import DDP_BACKEND, FSDP_BACKEND, Options
+from distify.values import Value
 
 # libcst, the anatomy and the rules are imported where a file is parsed (``_migrate``): a run whose
 # files all come from the cache (``distify.cache``) never loads them.
@@ -40,41 +40,51 @@ class InputError(Exception):
     """A problem with the user's input; the message is one line, without the path."""
 
 
-@dataclass(frozen=True)
-class MigrationResult:
+class MigrationResult(Value):
     """One script's migration: its bytes before and after, what was found, and why nothing changed."""
 
+    __slots__ = ("source", "output", "findings", "note", "encoding", "refused", "others")
     source: bytes
     output: bytes
-    findings: Tuple[Finding, ...] = ()
-    note: str = ""  # why nothing changed, when nothing did
-    encoding: str = "utf-8"  # the source's encoding (BOM / coding cookie), for diffs
-    refused: bool = False  # a rule refused the migration: the output is the source, the warnings say why
+    findings: Tuple[Finding, ...]
+    note: str  # why nothing changed, when nothing did
+    encoding: str  # the source's encoding (BOM / coding cookie), for diffs
+    refused: bool  # a rule refused the migration: the output is the source, the warnings say why
     # the other files of the project the migration rewrites (distify.project_view): (real path,
     # source, output, findings against that file's lines)
-    others: Tuple[Tuple[str, bytes, bytes, Tuple[Finding, ...]], ...] = ()
+    others: Tuple[Tuple[str, bytes, bytes, Tuple[Finding, ...]], ...]
+
+    def __init__(self, source: bytes, output: bytes, findings: Tuple[Finding, ...] = (), note: str = "",
+                 encoding: str = "utf-8", refused: bool = False,
+                 others: Tuple[Tuple[str, bytes, bytes, Tuple[Finding, ...]], ...] = ()) -> None:
+        self._set(source, output, findings, note, encoding, refused, others)
 
     @property
     def changed(self) -> bool:
         return self.output != self.source
 
 
-@dataclass(frozen=True)
-class FileResult:
+class FileResult(Value):
     """What became of one file of a run, small and picklable for the worker processes."""
 
+    __slots__ = ("path", "status", "findings", "message", "source", "output", "encoding", "others", "pending")
     path: str
     status: Status
-    findings: Tuple[Finding, ...] = ()
-    message: str = ""
-    source: bytes = b""
-    output: bytes = b""
-    encoding: str = "utf-8"
+    findings: Tuple[Finding, ...]
+    message: str
+    source: bytes
+    output: bytes
+    encoding: str
     # the other files of the project this migration rewrites, or would (distify.project_view)
-    others: Tuple["FileResult", ...] = ()
+    others: Tuple["FileResult", ...]
     # changed, to be written once every file of the run is migrated (distify.project.write_all):
     # a migration that rewrites other files of the project writes none of them before
-    pending: bool = False
+    pending: bool
+
+    def __init__(self, path: str, status: Status, findings: Tuple[Finding, ...] = (), message: str = "",
+                 source: bytes = b"", output: bytes = b"", encoding: str = "utf-8", others: Tuple["FileResult", ...] = (),
+                 pending: bool = False) -> None:
+        self._set(path, status, findings, message, source, output, encoding, others, pending)
 
 
 def decode(source: bytes) -> Tuple[str, str]:
@@ -165,7 +175,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
     anatomy.want_positions = options.positions
     standalone_name = anatomy.standalone_runtime
     if standalone_name is not None and not options.standalone:
-        options = replace(options, standalone=True)  # an earlier --standalone output stays standalone
+        options = options.replace(standalone=True)  # an earlier --standalone output stays standalone
     incremental = False
     if frameworks(anatomy.calls) and not anatomy.migrated_by_distify:
         # Accelerate, Lightning, the HF Trainer, DeepSpeed...: the framework distributes the script
@@ -218,7 +228,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
     ctx.finish()
     if anatomy.flavour is None and line_map is not None:
         # positions found in the stripped intermediate code, reported against the user's file
-        ctx.findings = [replace(f, line=line_map(f.line)) for f in ctx.findings]
+        ctx.findings = [f.replace(line=line_map(f.line)) for f in ctx.findings]
     findings += ctx.findings
     findings.sort(key=lambda f: (f.line, f.col, f.code))
     if ctx.blocked:
@@ -268,7 +278,7 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
     unbound = [f for r in rules if hasattr(r, "check_output") for f in r.check_output(before, after)]
     if unbound:
         to_source = _line_map(source, output)
-        return _refusal(source, findings, [replace(f, line=to_source(f.line)) for f in unbound], encoding)
+        return _refusal(source, findings, [f.replace(line=to_source(f.line)) for f in unbound], encoding)
     # the audit: the rewritten module, analysed afresh, must hold the invariants of a correct
     # data-parallel script; its findings are reported against the user's lines
     audited = _audit(analyse(new_module, joined=joined, text=after), options, findings, migrated=True, path=path)
@@ -276,11 +286,11 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
     drift = _drift(audited) if not (options.select or options.ignore) else []
     if drift:
         to_source = _line_map(source, output)
-        return _refusal(source, findings, [replace(f, line=to_source(f.line), message=f"{f.message}: file not migrated")
+        return _refusal(source, findings, [f.replace(line=to_source(f.line), message=f"{f.message}: file not migrated")
                                            for f in drift], encoding)
     if audited:
         to_source = _line_map(source, output)
-        findings += [replace(f, line=to_source(f.line)) for f in audited]
+        findings += [f.replace(line=to_source(f.line)) for f in audited]
         findings.sort(key=lambda f: (f.line, f.col, f.code))
     return MigrationResult(source, output, tuple(findings), encoding=encoding)
 

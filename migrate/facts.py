@@ -9,7 +9,6 @@ analyser. Everything here is read-only and works on the records the anatomy's si
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, FrozenSet, Iterator, List, Optional, Set, Tuple
 
 import libcst as cst
@@ -20,15 +19,19 @@ from distify.instance import INSTANCE, instance_of, method_kind, on
 from distify.rank_flow import made_from_rank, process_calls, rank_flow
 from distify.syntax import NESTED, Scope, _number, all_nodes, by_node, arg, contains_node, dotted, header_names, names
 from distify.walk import children
+from distify.values import Record
 
 
-@dataclass(eq=False)
-class Binding:
+class Binding(Record):
     """One statement binding a name in a scope."""
 
+    __slots__ = ("stmt", "kind", "literal", "__dict__")
     stmt: cst.CSTNode
     kind: str  # assign (`x = ...`) | aug (`x += ...`) | other (for target, with-as, def, import...)
     literal: bool  # bound to a number literal (`x = 0`, `a, b = 0, 0.0`)
+
+    def __init__(self, stmt: cst.CSTNode, kind: str, literal: bool) -> None:
+        self._set(stmt, kind, literal)
 
 
 # ------------------------------------------------------------------------------ the queries

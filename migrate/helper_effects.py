@@ -12,7 +12,6 @@ the program model (``distify.program``), never from how anything is spelled.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Set, Tuple
 
 import libcst as cst
@@ -23,6 +22,7 @@ from distify.library import TABLE, known
 from distify.records import CallSite
 from distify.syntax import dotted
 from distify.writes import file_write, own_method_names, terminal_print
+from distify.values import Value
 
 if TYPE_CHECKING:  # the program model is loaded only when a script calls into its project
     from distify.program import Program, Target
@@ -30,16 +30,19 @@ if TYPE_CHECKING:  # the program model is loaded only when a script calls into i
 DEPTH = 3  # project calls followed below the helper the script calls
 
 
-@dataclass(frozen=True)
-class Effect:
+class Effect(Value):
     """A write or a print a project function makes (``effects``), with the names it reads."""
 
+    __slots__ = ("kind", "what", "where", "reads")
     kind: str  # "write" | "print"
     what: str  # "save()", "open(..., 'w')", "print()"
     where: str  # the project function that makes it: "utils.save_checkpoint() at utils.py:12"
     # the names the write or print reads (its file name, its message), as names of the function
     # `effects` was asked about: a deeper function's parameters become what its call hands them
-    reads: frozenset = frozenset()
+    reads: frozenset
+
+    def __init__(self, kind: str, what: str, where: str, reads: frozenset = frozenset()) -> None:
+        self._set(kind, what, where, reads)
 
 
 def effects(prog: Program, target: Target, depth: int = DEPTH, _seen: Optional[Set[int]] = None) -> List[Effect]:

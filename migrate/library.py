@@ -34,23 +34,28 @@ Kinds of rows:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, FrozenSet, Iterable, Optional
 
+from distify.values import Value
 
-@dataclass(frozen=True)
-class Known:
+
+class Known(Value):
     """One row of the table: what a library object is for a migration."""
 
+    __slots__ = ("name", "kind", "shard", "items", "title", "launch", "endless", "modules", "argument")
     name: str  # qualified name, as distify.names resolves it
     kind: str  # loader | wrapper | counter | framework | model | container | copy | stream | rank | process | print
-    shard: str = ""  # loader: sampler | input_nodes | none
-    items: str = ""  # wrapper: first | all
-    title: str = ""  # framework: how a user names it
-    launch: str = ""  # framework: the command that starts the script on N processes
-    endless: bool = False  # wrapper/counter: iterating it never ends (a loop over it is a loop around passes)
-    modules: str = ""  # container: iter | values
-    argument: int = 0  # copy: the position of the module it copies
+    shard: str  # loader: sampler | input_nodes | none
+    items: str  # wrapper: first | all
+    title: str  # framework: how a user names it
+    launch: str  # framework: the command that starts the script on N processes
+    endless: bool  # wrapper/counter: iterating it never ends (a loop over it is a loop around passes)
+    modules: str  # container: iter | values
+    argument: int  # copy: the position of the module it copies
+
+    def __init__(self, name: str, kind: str, shard: str = "", items: str = "", title: str = "", launch: str = "",
+                 endless: bool = False, modules: str = "", argument: int = 0) -> None:
+        self._set(name, kind, shard, items, title, launch, endless, modules, argument)
 
 
 def _rows(kind: str, names: Iterable[str], **kw) -> Dict[str, Known]:

@@ -20,7 +20,6 @@ Read-only; the rules ask it (DST101 decides ``find_unused_parameters``, DST104 t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
@@ -30,6 +29,7 @@ from distify.instance import instance_name, is_attribute_of
 from distify.library import known
 from distify.syntax import all_nodes, dotted
 from distify.walk import children
+from distify.values import Value
 
 CHECKPOINTS = frozenset({
     "torch.utils.checkpoint.checkpoint",
@@ -52,14 +52,17 @@ PARAMETER_FREE = frozenset(
 )
 
 
-@dataclass(frozen=True)
-class Gap:
+class Gap(Value):
     """A place where the model breaks DDP's contract (``forward_gaps``, ``training_freezes``, ``dtype_flips``)."""
 
+    __slots__ = ("kind", "node", "what", "why")
     kind: str  # unused | conditional | reentrant | freeze | unfreeze
     node: cst.CSTNode  # where: the member's assignment, the reference, the checkpoint call, the change
     what: str  # `Net.head`, `checkpoint(...)`
-    why: str = ""  # for `conditional`: the condition's source
+    why: str  # for `conditional`: the condition's source
+
+    def __init__(self, kind: str, node: cst.CSTNode, what: str, why: str = "") -> None:
+        self._set(kind, node, what, why)
 
 
 def _methods(cls: cst.ClassDef) -> Dict[str, cst.FunctionDef]:

@@ -22,7 +22,6 @@ Read-only, over ``distify.facts.Facts``; the anatomy and the rules ask it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence
 
 import libcst as cst
@@ -30,6 +29,7 @@ import libcst as cst
 from distify.facts import Facts, training_call
 from distify.model_refs import Refs
 from distify.syntax import all_nodes, dotted
+from distify.values import Value
 
 # nn.Module methods that rewrite the parameters they are called on (or below)
 INIT_METHODS = frozenset({"apply", "reset_parameters", "to_empty"})
@@ -43,13 +43,16 @@ LOAD, INIT, SURGERY, FREEZE, COMPILE, MOVE = "load", "init", "surgery", "freeze"
 REBUILDS = frozenset({INIT, SURGERY, FREEZE, COMPILE, MOVE})
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(Value):
     """A statement that changes a model or optimizer before training (``changes_in``)."""
 
+    __slots__ = ("kind", "root", "node")
     kind: str  # load | init | surgery | freeze | compile | move
     root: str  # the name changed, as the statement's scope spells it (`model`, `optimizer`)
     node: cst.CSTNode  # the call or assignment that changes it (in a called function: the call)
+
+    def __init__(self, kind: str, root: str, node: cst.CSTNode) -> None:
+        self._set(kind, root, node)
 
 
 def changes_in(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Sequence
+
+from distify.values import Value
 
 DDP_BACKEND = "ddp"
 HOROVOD_BACKEND = "horovod"
@@ -13,25 +14,33 @@ BACKENDS = (DDP_BACKEND, HOROVOD_BACKEND, FSDP_BACKEND)
 TORCH_BACKENDS = (DDP_BACKEND, FSDP_BACKEND)
 
 
-@dataclass(frozen=True)
-class Options:
+class Options(Value):
     """What a migration is asked for: backend, rule selection, flags, limits (``distify.runner.migration_options``)."""
 
-    backend: str = DDP_BACKEND
-    select: Sequence[str] = ()
-    ignore: Sequence[str] = ()
-    scale_lr: bool = False
-    fp16_allreduce: bool = False
-    adasum: bool = False
-    seed_per_rank: bool = False  # re-seed each rank once the models are built (DST403)
-    bf16: bool = False  # FSDP: a bfloat16 MixedPrecisionPolicy (parameters in bf16, gradients reduced in fp32)
-    standalone: bool = False  # inline the runtime helpers: the script does not import distify
-    positions: bool = True  # report line:col (the CLI turns it off with --quiet)
-    max_bytes: int = 2 * 1024 * 1024  # libcst needs ~30 s per MB: refuse what is no training script
+    __slots__ = ("backend", "select", "ignore", "scale_lr", "fp16_allreduce", "adasum", "seed_per_rank", "bf16",
+                 "standalone", "positions", "max_bytes", "project_root", "exclude")
+    backend: str
+    select: Sequence[str]
+    ignore: Sequence[str]
+    scale_lr: bool
+    fp16_allreduce: bool
+    adasum: bool
+    seed_per_rank: bool  # re-seed each rank once the models are built (DST403)
+    bf16: bool  # FSDP: a bfloat16 MixedPrecisionPolicy (parameters in bf16, gradients reduced in fp32)
+    standalone: bool  # inline the runtime helpers: the script does not import distify
+    positions: bool  # report line:col (the CLI turns it off with --quiet)
+    max_bytes: int  # libcst needs ~30 s per MB: refuse what is no training script
     # the user's project (distify.project): `[tool.distify] project-root` (absolute), else found
     # from each script; `exclude` names files never read as part of it nor written
-    project_root: Optional[str] = None
-    exclude: Sequence[str] = ()
+    project_root: Optional[str]
+    exclude: Sequence[str]
+
+    def __init__(self, backend: str = DDP_BACKEND, select: Sequence[str] = (), ignore: Sequence[str] = (),
+                 scale_lr: bool = False, fp16_allreduce: bool = False, adasum: bool = False, seed_per_rank: bool = False,
+                 bf16: bool = False, standalone: bool = False, positions: bool = True, max_bytes: int = 2 * 1024 * 1024,
+                 project_root: Optional[str] = None, exclude: Sequence[str] = ()) -> None:
+        self._set(backend, select, ignore, scale_lr, fp16_allreduce, adasum, seed_per_rank, bf16, standalone, positions,
+                  max_bytes, project_root, exclude)
 
     def selects(self, code: str) -> bool:
         """`--select` / `--ignore` (code prefixes, any case) let the rule `code` run; whether it runs

@@ -20,21 +20,25 @@ import ast
 import fnmatch
 import os
 import re
-from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+from distify.values import Record, Value
 
 MAX_BYTES = 1024 * 1024  # a module larger than this is not read as part of the project
 _FOREIGN_DIRS = frozenset({"site-packages", "dist-packages"})
 
 
-@dataclass(frozen=True)
-class ProjectModule:
+class ProjectModule(Value):
     """One module of the project: its dotted name from a search root, its file, and whether it is a
     package's ``__init__.py`` (relative imports inside it are relative to itself)."""
 
+    __slots__ = ("name", "path", "is_package")
     name: str
     path: str  # absolute, real path
-    is_package: bool = False
+    is_package: bool
+
+    def __init__(self, name: str, path: str, is_package: bool = False) -> None:
+        self._set(name, path, is_package)
 
     @property
     def package(self) -> str:
@@ -42,27 +46,36 @@ class ProjectModule:
         return self.name if self.is_package else self.name.rpartition(".")[0]
 
 
-@dataclass(frozen=True)
-class Import:
+class Import(Value):
     """One import of a module of the project: what it names, absolute, and its line."""
 
+    __slots__ = ("module", "names", "line", "binds")
     module: str  # the module imported ("utils", "models.resnet", "pkg.sub")
     names: Tuple[str, ...]  # the names a `from ... import` takes from it (empty for `import m`)
     line: int
     # local name -> qualified name it binds (`from .data import get_loader as gl`: gl -> pkg.data.get_loader)
-    binds: Tuple[Tuple[str, str], ...] = ()
+    binds: Tuple[Tuple[str, str], ...]
+
+    def __init__(self, module: str, names: Tuple[str, ...], line: int, binds: Tuple[Tuple[str, str], ...] = ()) -> None:
+        self._set(module, names, line, binds)
 
 
-@dataclass
-class Project:
+class Project(Record):
     """The project around one or more entry scripts. Build it with ``Project.around``."""
 
+    __slots__ = ("root", "search", "exclude", "_modules", "_imports", "_outside", "__dict__")
     root: str  # nothing outside it is the project
     search: Tuple[str, ...]  # where module names are looked up, in order
-    exclude: Tuple[str, ...] = ()  # fnmatch patterns (full path or file name) never read nor written
-    _modules: Dict[str, Optional[ProjectModule]] = field(default_factory=dict)
-    _imports: Dict[str, Tuple[Import, ...]] = field(default_factory=dict)
-    _outside: Dict[str, str] = field(default_factory=dict)  # module name -> file, not the project's
+    exclude: Tuple[str, ...]  # fnmatch patterns (full path or file name) never read nor written
+    _modules: Dict[str, Optional[ProjectModule]]
+    _imports: Dict[str, Tuple[Import, ...]]
+    _outside: Dict[str, str]  # module name -> file, not the project's
+
+    def __init__(self, root: str, search: Tuple[str, ...], exclude: Tuple[str, ...] = ()) -> None:
+        self._set(root, search, exclude)
+        self._modules = {}
+        self._imports = {}
+        self._outside = {}
 
     @classmethod
     def around(cls, script: str, root: Optional[str] = None, exclude: Sequence[str] = ()) -> "Project":
@@ -280,8 +293,6 @@ def with_others(results: Sequence) -> list:
     listed once: a module two entry scripts rewrite alike appears once (refused when they would
     rewrite it differently), and a module also given as a path of its own (``distify .``), which
     alone is left unchanged, is listed as the migration of its entry script rewrites it."""
-    from dataclasses import replace
-
     from distify.engine import Status
 
     out: list = []
@@ -305,7 +316,7 @@ def with_others(results: Sequence) -> list:
                 out[i] = o  # its own run changed nothing: the entry script's migration speaks for it
                 seen[key] = (i, True)
             elif (first.output or first.source) != (o.output or o.source) and first.status is not Status.ERROR:
-                out[i] = replace(first, status=Status.REFUSED, output=first.source,
+                out[i] = first.replace(status=Status.REFUSED, output=first.source,
                                  message="two entry scripts would rewrite it differently; not migrated")
     return out
 
@@ -315,14 +326,12 @@ def write_all(results: Sequence) -> list:
     migrations that rewrite several files of the project), each atomically and only if it is still
     as it was read: after every entry script was migrated against the same originals, so that a
     module two entry scripts share is rewritten once, from its original."""
-    from dataclasses import replace
-
     from distify.engine import InputError, Status, write_atomic
 
     out = []
     for r in results:
         if r.pending and r.status is Status.CHANGED:
-            r = replace(r, pending=False)
+            r = r.replace(pending=False)
             real = os.path.realpath(r.path)
             try:
                 with open(real, "rb") as fh:
@@ -330,26 +339,29 @@ def write_all(results: Sequence) -> list:
                         raise InputError("file changed on disk while distify was processing it; not written")
                 write_atomic(real, r.output)
             except InputError as e:
-                r = replace(r, status=Status.ERROR, message=str(e), output=b"")
+                r = r.replace(status=Status.ERROR, message=str(e), output=b"")
             except OSError as e:
-                r = replace(r, status=Status.ERROR, message=f"cannot write: {e.strerror or e}", output=b"")
+                r = r.replace(status=Status.ERROR, message=f"cannot write: {e.strerror or e}", output=b"")
         out.append(r)
     return out
 
 
 # the public entry point ------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class ProjectResult:
+class ProjectResult(Value):
     """What ``migrate_project`` did to a project: one ``distify.engine.FileResult`` per file it
     migrated or would migrate (``path``, ``status``, ``findings``, ``source``/``output`` bytes),
     each entry script followed by the modules of the project its migration rewrites (listed once
     even when two entry scripts share them), and ``modules``: every project module the entry
     scripts reach (for ``distify verify`` to copy along)."""
 
+    __slots__ = ("root", "files", "modules")
     root: str
     files: Tuple[object, ...]  # distify.engine.FileResult
     modules: Tuple[str, ...]  # real paths, in the order found
+
+    def __init__(self, root: str, files: Tuple[object, ...], modules: Tuple[str, ...]) -> None:
+        self._set(root, files, modules)
 
     @property
     def changed(self) -> bool:

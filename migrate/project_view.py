@@ -170,8 +170,6 @@ def seen_as_script(v: View, seen, script_anatomy) -> None:
 
 def split_findings(v: View, anatomy, findings: Sequence[Finding]) -> Tuple[List[Finding], Dict[str, List[Finding]]]:
     """The script's findings and each part's (by path), with their own lines."""
-    from dataclasses import replace
-
     mine: List[Finding] = []
     theirs: Dict[str, List[Finding]] = {p.module.path: [] for p in v.parts}
     for f in findings:
@@ -179,7 +177,7 @@ def split_findings(v: View, anatomy, findings: Sequence[Finding]) -> Tuple[List[
         if part is None:
             mine.append(f)
         else:
-            theirs[part.module.path].append(replace(f, line=line))
+            theirs[part.module.path].append(f.replace(line=line))
     return mine, theirs
 
 
@@ -229,8 +227,6 @@ def finish(v: View, anatomy, ctx, rules, source: bytes, output: bytes, findings:
     """The MigrationResult of a migration seen through `v`: the script's output and findings, and
     each part's (``others``); refused when any file would read a name it does not bind (DST962).
     The audit runs on the view of the outputs, so it judges the training path across the files."""
-    from dataclasses import replace
-
     from distify.anatomy import analyse
     from distify.engine import _audit, _drift, _line_map, _refusal
 
@@ -246,7 +242,7 @@ def finish(v: View, anatomy, ctx, rules, source: bytes, output: bytes, findings:
         if found:
             where = v.parts[i - 1].module.path if i else None
             to_source = _line_map(before, after)
-            unbound += [replace(f, line=to_source(f.line), message=f"{where}: {f.message}" if where else f.message) for f in found]
+            unbound += [f.replace(line=to_source(f.line), message=f"{where}: {f.message}" if where else f.message) for f in found]
     if unbound:
         return _refusal(source, mine, unbound, encoding)
     # the audit, on the outputs seen as one module again
@@ -264,7 +260,7 @@ def finish(v: View, anatomy, ctx, rules, source: bytes, output: bytes, findings:
     if drift:  # an output whose replicas would drift apart is refused, as in the one-file path
         mine = [f for f in mine if f.kind == "warning"]
         theirs = {k: [f for f in fs if f.kind == "warning"] for k, fs in theirs.items()}
-        _place(v, new_view, seen, source, output, [replace(f, message=f"{f.message}: files not migrated") for f in drift],
+        _place(v, new_view, seen, source, output, [f.replace(message=f"{f.message}: files not migrated") for f in drift],
                mine, theirs)
         return _result(v, source, source, [p.source for p in v.parts], mine, theirs, encoding, refused=True,
                        note="not migrated: see warnings")
@@ -275,17 +271,15 @@ def finish(v: View, anatomy, ctx, rules, source: bytes, output: bytes, findings:
 def _place(v: View, new_view: View, seen, source: bytes, output: bytes, found, mine: List[Finding], theirs) -> None:
     """Each finding of the audit on `new_view` (the outputs seen as one module) added to the
     script's findings or to its part's, at the line of the original file."""
-    from dataclasses import replace
-
     from distify.engine import _line_map
 
     for f in found:
         part, line = locate(new_view, seen, f.line)
         if part is None:
-            mine.append(replace(f, line=_line_map(source, output)(line)))
+            mine.append(f.replace(line=_line_map(source, output)(line)))
         else:
             old = next(p for p in v.parts if p.module.path == part.module.path)
-            theirs[old.module.path].append(replace(f, line=_line_map(old.source, part.source)(line)))
+            theirs[old.module.path].append(f.replace(line=_line_map(old.source, part.source)(line)))
 
 
 def _result(v: View, source: bytes, output: bytes, outputs, mine, theirs, encoding: str, **kw):

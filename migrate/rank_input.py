@@ -12,7 +12,6 @@ stream the script seeds alike on every rank (``torch.manual_seed(0)``). Read-onl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional
 
 import libcst as cst
@@ -22,6 +21,7 @@ from distify.data_sources import foreign_loaders, untraced_sources
 from distify.facts import training_call
 from distify.syntax import all_nodes, arg
 from distify.training import distribution_draw
+from distify.values import Value
 
 if TYPE_CHECKING:
     from distify.anatomy import Anatomy
@@ -42,13 +42,16 @@ SEEDS = frozenset({
 })
 
 
-@dataclass(frozen=True)
-class TrainingInput:
+class TrainingInput(Value):
     """Whether the training input differs between ranks, and how (``training_input``)."""
 
+    __slots__ = ("varies", "how", "node")
     varies: bool  # the input differs between ranks (or may: "unknown")
     how: str  # loader | per-rank seed | own generator | unseeded | unknown | no training loop | drawn alike | fixed
-    node: Optional[cst.CSTNode] = None  # for drawn alike: the first draw; for fixed: the first training call
+    node: Optional[cst.CSTNode]  # for drawn alike: the first draw; for fixed: the first training call
+
+    def __init__(self, varies: bool, how: str, node: Optional[cst.CSTNode] = None) -> None:
+        self._set(varies, how, node)
 
 
 def seeded_per_rank(a: "Anatomy") -> bool:

@@ -5,7 +5,6 @@ see anatomy.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
 import libcst as cst
@@ -16,6 +15,7 @@ from distify.library import PROGRESS_BARS, names_of
 from distify.names import Defined, resolve
 from distify.positions import ranges
 from distify.runtime_class import is_standalone_block
+from distify.values import Record
 
 
 Scope = Union[cst.Module, cst.FunctionDef]
@@ -106,10 +106,10 @@ MODULE_API = {
 STATE_API = {"state_dict", "load_state_dict"}
 
 
-@dataclass(eq=False)
-class CallSite:
+class CallSite(Record):
     """A call of the module with where it sits: its scope, class, statement and enclosing loops."""
 
+    __slots__ = ("call", "qualname", "scope", "cls", "stmt", "loops", "parents", "__dict__")
     call: cst.Call
     qualname: Optional[str]
     scope: Scope
@@ -118,34 +118,48 @@ class CallSite:
     loops: Tuple[cst.For, ...]  # enclosing for-loops, outermost first (within the scope)
     parents: Tuple[cst.CSTNode, ...]  # enclosing statements, outermost first (within the scope)
 
+    def __init__(self, call: cst.Call, qualname: Optional[str], scope: Scope, cls: Optional[cst.ClassDef], stmt: Stmt,
+                 loops: Tuple[cst.For, ...], parents: Tuple[cst.CSTNode, ...]) -> None:
+        self._set(call, qualname, scope, cls, stmt, loops, parents)
 
-@dataclass(eq=False)
-class Loader:
+
+class Loader(Record):
     """A data loader the script builds, with the loops it feeds and every reference that reaches it."""
 
+    __slots__ = ("call", "target", "dataset", "role", "batch_loops", "bound", "refs", "family", "key_var", "keys",
+                 "train_keys", "__dict__")
     call: CallSite
     # dotted, as the scope that binds it spells it: "train_loader", "self.train_loader" (an attribute
     # of the instance, "this.train_loader" where the method calls it `this`: Facts.key compares it
     # with another method's spelling, Facts.respell writes it there)
     target: Optional[str]
     dataset: Optional[cst.BaseExpression]
-    role: str = "unknown"  # train | eval | unknown | shared (one helper builds both: not sharded)
-    batch_loops: List["BatchLoop"] = field(default_factory=list)
-    bound: List[str] = field(default_factory=list)  # names callers bind a helper's returned loader to
-    refs: List[Tuple[Scope, str]] = field(default_factory=list)  # every (scope, reference) that reaches it
+    role: str  # train | eval | unknown | shared (one helper builds both: not sharded)
+    batch_loops: List["BatchLoop"]
+    bound: List[str]  # names callers bind a helper's returned loader to
+    refs: List[Tuple[Scope, str]]  # every (scope, reference) that reaches it
     # a family of loaders built by one dict comprehension over constant keys
     # (`loaders = {x: DataLoader(ds[x]) for x in ["train", "val"]}`): the dict's name, the
     # comprehension's variable, its keys, and the keys whose loader feeds training
-    family: Optional[str] = None
-    key_var: Optional[str] = None
-    keys: List[str] = field(default_factory=list)
-    train_keys: List[str] = field(default_factory=list)
+    family: Optional[str]
+    key_var: Optional[str]
+    keys: List[str]
+    train_keys: List[str]
+
+    def __init__(self, call: CallSite, target: Optional[str], dataset: Optional[cst.BaseExpression],
+                 role: str = "unknown", batch_loops: Optional[List["BatchLoop"]] = None,
+                 bound: Optional[List[str]] = None, refs: Optional[List[Tuple[Scope, str]]] = None,
+                 family: Optional[str] = None, key_var: Optional[str] = None, keys: Optional[List[str]] = None,
+                 train_keys: Optional[List[str]] = None) -> None:
+        self._set(call, target, dataset, role, [] if batch_loops is None else batch_loops,
+                  [] if bound is None else bound, [] if refs is None else refs, family, key_var,
+                  [] if keys is None else keys, [] if train_keys is None else train_keys)
 
 
-@dataclass(eq=False)
-class BatchLoop:
+class BatchLoop(Record):
     """A ``for`` loop over batches of a loader (or of what stands for one)."""
 
+    __slots__ = ("loop", "scope", "cls", "ref", "trains", "keys", "train_keys", "via", "__dict__")
     loop: cst.For
     scope: Scope
     cls: Optional[cst.ClassDef]
@@ -153,18 +167,22 @@ class BatchLoop:
     trains: bool  # body contains backward() / optimizer step
     # `for b in loaders[phase]` inside `for phase in ["train", "val"]`: the keys `ref[...]` takes
     # and, of those, the ones for which the body reaches backward()/step() (see keyed_loop)
-    keys: Optional[List[str]] = None
-    train_keys: Optional[List[str]] = None
+    keys: Optional[List[str]]
+    train_keys: Optional[List[str]]
     # "for": `loop` iterates `ref` (maybe through zip/enumerate/tqdm); "next": `loop` draws from `ref`
     # with next(); "pass": `loop` is a generator's pass over its parameter `ref`, whose batches are
     # drawn by a training loop elsewhere
-    via: str = "for"
+    via: str
+
+    def __init__(self, loop: cst.For, scope: Scope, cls: Optional[cst.ClassDef], ref: str, trains: bool,
+                 keys: Optional[List[str]] = None, train_keys: Optional[List[str]] = None, via: str = "for") -> None:
+        self._set(loop, scope, cls, ref, trains, keys, train_keys, via)
 
 
-@dataclass(eq=False)
-class EpochLoop:
+class EpochLoop(Record):
     """A loop around the batch loops: one iteration per pass over the data."""
 
+    __slots__ = ("loop", "scope", "cls", "var", "loader_ref", "counted", "__dict__")
     loop: cst.For
     scope: Scope
     cls: Optional[cst.ClassDef]
@@ -173,22 +191,30 @@ class EpochLoop:
     loader_ref: Optional[str]
     # a generator's endless loop around one pass over the loader (`while True: for b in loader: yield
     # b`): there is no epoch variable, the passes must be counted (`loop` is the pass loop)
-    counted: Optional[cst.CSTNode] = None
+    counted: Optional[cst.CSTNode]
+
+    def __init__(self, loop: cst.For, scope: Scope, cls: Optional[cst.ClassDef], var: Optional[str],
+                 loader_ref: Optional[str], counted: Optional[cst.CSTNode] = None) -> None:
+        self._set(loop, scope, cls, var, loader_ref, counted)
 
 
-@dataclass(eq=False)
-class Optimizer:
+class Optimizer(Record):
     """An optimizer the script builds and the models whose parameters it optimises."""
 
+    __slots__ = ("call", "target", "models", "__dict__")
     call: CallSite
     target: Optional[str]
     models: List[str]  # dotted roots whose parameters it optimises
 
+    def __init__(self, call: CallSite, target: Optional[str], models: List[str]) -> None:
+        self._set(call, target, models)
 
-@dataclass(eq=False)
-class Model:
+
+class Model(Record):
     """A model the script builds and trains, with where it is built, moved and optimised."""
 
+    __slots__ = ("name", "scope", "cls", "assign", "value", "place", "optimizer", "assign_node", "stands_for",
+                 "__dict__")
     name: str  # dotted, as the optimizer's scope spells it: "model", "self.model" (see Loader.target)
     scope: Scope
     cls: Optional[cst.ClassDef]
@@ -196,8 +222,13 @@ class Model:
     value: Optional[cst.BaseExpression]  # the constructing expression
     place: Stmt  # last statement before the optimizer that moves it (== assign when in place)
     optimizer: Optimizer
-    assign_node: Optional[cst.Assign] = None  # the Assign itself (a line may hold several)
-    stands_for: Optional[str] = None  # the optimizer's root it is wrapped for (`raw_model = model`)
+    assign_node: Optional[cst.Assign]  # the Assign itself (a line may hold several)
+    stands_for: Optional[str]  # the optimizer's root it is wrapped for (`raw_model = model`)
+
+    def __init__(self, name: str, scope: Scope, cls: Optional[cst.ClassDef], assign: Stmt,
+                 value: Optional[cst.BaseExpression], place: Stmt, optimizer: Optimizer,
+                 assign_node: Optional[cst.Assign] = None, stands_for: Optional[str] = None) -> None:
+        self._set(name, scope, cls, assign, value, place, optimizer, assign_node, stands_for)
 
 
 def assigned_name(stmt: cst.CSTNode, call: cst.Call) -> Optional[str]:

@@ -18,7 +18,6 @@ backpropagated; a later backward whose loss comes from one of them is the gap. R
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
@@ -27,6 +26,7 @@ from distify.facts import Facts
 from distify.library import NO_GRAD
 from distify.model_contract import training_loops
 from distify.syntax import all_nodes, dotted
+from distify.values import Value
 
 NO_GRAPH_METHODS = frozenset({"detach", "item", "tolist", "numpy", "detach_"})
 BACKWARD = frozenset({"torch.autograd.backward"})
@@ -34,14 +34,17 @@ BACKWARD = frozenset({"torch.autograd.backward"})
 Origin = Tuple[int, int]  # (iteration, id of the forward call)
 
 
-@dataclass(frozen=True)
-class Retained:
+class Retained(Value):
     """A second backward through a forward whose graph an earlier backward kept (``retained_backwards``)."""
 
+    __slots__ = ("backward", "first", "forward", "model")
     backward: cst.Call  # the second backward
     first: cst.Call  # the backward that kept the graph
     forward: cst.Call  # the wrapped model's forward both run through
     model: str
+
+    def __init__(self, backward: cst.Call, first: cst.Call, forward: cst.Call, model: str) -> None:
+        self._set(backward, first, forward, model)
 
 
 def retained_backwards(facts: Facts, qualname, scope, roots: Sequence[str]) -> List[Retained]:

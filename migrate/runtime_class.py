@@ -9,23 +9,27 @@ comment (``# distify: standalone runtime (v2, ddp) ...``): distify's output, nev
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import FrozenSet, List, Optional
 
 import libcst as cst
+
+from distify.values import Value
 
 MARKER = "# distify: standalone runtime (v{version}, {backend})"  # opens the class; found by find_block
 _MARKER_RE = re.compile(r"#\s*distify: standalone runtime \(v(\d+), (\w+)\)")
 
 
-@dataclass(frozen=True)
-class Block:
+class Block(Value):
     """The inline runtime class of an earlier ``--standalone`` run."""
 
+    __slots__ = ("node", "name", "backend", "members")
     node: cst.ClassDef
     name: str
     backend: str
     members: FrozenSet[str]
+
+    def __init__(self, node: cst.ClassDef, name: str, backend: str, members: FrozenSet[str]) -> None:
+        self._set(node, name, backend, members)
 
 
 def _marker(cls: cst.ClassDef) -> Optional["re.Match"]:

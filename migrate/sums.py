@@ -17,7 +17,6 @@ Anything else is neither, and a rule that reduces metrics leaves it alone. The e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Collection, List, Optional, Set, Union
 
 import libcst as cst
@@ -25,6 +24,7 @@ import libcst as cst
 from distify.library import MEAN_LOSSES
 from distify.records import assigned_name
 from distify.syntax import all_nodes, dotted, header_names, names
+from distify.values import Record
 
 if TYPE_CHECKING:  # pragma: no cover
     from distify.anatomy import Anatomy
@@ -37,13 +37,16 @@ CONVERSIONS = {"item", "cpu", "detach", "float", "double", "long", "int", "clone
 COLLECTIVES = ("torch.distributed", "horovod", "distify")
 
 
-@dataclass(eq=False)
-class LoopSum:
+class LoopSum(Record):
     """A sum a loop over batches adds up: per sample or of batch means (``kind``)."""
 
+    __slots__ = ("name", "node", "kind", "__dict__")
     name: str
     node: cst.AugAssign  # the first addition in the loop
     kind: str  # sample | batch | unknown (training_sums)
+
+    def __init__(self, name: str, node: cst.AugAssign, kind: str) -> None:
+        self._set(name, node, kind)
 
 
 def loop_locals(loop: cst.For) -> Set[str]:

@@ -5,7 +5,6 @@ see anatomy.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import libcst as cst
@@ -18,6 +17,7 @@ from distify.names import Defined, row_of
 from distify.walk import walk
 from distify.dataflow import _contains, _data_of, _is_training_body, _parameter_roots, iterated_refs, ref_text
 from distify.records import CallSite, NOT_OPTIMIZERS, Scope, assigned_name
+from distify.values import Record
 
 if TYPE_CHECKING:
     from distify.anatomy import Anatomy
@@ -193,16 +193,20 @@ RNG_DRAWS = {
 }
 
 
-@dataclass(eq=False)
-class GlobalDraw:
+class GlobalDraw(Record):
     """A training loop whose batches come from a global random stream rather than a DataLoader."""
 
+    __slots__ = ("loop", "scope", "draw", "via", "first_use", "what", "__dict__")
     loop: cst.For  # the training loop
     scope: Scope
     draw: "CallSite"  # the torch.randint(...)-like call
     via: Optional[cst.FunctionDef]  # the function (called from the loop) that draws, None: the loop itself
     first_use: cst.CSTNode  # the first statement of `scope` that draws (the loop, or a prefetch before it)
-    what: str = ""  # the draw's qualified name (`torch.distributions.Categorical.sample` for `m.sample()`)
+    what: str  # the draw's qualified name (`torch.distributions.Categorical.sample` for `m.sample()`)
+
+    def __init__(self, loop: cst.For, scope: Scope, draw: "CallSite", via: Optional[cst.FunctionDef],
+                 first_use: cst.CSTNode, what: str = "") -> None:
+        self._set(loop, scope, draw, via, first_use, what)
 
 
 def distribution_draw(a: "Anatomy", site: "CallSite") -> Optional[str]:

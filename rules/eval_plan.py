@@ -8,7 +8,6 @@ Both ask ``eval_plans(ctx)``, computed once per file (``ctx.plan.eval_plans``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple, Union
 
 import libcst as cst
@@ -21,6 +20,7 @@ from distify.library import NO_GRAD, names_of
 from distify.rules.base import FSDP_BACKEND, HOROVOD_BACKEND, Context, binds_locally, hoistable_argument
 from distify.data_sources import is_iterable_dataset
 from distify.sums import COLLECTIVES, initialised, loop_locals, root as _root, sample_sum
+from distify.values import Record
 
 CODE = "DST203"  # the rule that carries the plans out
 # why evaluation loaders stay whole under --backend fsdp
@@ -34,25 +34,33 @@ PRINTS = names_of("print")  # tqdm.write and its twins (distify.library)
 LOG_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "exception", "log", "write"}
 
 
-@dataclass(eq=False)
-class EvalLoop:
+class EvalLoop(Record):
     """A loop over an evaluation loader and the metric sums it adds up (``reason``: why it stays whole)."""
 
+    __slots__ = ("loop", "scope", "name", "metrics", "reason", "__dict__")
     loop: cst.For
     scope: Scope
     name: str  # how the loop's scope spells the loader
-    metrics: Tuple[str, ...] = ()
-    reason: Optional[str] = None
+    metrics: Tuple[str, ...]
+    reason: Optional[str]
+
+    def __init__(self, loop: cst.For, scope: Scope, name: str, metrics: Tuple[str, ...] = (),
+                 reason: Optional[str] = None) -> None:
+        self._set(loop, scope, name, metrics, reason)
 
 
-@dataclass(eq=False)
-class EvalPlan:
+class EvalPlan(Record):
     """What happens to one evaluation loader: sharded (``reason is None``) or left whole."""
 
+    __slots__ = ("loader", "reason", "loops", "refs", "__dict__")
     loader: Loader
     reason: Optional[str]
-    loops: List[EvalLoop] = field(default_factory=list)
-    refs: Set[Tuple[int, str]] = field(default_factory=set)
+    loops: List[EvalLoop]
+    refs: Set[Tuple[int, str]]
+
+    def __init__(self, loader: Loader, reason: Optional[str], loops: Optional[List[EvalLoop]] = None,
+                 refs: Optional[Set[Tuple[int, str]]] = None) -> None:
+        self._set(loader, reason, [] if loops is None else loops, set() if refs is None else refs)
 
     @property
     def shard(self) -> bool:

@@ -11,7 +11,6 @@ import inspect
 import re
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest

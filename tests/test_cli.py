@@ -627,15 +627,23 @@ def test_one_file_check_imports_only_what_it_uses(tmp_path):
     audits it, and imports nothing it does not use: no writer of the --standalone class, no
     backend conversion, no program model, project view nor reader of the modules next to it (the
     script calls into no other module), no rule of another backend, no hashlib (OpenSSL: the cache's digests
-    use CPython's own sha256), no typer, rich or torch."""
+    use CPython's own sha256), no typer, rich or torch. Nor does any module it loads define a
+    dataclass: ``@dataclass`` compiles each generated method with ``exec`` (1.5-4 M instructions a
+    class, a tenth of the run for the 36 such classes this path had); ``distify.values`` says how
+    the run's classes are written instead."""
     script = tmp_path / "train.py"
     script.write_bytes((Path(__file__).resolve().parent.parent / "fixtures" / "DST101" / "dropped_label.ddp.py").read_bytes())
-    code = ("import sys; from distify.runner import execute; "
-            "code = execute([sys.argv[1]], check=True); print(code, ' '.join(sorted(sys.modules)))")
+    code = ("import sys; from distify.runner import execute; code = execute([sys.argv[1]], check=True); "
+            "built = [f'{m}.{n}' for m, mod in list(sys.modules.items()) if m.startswith('distify') "
+            "for n, c in vars(mod).items() if isinstance(c, type) and c.__module__ == m "
+            "and '__dataclass_fields__' in vars(c)]; "
+            "print(code, ' '.join(sorted(sys.modules))); print(' '.join(built))")
     env = {**os.environ, "DISTIFY_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.run([sys.executable, "-c", code, str(script)], capture_output=True, text=True, env=env, timeout=120)
-    status, *mods = proc.stdout.split()
+    loaded, built = (proc.stdout.splitlines() + ["", ""])[:2]
+    status, *mods = loaded.split()
     assert status == "0", proc.stdout + proc.stderr
+    assert not built.split(), f"dataclasses on the cold path: {built}"
     mods = set(mods)
     assert {"libcst", "distify.anatomy", "distify.rules.dst951_unsharded_loader"} <= mods  # parsed and audited
     unused = {"distify.standalone", "distify.inline_helpers", "distify.convert", "distify.project_view",
