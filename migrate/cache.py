@@ -86,13 +86,7 @@ def code_fingerprint() -> str:
     h = sha256()
     h.update(f"distify {distify.__version__}\0python {sys.version}\0format {FORMAT}\0".encode())
     for top in _package_dirs():
-        for root, dirs, files in os.walk(top):
-            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-            for name in sorted(files):
-                if name.endswith(".py"):
-                    path = os.path.join(root, name)
-                    st = os.stat(path)
-                    h.update(f"{os.path.relpath(path, top)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+        _hash_files(h, top, "")
     try:  # libcst's parser decides what parses and how; an upgrade rewrites its files
         import importlib.util
 
@@ -107,6 +101,21 @@ def code_fingerprint() -> str:
     except (ImportError, ValueError, OSError):
         h.update(b"libcst ?")
     return h.hexdigest()
+
+
+def _hash_files(h, folder: str, prefix: str) -> None:
+    """Path (from the package folder), size and mtime of each ``.py`` file under `folder`, in
+    ``os.walk``'s order (a folder's files by name, then its folders by name); ``__pycache__`` and
+    links to folders are not entered. One ``scandir`` a folder: this runs on every run, cached or not."""
+    with os.scandir(folder) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for e in entries:
+        if e.name.endswith(".py") and not e.is_dir():
+            st = e.stat()
+            h.update(f"{prefix}{e.name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+    for e in entries:
+        if e.is_dir() and not e.is_symlink() and e.name != "__pycache__":
+            _hash_files(h, e.path, f"{prefix}{e.name}{os.sep}")
 
 
 def settings_key(options) -> str:
