@@ -20,6 +20,7 @@ import ast
 import fnmatch
 import os
 import re
+from collections import deque
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from distify.values import Record, Value
@@ -163,7 +164,7 @@ class Project(Record):
             return self._imports[mod.path]
         tree = read_ast(mod.path)
         out: List[Import] = []
-        for node in ast.walk(tree) if tree is not None else ():
+        for node in statements(tree) if tree is not None else ():
             if isinstance(node, ast.Import):
                 for a in node.names:
                     binds = ((a.asname, a.name),) if a.asname else ((a.name.split(".")[0], a.name.split(".")[0]),)
@@ -185,7 +186,7 @@ class Project(Record):
         A file whose text holds no ``from`` followed by a dot is not parsed: it has none."""
         tree = read_ast(mod.path, RELATIVE_IMPORT)
         out: Dict[str, str] = {}
-        for node in ast.walk(tree) if tree is not None else ():
+        for node in statements(tree) if tree is not None else ():
             if isinstance(node, ast.ImportFrom) and node.level:
                 base = absolute(mod, node.module, node.level)
                 for a in node.names if base is not None else ():
@@ -279,6 +280,23 @@ def read_ast(path: str, needle: Optional["re.Pattern[bytes]"] = None) -> Optiona
         return None
     except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None
+
+
+def statements(tree: ast.Module) -> Iterator[ast.AST]:
+    """Every statement of `tree` at any depth (and the except and case clauses that hold some), in
+    ``ast.walk``'s order: where imports can be. Expressions are not entered, which makes it a few
+    times cheaper than ``ast.walk`` over every node."""
+    todo = deque([tree])
+    while todo:
+        node = todo.popleft()
+        for name in node._fields:
+            if name in _BODIES:
+                for child in getattr(node, name):
+                    todo.append(child)
+                    yield child
+
+
+_BODIES = frozenset({"body", "orelse", "finalbody", "handlers", "cases"})
 
 
 def _inside(path: str, root: str) -> bool:

@@ -42,6 +42,51 @@ def test_directory_project_follows_imports_transitively(tmp_path):
     assert names == ["utils", "models", "models.resnet", "models.layers"]
 
 
+def test_imports_are_found_at_any_depth_in_the_order_ast_walk_gives():
+    """Project.imports reads only statements (not every node, as ast.walk does: a few times
+    cheaper); it must find what ast.walk finds, in the same order, wherever a statement can be."""
+    import ast
+
+    from distify.project import statements
+
+    tree = ast.parse(textwrap.dedent("""\
+        import a; import b
+        def f():
+            import c
+            class K:
+                from d import e
+        try:
+            import g
+        except ImportError:
+            import h
+        else:
+            import i
+        finally:
+            import j
+        for _ in x:
+            pass
+        else:
+            import k
+        with w:
+            if y:
+                import l
+            elif z:
+                import m
+        match v:
+            case 1:
+                import n
+        async def q():
+            async with w:
+                import o
+        while 0:
+            import p
+        import r
+        """))
+    imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert len(imports) == 15
+    assert [n for n in statements(tree) if isinstance(n, (ast.Import, ast.ImportFrom))] == imports
+
+
 def test_package_root_and_relative_imports(tmp_path):
     write(tmp_path, {
         "pkg/__init__.py": "",
