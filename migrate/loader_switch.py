@@ -12,13 +12,13 @@ function. Never from how the parameter is spelled. Read-only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 import libcst as cst
 
 from distify.records import DIST_SAMPLER
 from distify.syntax import arg, dotted
+from distify.values import Record
 
 if TYPE_CHECKING:
     from distify.anatomy import Anatomy
@@ -26,15 +26,19 @@ if TYPE_CHECKING:
 OFF, ON = "off", "on"
 
 
-@dataclass(frozen=True, eq=False)
-class Switch:
+class Switch(Record):
     """The parameter of the factory `fn` whose truth gives its loader a DistributedSampler."""
 
+    __slots__ = ("fn", "param", "gate", "sampler_item", "size", "__dict__")
     fn: cst.FunctionDef
     param: str
     gate: cst.IfExp  # where the choice is made
     sampler_item: Optional[int]  # the position of the sampler in the returned tuple, if returned
     size: int  # the length of that tuple (0: the loader is returned alone)
+
+    def __init__(self, fn: cst.FunctionDef, param: str, gate: cst.IfExp, sampler_item: Optional[int],
+                 size: int) -> None:
+        self._set(fn, param, gate, sampler_item, size)
 
 
 def switch(a: "Anatomy", loader) -> Optional[Switch]:

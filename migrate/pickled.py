@@ -22,25 +22,29 @@ ask it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import FrozenSet, List, Optional, Tuple
 
 import libcst as cst
 
 from distify.names import qualified
 from distify.syntax import dotted
+from distify.values import Value
 
 _DEPTH = 4  # containers inside containers, names bound to names
 
 
-@dataclass(frozen=True)
-class Pickled:
+class Pickled(Value):
     """One value a save pickles whole."""
 
+    __slots__ = ("stmt", "expr", "read_back", "into")
     stmt: cst.CSTNode  # the statement evaluating `expr`
     expr: cst.BaseExpression  # the value as written (a display's member, an argument of a helper)
-    read_back: Optional[cst.CSTNode] = None  # a read of its container that gets the value out again
-    into: Optional[Tuple[cst.FunctionDef, str]] = None  # an argument: the script's function and parameter it binds
+    read_back: Optional[cst.CSTNode]  # a read of its container that gets the value out again
+    into: Optional[Tuple[cst.FunctionDef, str]]  # an argument: the script's function and parameter it binds
+
+    def __init__(self, stmt: cst.CSTNode, expr: cst.BaseExpression, read_back: Optional[cst.CSTNode] = None,
+                 into: Optional[Tuple[cst.FunctionDef, str]] = None) -> None:
+        self._set(stmt, expr, read_back, into)
 
 
 def pickled(a, site) -> List[Pickled]:
