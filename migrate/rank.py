@@ -25,19 +25,28 @@ def rank_dependent(
 
     Comparisons of a rank with -1 alone (``local_rank != -1``) are skipped: they tell a
     distributed launch from a plain one and are equal on every rank."""
-    words, calls, _ = _mentions(test)
-    if words.isdisjoint(rank_names) and calls.isdisjoint(rank_calls):
+    words, calls, env = _mentions(test)
+    if not env and words.isdisjoint(rank_names) and calls.isdisjoint(rank_calls):
         return False  # nothing in it could be a hit: no walk
     hits: List[str] = []
 
+    def rank_value(node: cst.BaseExpression) -> bool:
+        while isinstance(node, cst.Call) and dotted(node.func) in VALUE_CALLS and node.args and id(node) not in rank_calls:
+            node = node.args[0].value  # int(os.environ.get("RANK", -1))
+        return id(node) in rank_calls or dotted(node) in rank_names or _env_read(node)
+
     class V(cst.CSTVisitor):
         def visit_Comparison(self, node: cst.Comparison) -> Optional[bool]:
-            if (id(node.left) in rank_calls or dotted(node.left) in rank_names) and all(
+            if rank_value(node.left) and all(
                 isinstance(t.operator, (cst.Equal, cst.NotEqual, cst.Is, cst.IsNot)) and _is_minus_one(t.comparator)
                 for t in node.comparisons
             ):
                 return False  # `rank != -1`: do not look inside
             return True
+
+        def visit_Subscript(self, node: cst.Subscript) -> None:
+            if _env_read(node):
+                hits.append("environ")  # os.environ["RANK"] read inline (not `"RANK" in os.environ`)
 
         def visit_Name(self, node: cst.Name) -> None:
             if node.value in rank_names:
@@ -118,6 +127,16 @@ def _mentions(expr: cst.CSTNode) -> Tuple[FrozenSet[str], FrozenSet[int], bool]:
                 continue
             env = isinstance(value, str) and value in RANK_ENV
     return frozenset(words), frozenset(calls), env
+
+
+def _env_read(node: cst.CSTNode) -> bool:
+    """`<mapping>["RANK"]`: a read of a rank environment variable by its key (the launcher's
+    variables, RANK_ENV: library knowledge). A membership test (`"RANK" in os.environ`: launched or
+    not, the same on every rank) is no read; `.get` / `getenv` calls are rank calls of the flow."""
+    if not isinstance(node, cst.Subscript) or len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+        return False
+    key = node.slice[0].slice.value
+    return isinstance(key, cst.SimpleString) and key.evaluated_value in RANK_ENV
 
 
 # calls whose value is a number or flag made from their arguments: `int(os.environ["RANK"])`

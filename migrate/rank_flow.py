@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, FrozenSet, List, Set, Tuple
 import libcst as cst
 
 from distify.library import known
-from distify.rank import _rank_value_part, reads_rank
+from distify.rank import RANK_ENV, _rank_value_part, reads_rank
 from distify.syntax import all_nodes, arg, dotted
 
 if TYPE_CHECKING:
@@ -87,9 +87,21 @@ def _spawn_seeds(facts: "Facts") -> Set[str]:
     return out
 
 
+ENV_GETS = frozenset({"os.environ.get", "os.getenv"})
+
+
+def _env_get(c) -> bool:
+    """`os.environ.get("LOCAL_RANK", 0)` / `os.getenv("RANK")` (resolved through the imports): a
+    read of a launcher's rank variable, whatever is done with it."""
+    if c.qualname not in ENV_GETS or not c.call.args or c.call.args[0].keyword is not None:
+        return False
+    key = c.call.args[0].value
+    return isinstance(key, cst.SimpleString) and key.evaluated_value in RANK_ENV
+
+
 def rank_flow(facts: "Facts") -> Tuple[FrozenSet[str], FrozenSet[int]]:
     """(dotted names bound to a rank, ids of the calls whose value is one): see the module's doc."""
-    calls: Set[int] = {id(c.call) for c in facts.calls if (known(c.qualname) or _NO_ROW).kind == "rank"}
+    calls: Set[int] = {id(c.call) for c in facts.calls if (known(c.qualname) or _NO_ROW).kind == "rank" or _env_get(c)}
     found: Set[str] = _argparse_seeds(facts) | _spawn_seeds(facts)
     pending: List[Tuple[str, cst.BaseExpression, object]] = []
     for a, _stmt, scope, _cls in facts.assigns:
