@@ -47,8 +47,10 @@ def training_functions(functions: Defined, methods: Mapping[cst.FunctionDef, cst
             continue
         fn = site.scope
         inside = site.stmt is not fn
-        holder = instance_of(fn, methods, stmt_scope) if d is not None else None
         while isinstance(fn, cst.FunctionDef):
+            # the instance as the function at this level names it: a call in a nested function or
+            # class counts for every function around it, each through its own instance
+            holder = instance_of(fn, methods, stmt_scope) if d is not None else None
             if inside and fn in callees:
                 if direct:
                     trains.add(fn)

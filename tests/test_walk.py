@@ -341,15 +341,18 @@ def test_templates_are_parsed_once_but_never_shared_within_a_file():
 
 def _training_functions_by_walking(functions, methods):
     """The definition training_functions answers from the analysis pass's records: a function trains
-    when its body trains or calls (by name, or through self within its class) one that does."""
+    when its body trains or calls (by name, or through its instance within its class) one that does."""
     from distify.dataflow import _is_training_body
     from distify.syntax import dotted
+
+    from distify.instance import instance_name, on
 
     all_fns = list(functions.values()) + [m for m in methods if m not in functions.values()]
     trains = {fn for fn in all_fns if _is_training_body(fn.body)}
     callees = {}
     for fn in all_fns:
         own = {m.name.value: m for m, k in methods.items() if k is methods.get(fn)} if fn in methods else {}
+        instance = instance_name(fn) if fn in methods else None  # the method's own, however spelled
         found = set()
 
         class V(cst.CSTVisitor):
@@ -357,8 +360,8 @@ def _training_functions_by_walking(functions, methods):
                 d = dotted(node.func)
                 if d in functions:
                     found.add(functions[d])
-                elif d is not None and d.startswith("self.") and d[5:] in own:
-                    found.add(own[d[5:]])
+                elif on(d, instance) in own:
+                    found.add(own[on(d, instance)])
 
         walk(fn.body, V())
         callees[fn] = found
