@@ -21,6 +21,7 @@ from distify.blocks import RepeatedBlocks, repeated_blocks
 from distify.dataflow import (
     _loop_var, optimizer_parameter_roots, _returns, bound_from_return, iterated_refs, ref_text, return_slot,
 )
+from distify.callable_training import calls_handing, passed_in_place, trains_at, trains_through_values, value_trainers
 from distify.facts import Binding, Facts
 from distify.instance import instance_of
 from distify.model_build import (
@@ -387,12 +388,23 @@ def analyse(module: cst.Module, project=None, joined=None, text: Optional[str] =
 
     # batch loops ----------------------------------------------------------------------------
     batch_loops: List[BatchLoop] = []
-    trainers = training_functions(col.functions, col.methods, col.calls, col.stmt_scope)
+    facts = Facts(module, col.calls, col.functions, col.methods, col.stmt_parent, col.stmt_scope, col.assigns)
+    facts.project, facts.classes, facts.qualname = project, col.classes, q
+    trainers = own_trainers = training_functions(col.functions, col.methods, col.calls, col.stmt_scope)
+    facts.trainers = frozenset(trainers)
+    handed = value_trainers(facts)  # training in a value the function is handed (loss_compute(out, y))
+    seeds = {fn for fn in handed if isinstance(fn, cst.FunctionDef)}
+    if seeds - trainers:
+        trainers = training_functions(col.functions, col.methods, col.calls, col.stmt_scope, seeds=seeds)
+        facts.trainers = frozenset(trainers)
+        facts._trains.clear()
     for loop, scope, cls, _outer in col.fors:
         trains = None
         for ref in iterated_refs(loop.iter, q):
             if trains is None:
-                trains = body_trains(loop.body, trainers, col.functions, col.methods, instance_of(scope, col.methods, col.stmt_scope))
+                trains = body_trains(loop.body, trainers, col.functions, col.methods, instance_of(scope, col.methods, col.stmt_scope)) or (
+                    bool(handed) and trains_through_values(facts, loop.body, scope, loop)
+                )
             batch_loops.append(BatchLoop(loop=loop, scope=scope, cls=cls, ref=ref, trains=trains))
     for loop, scope, cls, outer in col.fors:
         keyed = keyed_loop(loop, outer, q)
@@ -403,7 +415,9 @@ def analyse(module: cst.Module, project=None, joined=None, text: Optional[str] =
                 BatchLoop(loop=loop, scope=scope, cls=cls, ref=base, trains=bool(trains_for), keys=keys, train_keys=trains_for)
             )
     for c, loop, ref in next_consumers(col.calls):
-        trains = body_trains(loop.body, trainers, col.functions, col.methods, instance_of(c.scope, col.methods, col.stmt_scope))
+        trains = body_trains(loop.body, trainers, col.functions, col.methods, instance_of(c.scope, col.methods, col.stmt_scope)) or (
+            bool(handed) and trains_through_values(facts, loop.body, c.scope, loop)
+        )
         batch_loops.append(BatchLoop(loop=loop, scope=c.scope, cls=c.cls, ref=ref, trains=trains, via="next"))
     passes: Dict[cst.CSTNode, cst.FunctionDef] = {}
     for fn in _all_functions(col):
@@ -415,10 +429,7 @@ def analyse(module: cst.Module, project=None, joined=None, text: Optional[str] =
         if bl.loop in passes and bl.scope is passes[bl.loop]:
             bl.via = "pass"
 
-    facts = Facts(module, col.calls, col.functions, col.methods, col.stmt_parent, col.stmt_scope, col.assigns)
-    facts.project = project
     col.facts = facts  # _find_model asks it when the model is final (distify.model_state)
-    facts.trainers = frozenset(trainers)
     for bl in batch_loops:  # `for b in bar` after `bar = tqdm(loader)` reads `loader`
         bl.ref = unwrapped(facts, q, bl.scope, bl.ref, bl.loop, ref_text) if bl.via != "pass" else bl.ref
 
@@ -506,6 +517,10 @@ def analyse(module: cst.Module, project=None, joined=None, text: Optional[str] =
             if facts.instance_attr(loader.call.scope, loader.target) is not None:
                 return on_instance(loader.call.scope, loader.target, None)
             out = placed(loader.call, loader.target, None)
+        elif loader.family is None and passed_in_place(facts, loader.call) is not None:
+            # `train(DataLoader(ds, shuffle=True), model, opt)`: known by the parameter it binds
+            _site, fn, loader.param = passed_in_place(facts, loader.call)
+            out = [(fn, loader.param, None)]
         elif isinstance(loader.call.scope, cst.FunctionDef):
             # `return DataLoader(...)`: the loader is only known by the names its callers bind
             out = returned(loader.call.scope, lambda e, c=loader.call.call: e is c, None)
@@ -562,14 +577,34 @@ def analyse(module: cst.Module, project=None, joined=None, text: Optional[str] =
     all_batch_loops = batch_loops
     comp_refs = [(sc, unwrapped(facts, q, sc, r, st, ref_text), t) for sc, st, r, t in comprehension_consumers(col.comps, q)]
 
+    def handing(fn: cst.FunctionDef, param: str, reached: Set[Tuple[int, str]], loader: Loader) -> List[CallSite]:
+        return calls_handing(facts, fn, param, lambda v, sc: v is loader.call.call or (id(sc), ref_text(v)) in reached)
+
+    def seen_by(loader: Loader, bl: BatchLoop, reached: Set[Tuple[int, str]]) -> BatchLoop:
+        """`bl` as `loader` sees it: a loop that trains only through a value its function is handed
+        (``loss_compute(out, y)``) trains for this loader when a call handing the loader in hands a
+        value that trains there (distify.callable_training.trains_at)."""
+        if not (handed and bl.trains and bl.via in ("for", "next") and isinstance(bl.scope, cst.FunctionDef)):
+            return bl
+        if body_trains(bl.loop.body, own_trainers, col.functions, col.methods, instance_of(bl.scope, col.methods, col.stmt_scope)):
+            return bl
+        sites = handing(bl.scope, bl.ref, reached, loader)
+        verdicts = [trains_at(facts, bl.loop.body, bl.scope, site) for site in sites]
+        if not sites or any(v is not False for v in verdicts):
+            return bl
+        loader.untrained.append(bl.loop)
+        return BatchLoop(bl.loop, bl.scope, bl.cls, bl.ref, False, bl.keys, bl.train_keys, bl.via)
+
+    reached_by: Dict[Loader, Set[Tuple[int, str]]] = {}
     for loader in loaders:
         refs = refs_of(loader)
         loader.refs = [(s, r) for s, r, _o in refs]
+        reached = reached_by[loader] = {(id(s), r) for s, r, _o in refs}
         origins: Dict[Optional[CallSite], bool] = {o: False for _, _, o in refs}  # -> feeds training
         for bl in batch_loops:
             hit = [o for s, r, o in refs if bl.scope is s and bl.ref == r]
             if hit:
-                loader.batch_loops.append(bl)
+                loader.batch_loops.append(seen_by(loader, bl, reached))
         if loader.family is not None:
             keyed = [bl for bl in loader.batch_loops if bl.keys is not None and set(bl.keys) <= set(loader.keys)]
             loader.batch_loops = keyed
@@ -637,7 +672,11 @@ def analyse(module: cst.Module, project=None, joined=None, text: Optional[str] =
                 sites = callers(fn)
                 if not sites:
                     break
-                site = sites[0]
+                # the call handing this loader in, one that trains first (run_epoch(train_loader,
+                # model, SimpleLossCompute(criterion, opt)) before run_epoch(val_loader, ...))
+                passing = handing(fn, ref_here, reached_by[loader], loader) if ref_here else []
+                trained = [c for c in passing if trains_at(facts, bl.loop.body, bl.scope, c) is not False] if fn is bl.scope else []
+                site = (trained or passing or sites)[0]
                 # translate the reference into the caller's terms
                 params = params_of(fn)
                 if ref_here in params:

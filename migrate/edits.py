@@ -11,7 +11,15 @@ equality), and the engine applies everything in a single pass:
 * ``guard(stmt, condition)`` – put the statement under ``if <condition>:``. Consecutive statements of
   one block guarded by the same condition share a single ``if``.
 * ``move_after(stmt, anchor)`` – move a statement below a later one of the same block.
+* ``hoist(expr, stmt, name)`` – compute an expression into a name just before its statement and read
+  the name in its place; the expression moves as the other edits rewrite it.
 * ``add_import(...)`` – queued, de-duplicated and placed once after the module's import block.
+
+An edit nested inside a node that another edit replaces survives only if that replacement keeps
+the rewritten node it is handed (or the nested rewrite in it). One that rebuilds the node from
+scratch (from the original text, a fresh name) would drop the nested edit while its rule reports
+it: ``ApplyEdits`` checks, at every replaced node that holds rewritten nodes below it, that each of
+them is still in the result, and raises ``LostEdit`` (an internal error, nothing written) if not.
 """
 
 from __future__ import annotations
@@ -28,6 +36,11 @@ Stmt = Union[cst.SimpleStatementLine, cst.BaseCompoundStatement]
 NodeFn = Callable[[cst.CSTNode], cst.CSTNode]
 
 
+class LostEdit(RuntimeError):
+    """An edit's result is missing from the output: a replacement around it rebuilt the node
+    without it. distify's bug; the file is reported as an internal error, never written."""
+
+
 class EditSet(Record):
     """The edits the rules recorded against the input tree, applied in one pass (``ApplyEdits``)."""
 
@@ -42,6 +55,8 @@ class EditSet(Record):
     imports: List[str]
     # statement -> a later statement of the same block it moves below (after that one's insertions)
     moves: Dict[cst.CSTNode, cst.CSTNode]
+    # expression -> (name, the `name = expr` statement inserted for it): see `hoist`
+    hoisted: Dict[cst.CSTNode, Tuple[str, cst.SimpleStatementLine]]
 
     def __init__(self) -> None:
         self.replacements = {}
@@ -52,6 +67,7 @@ class EditSet(Record):
         self.wraps = {}
         self.imports = []
         self.moves = {}
+        self.hoisted = {}
 
     def replace(self, node: cst.CSTNode, fn: NodeFn) -> None:
         self.replacements.setdefault(node, []).append(fn)
@@ -84,6 +100,14 @@ class EditSet(Record):
         inserted after it). The statement moves as rewritten by the other edits, comments included."""
         self.moves[stmt] = anchor
 
+    def hoist(self, expr: cst.BaseExpression, stmt: cst.CSTNode, name: str) -> None:
+        """`name = <expr>` just before `stmt`, and `name` read where `expr` was. The assignment holds
+        `expr` as the other edits rewrite it (a sampler DST201 gives a DataLoader built inside it),
+        not its original text; applied after the expression's own replacements."""
+        line = cst.SimpleStatementLine(body=[cst.Assign(targets=[cst.AssignTarget(target=cst.Name(name))], value=expr)])
+        self.hoisted[expr] = (name, line)
+        self.insert_before(stmt, [line])
+
     def add_import(self, line: str) -> None:
         if line not in self.imports:
             self.imports.append(line)
@@ -91,7 +115,7 @@ class EditSet(Record):
     def __bool__(self) -> bool:
         return bool(
             self.replacements or self.before or self.after or self.guards or self.imports or self.removed or self.wraps
-            or self.moves
+            or self.moves or self.hoisted
         )
 
 
@@ -144,9 +168,12 @@ def _apply_wraps(original, updated, edits: EditSet):
 
 
 def _block_statements(
-    original: Sequence[cst.CSTNode], updated: Sequence[cst.CSTNode], edits: EditSet
+    original: Sequence[cst.CSTNode], updated: Sequence[cst.CSTNode], edits: EditSet, values=None
 ) -> Tuple[List[cst.CSTNode], bool]:
-    """Rebuild one block's statement list: wraps, insertions and guard grouping."""
+    """Rebuild one block's statement list: wraps, insertions and guard grouping. `values`: the
+    rewritten expression of each hoisted assignment (see ``EditSet.hoist``), by its statement."""
+    if values:
+        edits = _with_values(edits, original, values)
     changed = bool(edits.wraps) and any(o in edits.wraps for o in original)
     original, updated = _apply_wraps(original, updated, edits)
     out: List[cst.CSTNode] = []
@@ -239,6 +266,26 @@ def _block_statements(
     return out, changed
 
 
+def _with_values(edits: EditSet, original: Sequence[cst.CSTNode], values) -> EditSet:
+    """`edits` whose insertions next to the statements of `original` hold, in each hoisted
+    assignment, the expression as rewritten (the statement lists of this block only)."""
+    def fill(stmts):
+        return [
+            s.with_changes(body=[s.body[0].with_changes(value=values[s])]) if s in values else s for s in stmts
+        ]
+
+    before = {o: fill(edits.before[o]) for o in original if o in edits.before}
+    after = {o: fill(edits.after[o]) for o in original if o in edits.after}
+    if not before and not after:
+        return edits
+    from copy import copy
+
+    out = copy(edits)
+    out.before = {**edits.before, **before}
+    out.after = {**edits.after, **after}
+    return out
+
+
 def _code(stmt: cst.CSTNode) -> str:
     return cst.Module(body=[stmt]).code.strip()
 
@@ -271,40 +318,107 @@ class ApplyEdits(cst.CSTTransformer):
         self.edits = edits
         self._enter: Optional[set] = None  # nodes to descend into; None: all of them
         self._depth = 0
+        # per node being visited: the (original, result) of each replacement made below it
+        self._made: List[List[Tuple[cst.CSTNode, cst.CSTNode]]] = []
+        self._values: Dict[cst.CSTNode, cst.CSTNode] = {}  # hoisted assignment -> its rewritten value
+        self._dropped: List[cst.CSTNode] = []  # rewritten nodes a replacement around them did not keep
 
     def on_visit(self, node) -> bool:  # type: ignore[override]
         if self._depth == 0:  # the root of a visit
             self._enter = _holding_edits(node, self.edits)
         self._depth += 1
+        self._made.append([])
         if self._enter is not None and node not in self._enter:
             return False
         return super().on_visit(node)
 
     def on_leave(self, original_node, updated_node):  # type: ignore[override]
         self._depth -= 1  # libcst calls on_leave for every node, entered or not
+        below = self._made.pop()
         updated_node = super().on_leave(original_node, updated_node)  # leave_IndentedBlock etc.
         fns = self.edits.replacements.get(original_node)
-        if fns:
-            for fn in fns:
+        hoisted = self.edits.hoisted.get(original_node)
+        if fns or hoisted:
+            for fn in fns or ():
                 updated_node = fn(updated_node)
+            if hoisted is not None:  # the rewritten value goes into the assignment before the statement
+                self._values[hoisted[1]] = updated_node
+                below = []  # it stays in the output, in the assignment
+                updated_node = cst.Name(hoisted[0])
+            if below:
+                self._dropped += _not_kept(updated_node, below)
+            if not isinstance(original_node, (cst.BaseStatement, cst.BaseSuite, cst.Module)):
+                below = [(original_node, updated_node)]  # holds what was made below it (checked above)
+            # a statement's own result may be re-laid by its block (guards, blank lines): what was
+            # made inside it is checked further up
+        if self._made:
+            self._made[-1].extend(below)
+        elif self._dropped:  # the end of the visit
+            _check_dropped(original_node, updated_node, self._dropped)
         return updated_node
 
     def leave_IndentedBlock(self, original_node, updated_node):
-        body, changed = _block_statements(original_node.body, updated_node.body, self.edits)
+        body, changed = _block_statements(original_node.body, updated_node.body, self.edits, self._values)
         return updated_node.with_changes(body=body) if changed else updated_node
 
     def leave_Module(self, original_node, updated_node):
-        body, _ = _block_statements(original_node.body, updated_node.body, self.edits)
+        body, _ = _block_statements(original_node.body, updated_node.body, self.edits, self._values)
         if self.edits.imports:
             body = _insert_imports(body, self.edits.imports)
         return updated_node.with_changes(body=body)
+
+
+def _not_kept(result: cst.CSTNode, below: List[Tuple[cst.CSTNode, cst.CSTNode]]) -> List[cst.CSTNode]:
+    """The originals of the rewritten nodes made below a replaced node that are not in `result`, what
+    its replacements made of it (by identity: libcst keeps the child objects a new parent is built
+    from). Dropping one is right when the replacement removes that part (an argument it deletes)."""
+    present = {id(n) for n in _subtree(result)}
+    return [o for o, made in below if id(made) not in present]
+
+
+def _check_dropped(original: cst.CSTNode, result: cst.CSTNode, dropped: List[cst.CSTNode]) -> None:
+    """Raise LostEdit when a dropped rewrite is back in the output as a new copy of its original
+    text: a replacement or an insertion rebuilt that part from the original source, so the output
+    holds it without the edit its rule reported. Nodes of the input kept as they were are no copies."""
+    kept = {id(n) for n in _subtree(original)}
+    texts = {}
+    for o in dropped:
+        texts.setdefault(type(o), {}).setdefault(_text(o), o)
+    for n in _subtree(result):
+        o = texts.get(type(n), {}).get(_text(n)) if type(n) in texts and id(n) not in kept else None
+        if o is not None:
+            raise LostEdit(
+                f"an edit of {type(o).__name__} `{_code_of(o)}` is lost: the output holds a copy of its "
+                "original text, rebuilt around or beside it without that edit"
+            )
+
+
+def _subtree(node: cst.CSTNode):
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(children(n))
+
+
+def _text(node: cst.CSTNode) -> str:
+    try:
+        return " ".join(cst.Module(body=[]).code_for_node(node).split())
+    except Exception:  # noqa: BLE001 - a node that renders only inside its parent
+        return f"<{type(node).__name__} {id(node)}>"
+
+
+def _code_of(node: cst.CSTNode) -> str:
+    text = _text(node)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _holding_edits(root: cst.CSTNode, edits: EditSet) -> Optional[set]:
     """The nodes under `root` (itself included) that are an edited node or an ancestor of one;
     None (enter everything) when an edited node is not found by the walk (e.g. a token)."""
     targets = set()
-    for table in (edits.replacements, edits.before, edits.after, edits.guards, edits.removed, edits.wraps, edits.moves):
+    for table in (edits.replacements, edits.before, edits.after, edits.guards, edits.removed, edits.wraps, edits.moves,
+                  edits.hoisted):
         targets.update(table)
     targets.update(last for last, _ in edits.wraps.values())
     enter: set = set()

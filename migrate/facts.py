@@ -62,6 +62,8 @@ class Facts:
         # (``memo(key, compute)``): kept with the analysis, so never shared by two files or trees
         self._memo: Dict[tuple, object] = {}
         self.trainers: FrozenSet[cst.FunctionDef] = frozenset()  # functions that train (set by the anatomy)
+        self.classes = None  # the module's classes (names.Defined), set by the anatomy
+        self.qualname = None  # the module's resolver of qualified names, set by the anatomy
         # which function of another module of the project a qualified name is, when the analysis
         # knows the project (``distify.project_reach.ProjectReach``); None for a file on its own
         self.project = None
@@ -211,8 +213,22 @@ class Facts:
                     if fn is not None and (fn in self.trainers or (fn not in self.methods and self.trains(fn))):
                         found = True
                         break
+                    if fn is None and isinstance(n.func, cst.Name) and self.value_call_trains(n, scope):
+                        found = True
+                        break
             self._trains[key] = found
         return self._trains[key]
+
+    def value_call_trains(self, call: cst.Call, scope: Scope) -> bool:
+        """`call` calls a value that trains: a parameter or name bound to an instance of a class of
+        the script whose ``__call__`` trains, or to a function of the script that trains (at some
+        call of its function: see ``distify.callable_training``)."""
+        from distify.callable_training import call_of_value, value_trains
+
+        if self.classes is None or not call_of_value(self, call, scope):
+            return False
+        stmt = self.memo(("call statements",), lambda: {id(c.call): c.stmt for c in self.calls}).get(id(call))
+        return stmt is not None and value_trains(self, call.func, scope, stmt)
 
     def training_loops(self) -> List[cst.CSTNode]:
         """Every for/while loop whose body trains (itself or through a called function)."""

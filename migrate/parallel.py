@@ -269,11 +269,13 @@ def loader_loops(a: Anatomy) -> Dict[Loader, List[Tuple[cst.CSTNode, bool]]]:
         names = _iter_refs(a, loop, scope)
         for loader, keys in refs.items():
             if any((id(scope), r) in keys for r in names):
-                out.setdefault(loader, []).append((loop, id(loop) in training))
+                out.setdefault(loader, []).append((loop, id(loop) in training and loop not in loader.untrained))
     for loader in a.loaders:
         for bl in loader.batch_loops:
             if bl.loop not in [l for l, _ in out.get(loader, [])]:
-                out.setdefault(loader, []).append((bl.loop, bl.trains or id(bl.loop) in training))
+                out.setdefault(loader, []).append(
+                    (bl.loop, bl.trains or (id(bl.loop) in training and bl.loop not in loader.untrained))
+                )
     a.__dict__["_loader_loops"] = out
     return out
 

@@ -127,7 +127,7 @@ class Loader(Record):
     """A data loader the script builds, with the loops it feeds and every reference that reaches it."""
 
     __slots__ = ("call", "target", "dataset", "role", "batch_loops", "bound", "refs", "family", "key_var", "keys",
-                 "train_keys", "__dict__")
+                 "train_keys", "untrained", "param", "__dict__")
     call: CallSite
     # dotted, as the scope that binds it spells it: "train_loader", "self.train_loader" (an attribute
     # of the instance, "this.train_loader" where the method calls it `this`: Facts.key compares it
@@ -145,15 +145,23 @@ class Loader(Record):
     key_var: Optional[str]
     keys: List[str]
     train_keys: List[str]
+    # loops that train at some calls of their function but not at those handing this loader in
+    # (``run_epoch(val_loader, model, SimpleLossCompute(criterion, None))``: distify.callable_training)
+    untrained: List[cst.CSTNode]
+    # built in place as an argument (`train(DataLoader(ds), model)`): the parameter of the script's
+    # function it binds, by which that function knows it
+    param: Optional[str]
 
     def __init__(self, call: CallSite, target: Optional[str], dataset: Optional[cst.BaseExpression],
                  role: str = "unknown", batch_loops: Optional[List["BatchLoop"]] = None,
                  bound: Optional[List[str]] = None, refs: Optional[List[Tuple[Scope, str]]] = None,
                  family: Optional[str] = None, key_var: Optional[str] = None, keys: Optional[List[str]] = None,
-                 train_keys: Optional[List[str]] = None) -> None:
+                 train_keys: Optional[List[str]] = None, untrained: Optional[List[cst.CSTNode]] = None,
+                 param: Optional[str] = None) -> None:
         self._set(call, target, dataset, role, [] if batch_loops is None else batch_loops,
                   [] if bound is None else bound, [] if refs is None else refs, family, key_var,
-                  [] if keys is None else keys, [] if train_keys is None else train_keys)
+                  [] if keys is None else keys, [] if train_keys is None else train_keys,
+                  [] if untrained is None else untrained, param)
 
 
 class BatchLoop(Record):

@@ -418,6 +418,8 @@ def fed_only_by(a: "Anatomy", bl: "BatchLoop", sharded: Collection["Loader"]) ->
         sites = a.callers(bl.scope, any_receiver=True)
         for site in sites:
             value = a.bound_value(site.call, bl.scope, bl.ref)
+            if any(value is ld.call.call for ld in feeding):
+                continue  # `train(DataLoader(ds, ...), model)`: the loader built in place
             ref = dotted(value) if value is not None else None
             if ref is None or (id(site.scope), ref) not in known:
                 return False

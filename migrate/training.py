@@ -28,18 +28,21 @@ def _trains_directly(node: cst.CSTNode) -> bool:
 
 
 def training_functions(functions: Defined, methods: Mapping[cst.FunctionDef, cst.ClassDef],
-                       calls: Sequence["CallSite"], stmt_scope: Mapping[cst.CSTNode, Scope]) -> Set[cst.FunctionDef]:
+                       calls: Sequence["CallSite"], stmt_scope: Mapping[cst.CSTNode, Scope],
+                       seeds: Set[cst.FunctionDef] = frozenset()) -> Set[cst.FunctionDef]:
     """Functions and methods whose body reaches backward()/optimizer.step(), directly or through a
     call of another such module-level function (`name(...)`) or method of the same class
     (`self.name(...)`): `_run_epoch` trains when the `_run_batch` it calls does. `calls` and
     `stmt_scope` are the analysis pass's records: a call is in the body of its scope (unless it is in
-    the scope's own header: decorators, defaults) and of every function around that scope."""
+    the scope's own header: decorators, defaults) and of every function around that scope.
+    `seeds`: functions known to train otherwise (through a value they are handed:
+    ``distify.callable_training``)."""
     all_fns = list(functions.values()) + [m for m in methods if m not in functions.values()]
     by_class: Dict[cst.ClassDef, Dict[str, cst.FunctionDef]] = {}
     for m, k in methods.items():
         by_class.setdefault(k, {})[m.name.value] = m
     callees: Dict[cst.FunctionDef, Set[cst.FunctionDef]] = {fn: set() for fn in all_fns}
-    trains: Set[cst.FunctionDef] = set()
+    trains: Set[cst.FunctionDef] = set(seeds)
     for site in calls:
         d = dotted(site.call.func)
         direct = training_call(site.call)  # backward() / step(): the functions around it train

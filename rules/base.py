@@ -195,6 +195,18 @@ class Context:
             c for c in self._collectives if c.scope is scope and (c.stmt is stmt or stmt in c.parents)
         ]
 
+    def training_in(self, stmt: cst.CSTNode) -> Optional[cst.Call]:
+        """A call in `stmt` (its own scope) of a function of this script that trains (directly or
+        through a value it is handed: ``print(epoch, train(loader, model, opt))``)."""
+        a = self.anatomy
+        scope = a.stmt_scope.get(stmt)
+        for site in a.calls:
+            if site.scope is scope and (site.stmt is stmt or stmt in site.parents):
+                callee = a.callee(site.call, scope)
+                if callee is not None and a.trains(callee):
+                    return site.call
+        return None
+
     def gains_collective(self, fn: cst.FunctionDef) -> None:
         """Record that a rule puts a collective into `fn` (DST203's metric sums): a statement calling
         it is then a collective too, for every later rule (the anatomy only knows the input)."""
@@ -251,13 +263,18 @@ class Context:
         forward = self.forward_in(stmt)
         if forward is not None:
             hazards.append(forward)
+        trains = self.training_in(stmt) if self.backend == HOROVOD_BACKEND else None
+        if trains is not None:
+            hazards.append(trains)  # hvd.DistributedOptimizer averages in step(): a collective
         if hazards:
             if self._hoist_arguments(stmt, hazards):
                 self.edits.guard(stmt, self.main_process_at(stmt))
                 return True
             c = hazards[0]
             what = (
-                "runs a forward pass of the sharded model, a collective every rank must join under FSDP"
+                "trains, and Horovod's DistributedOptimizer averages the gradients of every rank in its step"
+                if c is trains
+                else "runs a forward pass of the sharded model, a collective every rank must join under FSDP"
                 if c is forward and self.backend == FSDP_BACKEND
                 else "runs a forward pass of the DDP model, which broadcasts its buffers from rank 0"
                 if c is forward
@@ -281,12 +298,8 @@ class Context:
             return False
         outer = stmt.body[0].value
         holding = [x for x in outer.args if any(_contains(x.value, h) for h in hazards)]
-        lines = []
-        for x in holding:
-            name = self.fresh(_value_name(x.value))
-            lines.append(f"{name} = {self.code(x.value)}")
-            self.edits.replace(x.value, lambda n, name=name: cst.Name(name))
-        self.edits.insert_before(stmt, self.stmts("\n".join(lines)))
+        for x in holding:  # the value as the other rules rewrite it (a sampler given a loader built in it)
+            self.edits.hoist(x.value, stmt, self.fresh(_value_name(x.value)))
         self.report(
             "DST911",
             holding[0].value,

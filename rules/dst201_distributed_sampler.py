@@ -107,6 +107,15 @@ class DistributedSamplerRule(Rule):
                 continue  # DST901
             if loader.dataset is None or is_iterable_dataset(ctx.anatomy, loader):
                 continue  # DST906 / DST910
+            if loader.param is not None and not _once_per_statement(loader.call.stmt, call):
+                ctx.warn(
+                    self.code, call,
+                    f"the DataLoader built in place for {loader.param} feeds the training loop, but it is built "
+                    "where a sampler cannot be named before it (a loop condition, a lambda, a comprehension, "
+                    "a conditional expression): not sharded; bind it to a name first, with "
+                    "sampler=DistributedSampler(dataset), and call the sampler's set_epoch(epoch) each epoch",
+                )
+                continue
             positional = [x for x in call.args if x.keyword is None and not x.star]
             splats = [x for x in call.args if x.star == "**"]
             if len(positional) > 3 or len(splats) > 1 or any(x.star == "*" for x in call.args):
@@ -141,6 +150,13 @@ class DistributedSamplerRule(Rule):
                 ctx.edits.insert_before(stmt, ctx.stmts(f"{sname} = {sampler_expr}"))
                 value = cst.parse_expression(sname)
                 samplers[loader] = sname
+            elif loader.param is not None:
+                # built in place as an argument: a named sampler just before the statement, so that
+                # DST202 can give it the epoch (a loader built afresh every epoch gets a fresh sampler)
+                sname = ctx.fresh(f"{loader_stem(loader.param)}_sampler")
+                ctx.edits.insert_before(stmt, ctx.stmts(f"{sname} = {sampler_expr}"))
+                value = cst.parse_expression(sname)
+                samplers[loader] = sname
             else:
                 value = cst.parse_expression(sampler_expr)
                 samplers[loader] = None  # reached through `<loader>.sampler`
@@ -168,7 +184,8 @@ class DistributedSamplerRule(Rule):
 
             ctx.edits.replace(call, rewrite)
             moved = " (shuffle moved into the sampler)" if shuffle_arg is not None else ""
-            label = loader.target or (" / ".join(loader.bound) + " (returned by a helper)" if loader.bound else "DataLoader")
+            label = loader.target or (" / ".join(loader.bound) + " (returned by a helper)" if loader.bound else (
+                f"the DataLoader built in place for {loader.param}" if loader.param else "DataLoader"))
             ctx.report(self.code, call, f"{label} now shards its dataset with DistributedSampler{moved}")
 
 
@@ -434,6 +451,39 @@ def _calls_set_epoch_after(ctx: Context, stmt, name: str, sampler=None) -> bool:
     block = parents[-1] if parents else ctx.anatomy.module
     wanted = {f"{name}.sampler.set_epoch", f"{sampler}.set_epoch"}
     return any(isinstance(n, cst.Call) and dotted(n.func) in wanted for n in all_nodes(block))
+
+
+_DEFERRED = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.IfExp, cst.BooleanOperation)
+
+
+def _once_per_statement(stmt: cst.CSTNode, node: cst.CSTNode) -> bool:
+    """`node` is evaluated exactly once each time `stmt` runs, with only the names bound before
+    `stmt` (not in a loop condition, a lambda, a comprehension or a branch of a conditional
+    expression): a statement inserted before `stmt` can build what it needs."""
+    if isinstance(stmt, cst.While):
+        return False
+    head = stmt
+    if isinstance(stmt, cst.For):
+        head = stmt.iter
+    elif isinstance(stmt, cst.If):
+        head = stmt.test
+    elif isinstance(stmt, cst.With):
+        head = cst.List(elements=[cst.Element(value=i.item) for i in stmt.items])
+    elif not isinstance(stmt, cst.SimpleStatementLine):
+        return False
+    path = _path_to(head, node)
+    return path is not None and not any(isinstance(n, _DEFERRED) for n in path)
+
+
+def _path_to(root: cst.CSTNode, node: cst.CSTNode):
+    """The nodes from `root` down to `node` (excluded), None when `node` is not below `root`."""
+    if root is node:
+        return []
+    for child in root.children:
+        below = _path_to(child, node)
+        if below is not None:
+            return [root, *below]
+    return None
 
 
 def _returned_sampler(small, sw) -> "str | None":
