@@ -248,6 +248,8 @@ def value_trainers(facts: "Facts") -> FrozenSet[Scope]:
     """Scopes whose own body calls a value that trains (``run_epoch`` calling its ``loss_compute``;
     the module, for a loop at its top level)."""
     out = set()
+    if not _training_values(facts):
+        return frozenset()  # nothing that trains can be handed around: no call of a value trains
     for c in facts.calls:
         if isinstance(c.call.func, cst.Name) and call_of_value(facts, c.call, c.scope):
             if c.scope not in out and value_trains(facts, c.call.func, c.scope, c.stmt):
@@ -278,3 +280,19 @@ def passed_in_place(facts: "Facts", site):
         if pname is not None:
             return c, fn, pname
     return None
+
+
+def _training_values(facts: "Facts") -> bool:
+    """The script has something that may train when called as a value: a class with a ``__call__``,
+    or a function that trains named outside a call's callee (an argument, an assigned value)."""
+    if any(m.name.value == "__call__" for m in facts.methods):
+        return True
+    trains = facts.trainers
+
+    def names_trainer(v) -> bool:
+        return isinstance(v, cst.Name) and facts.functions.named(v.value) in trains
+
+    return bool(trains) and (
+        any(names_trainer(a.value) for c in facts.calls for a in c.call.args)
+        or any(names_trainer(a.value) for a, *_ in facts.assigns)
+    )

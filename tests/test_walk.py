@@ -450,7 +450,8 @@ def test_generator_passes_are_found_only_where_something_yields():
         "def c(loader):\n    for l in itertools.repeat(loader):\n        yield from l\n"
         "def d(loader):\n    for b in loader:\n        print(b)\n"
     )) == 3
-    assert sum(passes(module) for path, module in list(_modules())[::2]) >= 2
+    # every input, not a sample: which inputs a sample holds moves whenever a fixture is added
+    assert sum(passes(module) for path, module in _modules()) >= 2
 
 
 def test_a_file_with_no_edit_is_not_rendered_again(monkeypatch):
