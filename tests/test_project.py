@@ -50,37 +50,37 @@ def test_imports_are_found_at_any_depth_in_the_order_ast_walk_gives():
     from distify.project import statements
 
     tree = ast.parse(textwrap.dedent("""\
-        import a; import b
+        import array; import bisect
         def f():
-            import c
+            import codecs
             class K:
-                from d import e
+                from difflib import ndiff
         try:
-            import g
+            import gzip
         except ImportError:
-            import h
+            import heapq
         else:
-            import i
+            import io
         finally:
-            import j
+            import json
         for _ in x:
             pass
         else:
-            import k
+            import keyword
         with w:
             if y:
-                import l
+                import logging
             elif z:
-                import m
+                import math
         match v:
             case 1:
-                import n
+                import numbers
         async def q():
             async with w:
-                import o
+                import operator
         while 0:
-            import p
-        import r
+            import pickle
+        import random
         """))
     imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
     assert len(imports) == 15
