@@ -20,9 +20,11 @@ class SameRandomBatches(AuditCheck):
         (``torch.manual_seed(1337 + rank)``) or the draw has its own ``generator=``.
 
     Why:
-        Every rank starts from the same seed (torch's default seed is a constant, and scripts
-        usually fix one), so every rank draws the same indices: N processes train on the same
-        batches and the job does the work of one process at N times the cost.
+        Training scripts usually fix a seed (``torch.manual_seed(1337)``) so that every rank builds
+        the same model; then every rank draws the same indices: N processes train on the same
+        batches and the job does the work of one process at N times the cost. (A script that seeds
+        nothing draws differently on each rank with torch 2.13, which seeds every process from the
+        OS, but not on a torch whose default seed is a constant; the check does not rely on either.)
 
     Example:
         def get_batch():
