@@ -72,23 +72,31 @@ SHAPES = {
 }
 
 
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_a_stop_decided_outside_the_test_is_taken_by_every_rank(tmp_path, shape):
+@pytest.mark.parametrize(
+    "shape,backend",
+    [(shape, "ddp") for shape in sorted(SHAPES)]
+    # runtime.agree_all through Horovod's all-reduce (the agreed run; the control is the ddp case's)
+    + [pytest.param("while_not_done", "horovod", marks=pytest.mark.horovod)],
+)
+def test_a_stop_decided_outside_the_test_is_taken_by_every_rank(tmp_path, shape, backend):
     import torch
 
     agreed, alone, never = SHAPES[shape]
     args = ["--batch-size", 8, "--epochs", 40]
     script = tmp_path / "script" / f"{shape}.py"
-    migrate(REPO_ROOT / "fixtures" / "DST207" / f"{shape}.in.py", script, backend="ddp")
+    migrate(REPO_ROOT / "fixtures" / "DST207" / f"{shape}.in.py", script, backend=backend)
     text = script.read_text()
     assert agreed in text, "DST207 did not agree the stop"
     dumps = tmp_path / "dumps"
     dumps.mkdir()
     env = sitecustomize_env(tmp_path / "spy", PARAM_SPY, {"DISTIFY_E2E_PARAM_DIR": str(dumps)})
-    result = run_torchrun(script, args, nproc=2, env=env, cwd=tmp_path, timeout=180)
+    launch = run_horovodrun if backend == "horovod" else run_torchrun
+    result = launch(script, args, nproc=2, env=env, cwd=tmp_path, timeout=180)
     assert "stopped after epoch" in result.stdout and never not in result.stdout, result.stdout
     rank0, rank1 = (torch.load(dumps / f"rank{r}.pt") for r in range(2))
     assert rank0 and all(torch.equal(a, b) for a, b in zip(rank0, rank1)), "the ranks took different steps"
+    if backend == "horovod":
+        return
 
     # control: each rank decides alone -> one leaves the loop, the other waits in the next all-reduce
     script.write_text(text.replace(agreed, alone))
