@@ -25,8 +25,12 @@ class UnaveragedOptimizer(AuditCheck):
         or passed to a function or class that calls DDP). ``fully_shard(X)`` (FSDP2) averages
         too; in an FSDP script an optimizer built over ``X.parameters()`` *before* ``fully_shard(X)``
         in the same scope is reported (and one rebuilt after it is not). In a Horovod script, reports an optimizer that is never passed to
-        ``hvd.DistributedOptimizer``. An optimizer that is never stepped, and a script that
-        averages gradients itself (a collective over ``.grad``), are not reported.
+        ``hvd.DistributedOptimizer`` (also one with no name, built inside an expression, that is
+        not built straight into it). In distify's own output that wraps and shards no model at
+        all, an optimizer whose model distify cannot name (``model.configure_optimizers(...)``
+        over the instance's parameter groups) is reported too. An optimizer that is never
+        stepped, and a script that averages gradients itself (a collective over ``.grad``), are
+        not reported.
 
     Why:
         DDP averages gradients only for the parameters of the module it wraps, and Horovod only
@@ -86,6 +90,8 @@ class UnaveragedOptimizer(AuditCheck):
             return
         wrappers, inner = (set(x) for x in wrapped_models(a))
         self._built_before_sharding(ctx, a, stepped)
+        if (a.migrated_by_distify or ctx.plan.distify_output) and not (wrappers or inner) and not a.calls_to(FSDP):
+            self._nothing_wrapped(ctx, a, stepped)
         for opt in a.optimizers:
             if not opt.models or (opt.target and opt.target not in stepped and not _handed_back(opt)):
                 continue
@@ -101,6 +107,24 @@ class UnaveragedOptimizer(AuditCheck):
                     else f"{', '.join(loose)} is not sharded with fully_shard: this optimizer's updates are not "
                     "averaged across ranks and the replicas drift apart; fully_shard it before building the optimizer",
                 )
+
+    def _nothing_wrapped(self, ctx: Context, a: Anatomy, stepped: Set[str]) -> None:
+        """distify's own output in which no model is wrapped or sharded at all, while an optimizer
+        whose model distify cannot name steps (`model.configure_optimizers(...)` building it over
+        parameter groups of the instance): nothing in the script averages anything. Those with a
+        known model are reported by name below."""
+        for opt in a.optimizers:
+            if opt.models or (opt.target and opt.target not in stepped and not _handed_back(opt)):
+                continue
+            what = "sharded with fully_shard" if ctx.backend == "fsdp" else "wrapped in DistributedDataParallel"
+            ctx.warn(
+                self.code,
+                opt.call.call,
+                f"no model of this script is {what}, and distify cannot tell which model this optimizer steps: "
+                "its updates are not averaged across ranks and the replicas drift apart; build it from the "
+                "model's parameters where the model is built (optimizer = optim.AdamW(model.parameters(), ...)), "
+                "or wrap the model yourself",
+            )
 
     def _built_before_sharding(self, ctx: Context, a: Anatomy, stepped: Set[str]) -> None:
         """An optimizer over X.parameters() built before fully_shard(X) in the same scope, and not

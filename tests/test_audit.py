@@ -249,6 +249,10 @@ EXPECTED = {
     ("DST906", "star_args"): ("DST951", "DataLoader arguments unpacked; DST906 refuses to shard"),
     ("DST906", "two_splats"): ("DST951", "DataLoader arguments unpacked; DST906 refuses to shard"),
     ("DST205", "no_input_nodes"): ("DST951", "a NeighborLoader without input_nodes; DST205 does not guess the node count"),
+    ("DST201", "loader_in_place_comprehension"): ("DST951", "a DataLoader built in place inside a comprehension; "
+                                                            "DST201 cannot name a sampler before it and says so"),
+    ("DST905", "configure_optimizers"): ("DST954", "the optimizer is built by a method of the model over its "
+                                                   "instance's parameter groups; nothing is wrapped, the output is refused"),
     ("DST111", "optimizer_returned"): ("DST954", "the optimizer's model is a parameter of its builder; DST905 cannot wrap "
                                                  "it there, and the audit refuses the output"),
 }
@@ -507,3 +511,19 @@ def test_a_horovod_optimizer_with_no_name_must_be_built_into_the_wrapper() -> No
         "torch.optim.Adam(net.parameters(), lr=0, betas=(0.9, 0.98), eps=1e-9)",
     )
     assert "DST954" in codes(lint_source(unwrapped))
+
+
+def test_an_output_that_wraps_no_model_while_an_untraced_optimizer_steps_is_refused(monkeypatch) -> None:
+    """distify's own output with no DDP wrap and no fully_shard at all, while an optimizer whose
+    model distify cannot name steps (fixtures/DST905/configure_optimizers: nanoGPT's and minGPT's
+    model.configure_optimizers(...)): the data was sharded and each rank trained its own model,
+    written with only DST905's warning. Now DST954 refuses it. Control: with that check switched
+    off, the same migration is written again."""
+    case = (FIXTURES / "DST905" / "configure_optimizers.in.py").read_bytes()
+    for backend in ("ddp", "fsdp"):
+        result = migrate_source(case, Options(backend=backend))
+        assert not result.changed and "DST954" in codes(result.findings), backend
+    check = type(BY_CODE["DST954"])
+    monkeypatch.setattr(check, "_nothing_wrapped", lambda self, ctx, a, stepped: None)
+    result = migrate_source(case, Options(backend="ddp"))
+    assert result.changed and "DST954" not in codes(result.findings)
