@@ -170,10 +170,7 @@ class DistributedOptimizer(Rule):
             _drop_set_to_none(ctx, opt)
             wrapped.append(opt)
             ctx.report(self.code, opt.call.call, f"{opt.target} averages gradients across ranks (hvd.DistributedOptimizer)")
-            for m in (m for m in ctx.anatomy.models if m.optimizer is opt):
-                note_batch_norm(ctx, self.code, m.name, m.value,
-                                "and keeps running statistics of its own (rank 0's are saved)",
-                                f"use {hvd}.SyncBatchNorm layers")
+            self._note_batch_norm(ctx, opt)
 
     def _wrap_in_place(self, ctx: Context, opt, n_wrapped: int) -> None:
         """`Schedule(optim.Adam(...), ...)` -> `Schedule(hvd.DistributedOptimizer(optim.Adam(...), ...), ...)`:
@@ -195,10 +192,7 @@ class DistributedOptimizer(Rule):
             "the optimizer built here averages gradients across ranks (hvd.DistributedOptimizer, wrapped where it "
             "is built: it has no name of its own)",
         )
-        for m in (m for m in ctx.anatomy.models if m.optimizer is opt):
-            note_batch_norm(ctx, self.code, m.name, m.value,
-                            "and keeps running statistics of its own (rank 0's are saved)",
-                            f"use {hvd}.SyncBatchNorm layers")
+        self._note_batch_norm(ctx, opt)
 
     def _pickled_whole(self, ctx: Context, hooked) -> bool:
         """A checkpoint that pickles a hooked optimizer whole (``torch.save({'optimizer': opt}, path)``,
@@ -222,6 +216,13 @@ class DistributedOptimizer(Rule):
                 )
                 return True
         return False
+
+    def _note_batch_norm(self, ctx: Context, opt) -> None:
+        """The BatchNorm note for the models `opt` steps, once it averages their gradients."""
+        for m in (m for m in ctx.anatomy.models if m.optimizer is opt):
+            note_batch_norm(ctx, self.code, m.name, m.value,
+                            "and keeps running statistics of its own (rank 0's are saved)",
+                            f"use {ctx.hvd}.SyncBatchNorm layers")
 
     def _average_before_step(self, ctx: Context, opt, reason: str, steps) -> None:
         """One grouped all-reduce of `opt`'s gradients after the last backward() before each step."""

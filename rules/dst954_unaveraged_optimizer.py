@@ -196,20 +196,18 @@ def _escapes(a: Anatomy, scope, name: str) -> bool:
         cls = a.classes.named(dotted(c.call.func))
         if (fn is not None and id(fn) in wrapping) or (cls is not None and id(cls) in wrapping):
             return True
-    if isinstance(scope, cst.FunctionDef):
-        for n in all_nodes(scope.body, skip_nested=True):
-            if isinstance(n, cst.Return) and n.value is not None and any(dotted(m) == name for m in _held(n.value)):
-                return True
-    return False
+    return _returns(scope, name)
 
 
 def _handed_back(opt) -> bool:
     """The optimizer's function returns it (`opt = optim.SGD(...); return opt`): the caller steps it."""
-    scope = opt.call.scope
-    if not isinstance(scope, cst.FunctionDef):
-        return False
-    return any(
-        isinstance(n, cst.Return) and n.value is not None and any(dotted(m) == opt.target for m in _held(n.value))
+    return _returns(opt.call.scope, opt.target)
+
+
+def _returns(scope, name: str) -> bool:
+    """`scope` is a function that hands `name` back in a return (see `_held`)."""
+    return isinstance(scope, cst.FunctionDef) and any(
+        isinstance(n, cst.Return) and n.value is not None and any(dotted(m) == name for m in _held(n.value))
         for n in all_nodes(scope.body, skip_nested=True)
     )
 
