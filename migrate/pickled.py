@@ -51,6 +51,10 @@ def pickled(a, site) -> List[Pickled]:
     """The values the call `site` pickles whole inside a container, or, for a call of the script's
     own function, the arguments it pickles (whole or inside a container); a bare ``torch.save(model,
     path)`` is not listed (``meaning.copies_argument`` says that one)."""
+    return a.facts.memo(("pickled", id(site.call)), lambda: _pickled(a, site))
+
+
+def _pickled(a, site) -> List[Pickled]:
     if site.qualname == "torch.save":
         value = _saved(site.call)
         return _inside(a, site.scope, site.stmt, value, _DEPTH) if value is not None else []
@@ -143,38 +147,67 @@ def _named(a, scope, stmt, name: str, depth: int) -> List[Pickled]:
     """What the container bound to `name` in `scope` holds when `stmt` saves it: the displays it is
     bound to before `stmt`, the items written into it, the arguments of its ``update``."""
     at = a.facts.order(stmt)
+    writes = [w for w in _container_writes(a).get((id(scope), name), ()) if a.facts.order(w[1]) < at]
+    if all(kind == "bound" and not _may_hold(a, value) for kind, _s, value in writes):
+        return []  # bound only to values that hold nothing _inside follows: no read to look for
     back = read_back(a, scope, name)
     out: List[Pickled] = []
-    for assign, s, sc, _cls in a.facts.assigns:
-        if sc is not scope or a.facts.order(s) >= at:
-            continue
-        for t in assign.targets:
-            target = t.target
-            if isinstance(target, cst.Name) and target.value == name:
-                out.extend(_inside(a, scope, s, assign.value, depth - 1, back))
-            elif isinstance(target, cst.Subscript) and dotted(target.value) == name:
-                out.append(Pickled(s, assign.value, back))
-                out.extend(_inside(a, scope, s, assign.value, depth - 1, back))
-    for site in a.calls:
-        f = site.call.func
-        if (
-            site.scope is scope
-            and a.facts.order(site.stmt) < at
-            and isinstance(f, cst.Attribute)
-            and f.attr.value == "update"
-            and dotted(f.value) == name
-        ):
-            for x in site.call.args:
+    for kind, s, value in writes:
+        if kind == "bound":
+            out.extend(_inside(a, scope, s, value, depth - 1, back))
+        elif kind == "item":
+            out.append(Pickled(s, value, back))
+            out.extend(_inside(a, scope, s, value, depth - 1, back))
+        else:  # the arguments of name.update(...)
+            for x in value:
                 if x.keyword is not None:
-                    out.append(Pickled(site.stmt, x.value, back))
-                out.extend(_inside(a, scope, site.stmt, x.value, depth - 1, back))
+                    out.append(Pickled(s, x.value, back))
+                out.extend(_inside(a, scope, s, x.value, depth - 1, back))
     return out
+
+
+def _may_hold(a, value) -> bool:
+    """`value` is a shape `_inside` looks into (a display, ``dict(...)``, another name)."""
+    return isinstance(value, (cst.Dict, cst.List, cst.Tuple, cst.Set, cst.Name)) or (
+        isinstance(value, cst.Call) and qualified(a.aliases, value.func, a.name_bindings) == "builtins.dict")
+
+
+def _container_writes(a):
+    """(id(scope), name) -> [(kind, statement, value)] in source order, for every name of the module:
+    "bound" (``name = value``), "item" (``name[k] = value``), "update" (``name.update(args)``, the
+    value its arguments); once per analysis, so that asking what a container holds is not a scan
+    of every assignment and call of the module each time."""
+
+    def index():
+        out = {}
+        for assign, s, sc, _cls in a.facts.assigns:
+            for t in assign.targets:
+                target = t.target
+                if isinstance(target, cst.Name):
+                    out.setdefault((id(sc), target.value), []).append(("bound", s, assign.value))
+                elif isinstance(target, cst.Subscript):
+                    base = dotted(target.value)
+                    if base is not None:
+                        out.setdefault((id(sc), base), []).append(("item", s, assign.value))
+        for site in a.calls:
+            f = site.call.func
+            if isinstance(f, cst.Attribute) and f.attr.value == "update":
+                base = dotted(f.value)
+                if base is not None:
+                    out.setdefault((id(site.scope), base), []).append(("update", site.stmt, site.call.args))
+        return out
+
+    return a.facts.memo(("container_writes",), index)
 
 
 def read_back(a, scope, name: str) -> Optional[cst.CSTNode]:
     """The first read of the container `name` in `scope` that takes a value out of it again: a
     subscript that is no assignment target, ``.values()`` / ``.items()`` / ``.get()`` / ``.pop()``,
     a loop or an unpacking over it. Handing it whole to a call (a save, a helper) is no such read."""
+    return a.facts.memo(("read_back", id(scope), name), lambda: _read_back(a, scope, name))
+
+
+def _read_back(a, scope, name: str) -> Optional[cst.CSTNode]:
     for node, parents, _nested in a.facts.uses(scope, name):
         if not isinstance(node, cst.Name) or not parents:
             continue
@@ -222,6 +255,10 @@ def pickled_elsewhere(a, site, path: Optional[str], options) -> List[Pickled]:
 def handed(a, site) -> List[cst.BaseExpression]:
     """The values `site` is handed: its arguments and, for a container, what it holds (the values a
     helper may pickle; ``pickled_elsewhere`` is asked only when one of them matters)."""
+    return a.facts.memo(("handed", id(site.call)), lambda: _handed(a, site))
+
+
+def _handed(a, site) -> List[cst.BaseExpression]:
     out: List[cst.BaseExpression] = []
     for x in site.call.args:
         out.append(x.value)
