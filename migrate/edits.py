@@ -81,8 +81,10 @@ class EditSet(Record):
     def insert_before(self, stmt: cst.CSTNode, stmts: Sequence[Stmt]) -> None:
         self.before.setdefault(stmt, []).extend(stmts)
 
-    def insert_after(self, stmt: cst.CSTNode, stmts: Sequence[Stmt]) -> None:
-        self.after.setdefault(stmt, []).extend(stmts)
+    def insert_after(self, stmt: cst.CSTNode, stmts: Sequence[Stmt], first: bool = False) -> None:
+        """`stmts` below `stmt`, after what earlier edits inserted there (``first``: above it)."""
+        below = self.after.setdefault(stmt, [])
+        below[0 if first else len(below):0 if first else len(below)] = stmts
 
     def guard(self, stmt: cst.CSTNode, condition: str) -> None:
         self.guards.setdefault(stmt, condition)

@@ -15,8 +15,8 @@ from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, Context, Rule
 
 
 class ResumeBroadcast(Rule):
-    """Broadcast rank 0's resumed state when the load may run on rank 0 only (DDP); load on every
-    rank or none (FSDP).
+    """Broadcast rank 0's resumed state when the load may run on rank 0 only (DDP; FSDP before the
+    shard); otherwise load on every rank or none (FSDP).
 
     What it does:
         For a checkpoint load before training that runs under an ``if`` whose test asks the host
@@ -28,10 +28,12 @@ class ResumeBroadcast(Rule):
         ``runtime.broadcast_object`` of the values the load binds and the script reads later
         (``start_epoch, best_acc1``, ``distify.resume``). A load the script itself runs on some
         ranks only (``if rank == 0 and args.resume:``) gets the same broadcasts: the single process
-        is rank 0, so every rank must end with what rank 0 loaded. Under FSDP such a load is
-        refused with its line, before or after the shard: ``fully_shard`` broadcasts nothing (each
-        rank would cut its shards from its own weights) and ``set_model_state_dict`` is a
-        collective the other ranks would never join.
+        is rank 0, so every rank must end with what rank 0 loaded. Under FSDP a model loaded so
+        before it is sharded gets ``runtime.broadcast_module(model)`` between the load and
+        ``fully_shard`` (which broadcasts nothing: each rank cuts its shards from the weights it
+        holds); a load under a rank condition after the shard, or one that also loads the
+        optimizer, is refused with its line: ``set_model_state_dict`` is a collective the other
+        ranks would never join.
 
     Why:
         On several nodes without a shared disk only rank 0 may see the checkpoint: the other ranks
@@ -121,17 +123,27 @@ class ResumeBroadcast(Rule):
 
 
     def _rank_only_loads(self, ctx: Context) -> None:
-        """FSDP: a checkpoint loaded under a rank condition, before or after the shard, is refused."""
+        """FSDP: a model loaded under a rank condition before it is sharded has rank 0's weights
+        broadcast right before ``fully_shard``; any other load under a rank condition is refused."""
         a = ctx.anatomy
         seen: Set[int] = set()
+        shards = {id(m): s for m, s in ctx.plan.wrapped}
         for model in a.models:
-            roots = [model.name, *([model.optimizer.target] if model.optimizer and model.optimizer.target else [])]
+            opt = model.optimizer.target if model.optimizer and model.optimizer.target else None
+            roots = [model.name, *([opt] if opt else [])]
+            shard = shards.get(id(model))
             for stmt in before_training(a.facts, model.assign):
-                for c in changes_in(a.facts, a.qualname, stmt, roots):
-                    tests = rank_conditions(a, stmt, c.node) if c.kind == LOAD else []
-                    if not tests or id(c.node) in seen:
-                        continue
-                    seen.add(id(c.node))
+                changes = changes_in(a.facts, a.qualname, stmt, roots)
+                ranked = [(c, rank_conditions(a, stmt, c.node)) for c in changes if c.kind == LOAD]
+                ranked = [(c, t) for c, t in ranked if t and id(c.node) not in seen]
+                if not ranked:
+                    continue
+                seen.update(id(c.node) for c, _ in ranked)
+                early = shard is not None and (stmt is shard or a.is_before(stmt, shard))
+                if early and all(c.root == model.name for c in changes):
+                    self._broadcast_before_shard(ctx, model, stmt, stmt is shard, ranked[0][1][0])
+                    continue
+                for c, tests in ranked:
                     ctx.block(
                         self.code, c.node,
                         f"{c.root} is loaded under a rank condition (line {a.position(tests[0])[0]}): under FSDP the "
@@ -140,6 +152,27 @@ class ResumeBroadcast(Rule):
                         "its own shard), or run set_model_state_dict on every rank with "
                         "StateDictOptions(full_state_dict=True, broadcast_from_rank0=True): file not migrated",
                     )
+
+    def _broadcast_before_shard(self, ctx: Context, model, stmt, at_shard: bool, test) -> None:
+        """`runtime.broadcast_module(model)` after the load `stmt` that only some ranks run, before
+        the shard (fully_shard cuts each rank's shards from the weights it holds), with the values
+        the load binds and the script reads later."""
+        a = ctx.anatomy
+        if broadcast_follows(a, stmt):
+            return  # an earlier run's
+        rt = ctx.runtime
+        lines = [f"{rt}.broadcast_module({model.name})"]
+        values = resumed_values(a, stmt, [model.name])
+        if values:
+            names = ", ".join(values)
+            lines.append(f"{names} = {rt}.broadcast_object({names if len(values) == 1 else f'({names})'})")
+        ctx.edits.insert_after(stmt, ctx.stmts("\n".join(lines)), first=at_shard)
+        ctx.report(
+            self.code, stmt,
+            f"{model.name} is loaded on some ranks only (the rank condition of line {a.position(test)[0]}): rank 0's "
+            "weights" + (f" and {', '.join(values)}" if values else "") + " are broadcast after the load, before "
+            "fully_shard cuts each rank's shards from them",
+        )
 
     def _one_decision(self, ctx: Context, loaded, found) -> None:
         """FSDP: the host-dependent tests around the loads take rank 0's answer."""
