@@ -76,11 +76,12 @@ class SetEpoch(Rule):
                     continue
                 first = body.body[0]
                 loader_stmt = loader.call.stmt
-                var = _pass_number(ctx, ep, loader_stmt)
+                binding = _binding_in(body, obj.split(".")[0].split("[")[0]) if obj != sname else None
+                # where this epoch loop gets its loader: built there, or bound there from a helper
+                var = _pass_number(ctx, ep, loader_stmt if binding is None else binding)
                 if var is None:
                     continue  # no number counts the passes here: DST952 reports the sampler
                 line = ctx.stmts(f"{obj}.set_epoch({var})")
-                binding = _binding_in(body, obj.split(".")[0].split("[")[0]) if obj != sname else None
                 if ep.loop in ctx.anatomy.stmt_parent.get(loader_stmt, ()):
                     # the loader (and its sampler) is built inside the epoch loop: right after it
                     ctx.edits.insert_before(loader_stmt, line)
@@ -134,8 +135,9 @@ class SetEpoch(Rule):
 
 
 def _pass_number(ctx: Context, ep, loader_stmt) -> Optional[str]:
-    """The number to give ``set_epoch``: the epoch loop's variable, unless the loader is built inside
-    a loop over a collection (``for text in texts: loader = DataLoader(...)``, one loader per file),
+    """The number to give ``set_epoch``: the epoch loop's variable, unless the loader is built (or a
+    helper's loader bound) inside a loop over a collection (``for text in texts: loader =
+    DataLoader(...)`` or ``loader = make_loader(text)``, one loader per file),
     whose variable is an item, not a number: then the variable of the nearest enclosing loop over a
     call (``range(epochs)``, ``tqdm(range(...))``), or None when there is none."""
     built_inside = ep.loop in ctx.anatomy.stmt_parent.get(loader_stmt, ())

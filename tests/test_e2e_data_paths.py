@@ -74,6 +74,10 @@ SPEC = {
     # the same module's loader drawn through an endless generator, with cifar_utils.py excluded
     # from the project ([tool.distify] exclude: never rewritten): #0 built there, #1 its shard
     # rebuilt in the script by runtime.shard_loader (passes counted in the generator), #2 evaluation
+    # one loader per text file, built by a helper inside the epoch loop: #0 #1 in epoch 0, #2 #3 in
+    # epoch 1 (the same files): each file's new loader reads its shard in a new order every epoch
+    "loader_per_text_helper": dict(train=[0, 1, 2, 3], shuffled=[], whole=[], reshuffled=[(0, 2), (1, 3)],
+                                   log=r"^epoch \d+"),
     "foreign_endless_generator": dict(train=[1], shuffled=[1], whole=[2], log=r"^iter \d+", modules=["cifar_utils.py"],
                                       exclude=["cifar_utils.py"]),
 }
@@ -159,6 +163,15 @@ def check_shards(name, loaders: dict, spec: dict) -> None:
                 assert len(orders) >= 2, f"{name}: fewer than two full passes over shuffled loader #{lid}"
                 for a, b in zip(orders, orders[1:]):
                     assert a != b, f"{name}: rank {r} read shuffled loader #{lid} in the same order in two passes (set_epoch missing)"
+    for first, later in spec.get("reshuffled", ()):
+        # loaders built afresh over the same data in a later epoch: a new order (set_epoch reached
+        # each new sampler; a sampler left at epoch 0 repeats its permutation)
+        for r in ranks:
+            a, b = _passes(loaders[r], first).get(0), _passes(loaders[r], later).get(0)
+            assert a and b, f"{name}: rank {r} never iterated loaders #{first} and #{later}"
+            assert a["indices"] != b["indices"], (
+                f"{name}: rank {r} read loaders #{first} and #{later} (the same data, a later epoch) in the same "
+                "order (set_epoch missing)")
     for lid in spec["whole"]:
         # evaluation: read whole by every rank that evaluates (rank 0 at least: a result only printed
         # there may be computed there alone), or sharded without padding and overlap (DST203)
@@ -341,6 +354,16 @@ def test_control_tqdm_loader_unsharded(tmp_path):
     _, loaders, _, _ = _run("torchrun", script, tmp_path)
     with pytest.raises(AssertionError, match="not sharded"):
         check_shards("control", loaders, SPEC["tqdm_bar_in_epoch"])
+
+
+def test_control_loader_per_text_without_set_epoch(tmp_path):
+    """create_dataloader(text) in the epoch loop: without set_epoch on each new loader's sampler
+    every epoch reads each file's shard in the first epoch's order."""
+    script = _broken("loader_per_text_helper", tmp_path,
+                     lambda t: t.replace("train_loader.sampler.set_epoch(epoch)\n", "pass\n"))
+    _, loaders, _, _ = _run("torchrun", script, tmp_path)
+    with pytest.raises(AssertionError, match="in the same order"):
+        check_shards("control", loaders, SPEC["loader_per_text_helper"])
 
 
 def test_control_randint_without_reseed(tmp_path):
