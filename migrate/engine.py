@@ -218,6 +218,17 @@ def _migrate(source: bytes, options: Options, path: Optional[str] = None) -> Mig
         anatomy.want_positions = options.positions
         line_map = _line_map(source, module.bytes)
 
+    if not incremental and project_view is None:
+        # a training loop's DataLoader built in its header gets a name first (distify.loop_loaders)
+        from distify.loop_loaders import name_in_place_loaders
+
+        named = name_in_place_loaders(anatomy)
+        if named is not None:
+            module = named
+            anatomy = analyse(module, reach, joined)
+            anatomy.want_positions = options.positions
+            line_map = _line_map(source, module.bytes)
+
     ctx = Context(anatomy, options)
     ctx.plan.incremental = incremental
     ctx.plan.script_path = path

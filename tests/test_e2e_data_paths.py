@@ -78,6 +78,9 @@ SPEC = {
     # epoch 1 (the same files): each file's new loader reads its shard in a new order every epoch
     "loader_per_text_helper": dict(train=[0, 1, 2, 3], shuffled=[], whole=[], reshuffled=[(0, 2), (1, 3)],
                                    log=r"^epoch \d+"),
+    # the training loader built in the loop header, tqdm(DataLoader(...)), each epoch (#0, #2), the
+    # test loader in a generator expression's header (#1, #3): named above the loop, then sharded
+    "loader_in_loop_header": dict(train=[0, 2], shuffled=[], whole=[1, 3], reshuffled=[(0, 2)], log=r"^epoch \d+"),
     "foreign_endless_generator": dict(train=[1], shuffled=[1], whole=[2], log=r"^iter \d+", modules=["cifar_utils.py"],
                                       exclude=["cifar_utils.py"]),
 }
@@ -364,6 +367,15 @@ def test_control_loader_per_text_without_set_epoch(tmp_path):
     _, loaders, _, _ = _run("torchrun", script, tmp_path)
     with pytest.raises(AssertionError, match="in the same order"):
         check_shards("control", loaders, SPEC["loader_per_text_helper"])
+
+
+def test_control_loader_in_loop_header_unsharded(tmp_path):
+    """for x, y in tqdm(DataLoader(...)): the loader distify named above the loop, without its
+    sampler again, is read whole by both ranks."""
+    script = _broken("loader_in_loop_header", tmp_path, lambda t: t.replace(", sampler=train_sampler)", ")"))
+    _, loaders, _, _ = _run("torchrun", script, tmp_path)
+    with pytest.raises(AssertionError, match="loader #0 in pass 0: the loader is not sharded"):
+        check_shards("control", loaders, SPEC["loader_in_loop_header"])
 
 
 def test_control_randint_without_reseed(tmp_path):
