@@ -183,8 +183,19 @@ class Facts:
         """A call runs on some ranks only: its statement does (``runs_on_some_ranks``), or the call
         sits in a branch of a conditional expression on the rank (``W() if rank == 0 else None``)
         or after a rank test in an ``and`` (``is_main and wandb.init()``)."""
-        if self.runs_on_some_ranks(site.stmt):
+        return self.runs_on_some_ranks(site.stmt) or self._in_rank_expression(site)
+
+    def call_under_rank_test(self, site) -> bool:
+        """A call sits, within its own function, in a branch of an ``if`` on the rank (not in its
+        test), in a branch of a conditional expression on it, or after a rank test in an ``and``:
+        unlike ``call_on_some_ranks``, a call in a function that only some ranks call is not."""
+        stmt = site.stmt
+        if self.rank_guards(stmt) or self._in_rank_expression(site):
             return True
+        # `if rank == 0: train()` on one line: the call is part of the `if` statement itself
+        return isinstance(stmt, cst.If) and self.rank_condition(stmt.test) and not contains_node(stmt.test, site.call)
+
+    def _in_rank_expression(self, site) -> bool:
         for n in all_nodes(site.stmt, skip_nested=True):
             if isinstance(n, cst.IfExp) and self.rank_condition(n.test):
                 if contains_node(n.body, site.call) or contains_node(n.orelse, site.call):

@@ -83,6 +83,7 @@ _TABLE: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = (
     ("DST963", "dst963_same_input_every_rank", _EVERY),
     ("DST964", "dst964_schedule_length", _EVERY),
     ("DST965", "dst965_unseeded_split", _EVERY),
+    ("DST966", "dst966_training_on_some_ranks", _EVERY),
     # what a file left unchanged says about why
     ("DST960", "dst960_framework_distributes", _EVERY),
     ("DST961", "dst961_training_elsewhere", _EVERY),

@@ -263,9 +263,11 @@ class Context:
         forward = self.forward_in(stmt)
         if forward is not None:
             hazards.append(forward)
-        trains = self.training_in(stmt) if self.backend == HOROVOD_BACKEND else None
+        # a call that trains: every rank takes the step (DDP and FSDP average the gradients in
+        # backward, hvd.DistributedOptimizer in step(): collectives all)
+        trains = self.training_in(stmt)
         if trains is not None:
-            hazards.append(trains)  # hvd.DistributedOptimizer averages in step(): a collective
+            hazards.append(trains)
         if hazards:
             if self._hoist_arguments(stmt, hazards):
                 self.edits.guard(stmt, self.main_process_at(stmt))
@@ -273,6 +275,8 @@ class Context:
             c = hazards[0]
             what = (
                 "trains, and Horovod's DistributedOptimizer averages the gradients of every rank in its step"
+                if c is trains and self.backend == HOROVOD_BACKEND
+                else "trains, and every rank must take each step (its backward averages the gradients of every rank)"
                 if c is trains
                 else "runs a forward pass of the sharded model, a collective every rank must join under FSDP"
                 if c is forward and self.backend == FSDP_BACKEND

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from distify.facts import SELF_RETURNING
 from distify.records import MODULE_API, STATE_API
 from distify.syntax import dotted
 from distify.meaning import copies_argument
@@ -280,6 +281,9 @@ def _only_reads(a, fn, param: str) -> bool:
                 if isinstance(parent, cst.Attribute) and parent.value is node:
                     if parent.attr.value in ("forward", "__call__", "module"):
                         ok = False
+                    elif parent.attr.value in SELF_RETURNING and len(self.stack) > 2 and isinstance(self.stack[-2], cst.Call) \
+                            and self.stack[-2].func is parent and not isinstance(self.stack[-3], cst.Expr):
+                        ok = False  # `self.model = model.to(device)`: the model itself, kept or handed on
                 elif isinstance(parent, cst.Arg) and len(self.stack) > 1 and isinstance(self.stack[-2], cst.Call):
                     if a.qualname(self.stack[-2].func) not in ("copy.deepcopy", "copy.copy"):
                         ok = False

@@ -527,3 +527,20 @@ def test_an_output_that_wraps_no_model_while_an_untraced_optimizer_steps_is_refu
     monkeypatch.setattr(check, "_nothing_wrapped", lambda self, ctx, a, stepped: None)
     result = migrate_source(case, Options(backend="ddp"))
     assert result.changed and "DST954" not in codes(result.findings)
+
+
+def test_an_output_that_trains_under_a_rank_guard_is_refused(monkeypatch) -> None:
+    """fixtures/DST966/print_computes_by_training: `print(epoch, self.train_epoch())` is guarded for
+    rank 0 only after the epoch's value is computed on every rank (Context.guard_statement counts a
+    call that trains as a hazard under every backend). Control: with that hazard not seen, the guard
+    takes the training with it, and DST966 refuses the output instead of writing it."""
+    from distify.rules.base import Context
+
+    case = (FIXTURES / "DST966" / "print_computes_by_training.in.py").read_bytes()
+    for backend in ("ddp", "fsdp", "horovod"):
+        result = migrate_source(case, Options(backend=backend))
+        assert result.changed and "DST966" not in codes(result.findings), backend
+    monkeypatch.setattr(Context, "training_in", lambda self, stmt: None)
+    for backend in ("ddp", "fsdp"):
+        result = migrate_source(case, Options(backend=backend))
+        assert not result.changed and "DST966" in codes(result.findings), backend
