@@ -24,6 +24,7 @@ from distify.dataflow import (
 from distify.callable_training import calls_handing, passed_in_place, trains_at, trains_through_values, value_trainers
 from distify.facts import Binding, Facts
 from distify.instance import instance_of
+from distify.obtained import obtained
 from distify.model_build import (
     _compiled_alias, _find_model, built_class, moves_to_device,
 )
@@ -709,19 +710,24 @@ def analyse(module: cst.Module, project=None, joined=None, text: Optional[str] =
         if p is not None:
             roots = optimizer_parameter_roots(facts, c.scope, c.stmt, p.value)
         optimizers.append(Optimizer(call=c, target=target, models=roots))
+    for opt in optimizers:
+        opt.obtained = obtained(facts, col.qualname, col.classes, optimizers, opt)
 
     models: List[Model] = []
     seen_models: Set[Tuple[int, str]] = set()
     for opt in optimizers:
-        for root in opt.models:
-            inst = facts.instance(opt.call.scope) if facts.instance_attr(opt.call.scope, root) is not None else None
-            key = (id(inst[1]), facts.canonical(opt.call.scope, root)) if inst is not None else (id(opt.call.scope), root)
+        site = opt.site  # the model a builder's optimizer steps is found where the script obtains it
+        for root in site.models:
+            inst = facts.instance(site.call.scope) if facts.instance_attr(site.call.scope, root) is not None else None
+            key = (id(inst[1]), facts.canonical(site.call.scope, root)) if inst is not None else (id(site.call.scope), root)
             if key in seen_models:
                 continue
-            m = _find_model(col, opt, root)
-            compiled = _compiled_alias(col, opt, m) if m is not None else None
+            m = _find_model(col, site, root)
+            compiled = _compiled_alias(col, site, m) if m is not None else None
             if compiled is not None:
                 m = compiled
+            if m is not None:
+                m.optimizer = opt
             if m is not None:
                 seen_models.add(key)
                 models.append(m)

@@ -209,13 +209,23 @@ class EpochLoop(Record):
 class Optimizer(Record):
     """An optimizer the script builds and the models whose parameters it optimises."""
 
-    __slots__ = ("call", "target", "models", "__dict__")
+    __slots__ = ("call", "target", "models", "obtained", "__dict__")
     call: CallSite
     target: Optional[str]
     models: List[str]  # dotted roots whose parameters it optimises
+    # built and handed back by a function of the script (`model.configure_optimizers(...)`,
+    # `build_optimizer(model)`): where the script obtains it, as an Optimizer of the caller's
+    # scope naming the model it steps (distify.obtained); None otherwise
+    obtained: Optional["Optimizer"]
 
-    def __init__(self, call: CallSite, target: Optional[str], models: List[str]) -> None:
-        self._set(call, target, models)
+    def __init__(self, call: CallSite, target: Optional[str], models: List[str],
+                 obtained: Optional["Optimizer"] = None) -> None:
+        self._set(call, target, models, obtained)
+
+    @property
+    def site(self) -> "Optimizer":
+        """Where the script obtains this optimizer: `obtained`, else the record itself."""
+        return self.obtained if self.obtained is not None else self
 
 
 class Model(Record):

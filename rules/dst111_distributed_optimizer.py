@@ -73,8 +73,10 @@ class DistributedOptimizer(Rule):
         wrapped = ctx.plan.hvd_optimizers
         averaged = ctx.plan.hvd_averaged
         anchors = ctx.plan.hvd_anchor
+        # an optimizer a function of the script builds and hands back is wrapped where the script
+        # obtains it (`optimizer = model.configure_optimizers(...)`: distify.obtained)
         optimizers = [
-            o for o in ctx.anatomy.optimizers
+            o for o in (o.site for o in ctx.anatomy.optimizers)
             if o.target is not None and not _already_wrapped(ctx, o) and not _already_averaged(ctx, o)
         ]
         backwards = _backward_sites(ctx)
@@ -219,7 +221,7 @@ class DistributedOptimizer(Rule):
 
     def _note_batch_norm(self, ctx: Context, opt) -> None:
         """The BatchNorm note for the models `opt` steps, once it averages their gradients."""
-        for m in (m for m in ctx.anatomy.models if m.optimizer is opt):
+        for m in (m for m in ctx.anatomy.models if m.optimizer.site is opt):
             note_batch_norm(ctx, self.code, m.name, m.value,
                             "and keeps running statistics of its own (rank 0's are saved)",
                             f"use {ctx.hvd}.SyncBatchNorm layers")
@@ -282,7 +284,7 @@ def _unnamed(ctx: Context, backwards):
     before Horovod has averaged them (clipping would read half-reduced values)."""
     a = ctx.anatomy
     out = []
-    for opt in a.optimizers:
+    for opt in (o.site for o in a.optimizers):
         if opt.target is not None or wrapped_where_built(a, opt.call):
             continue
         path = path_to(opt.call.stmt, opt.call.call)
@@ -317,7 +319,7 @@ def _wrap_anchor(ctx: Context, opt):
     that comes later (DST908)."""
     anchor = opt.call.stmt
     for m in ctx.anatomy.models:
-        if m.optimizer is opt and ctx.anatomy.is_before(anchor, m.place):
+        if m.optimizer.site is opt and ctx.anatomy.is_before(anchor, m.place):
             anchor = m.place  # the model reaches its device after the optimizer (DST908)
     return anchor
 

@@ -45,8 +45,9 @@ class UnwrappedModel(Rule):
             if isinstance(c.call.func, cst.Attribute) and c.call.func.attr.value == "step"
         }
         for opt in a.optimizers:
-            missing = [r for r in opt.models if (id(opt), r) not in named]
-            if not opt.models:
+            site = opt.site  # built by a function of the script: its model is found where the script obtains it
+            missing = [r for r in site.models if (id(opt), r) not in named]
+            if not site.models:
                 missing = ["its parameters"]
             for m in missing:
                 if any(mm.name == m for mm in a.models):

@@ -27,8 +27,13 @@ class UnaveragedOptimizer(AuditCheck):
         in the same scope is reported (and one rebuilt after it is not). In a Horovod script, reports an optimizer that is never passed to
         ``hvd.DistributedOptimizer`` (also one with no name, built inside an expression, that is
         not built straight into it). In distify's own output that wraps and shards no model at
-        all, an optimizer whose model distify cannot name (``model.configure_optimizers(...)``
-        over the instance's parameter groups) is reported too. An optimizer that is never
+        all, an optimizer whose model distify cannot name is reported too; and in distify's
+        output that wraps some model, an optimizer a function of the script builds and hands
+        back over parameters distify cannot trace to one model (``model.configure_optimizers(
+        list(probe.parameters()), lr)``: the probe alone would be wrapped). One built by
+        ``model.configure_optimizers(...)`` over its instance's parameters, or by a builder
+        handed the model, is judged where the script obtains it (``distify.obtained``): the
+        model it is called on or handed must be wrapped, or sharded before. An optimizer that is never
         stepped, and a script that averages gradients itself (a collective over ``.grad``), are
         not reported.
 
@@ -71,6 +76,7 @@ class UnaveragedOptimizer(AuditCheck):
                 if o is not None and dotted(o.value):
                     wrapped.add(dotted(o.value))
             for opt in a.optimizers:
+                opt = opt.site  # one a function of the script builds is wrapped where the script obtains it
                 if opt.target and (opt.target in stepped or _handed_back(opt)) and opt.target not in wrapped:
                     ctx.warn(
                         self.code,
@@ -92,7 +98,10 @@ class UnaveragedOptimizer(AuditCheck):
         self._built_before_sharding(ctx, a, stepped)
         if (a.migrated_by_distify or ctx.plan.distify_output) and not (wrappers or inner) and not a.calls_to(FSDP):
             self._nothing_wrapped(ctx, a, stepped)
+        elif a.migrated_by_distify or ctx.plan.distify_output:
+            self._untraced_builder(ctx, a)
         for opt in a.optimizers:
+            opt = opt.site  # one a function of the script builds is judged where the script obtains it
             if not opt.models or (opt.target and opt.target not in stepped and not _handed_back(opt)):
                 continue
             loose = [m for m in opt.models if not _averaged(a, opt.call.scope, m, wrappers | inner)]
@@ -114,6 +123,7 @@ class UnaveragedOptimizer(AuditCheck):
         parameter groups of the instance): nothing in the script averages anything. Those with a
         known model are reported by name below."""
         for opt in a.optimizers:
+            opt = opt.site
             if opt.models or (opt.target and opt.target not in stepped and not _handed_back(opt)):
                 continue
             what = "sharded with fully_shard" if ctx.backend == "fsdp" else "wrapped in DistributedDataParallel"
@@ -126,6 +136,26 @@ class UnaveragedOptimizer(AuditCheck):
                 "or wrap the model yourself",
             )
 
+    def _untraced_builder(self, ctx: Context, a: Anatomy) -> None:
+        """distify's own output that wraps some model, while an optimizer built and handed back by a
+        function of the script (`return torch.optim.AdamW(groups, ...)` in
+        `model.configure_optimizers(extra, lr)`) steps parameters distify cannot trace to one model
+        (distify.obtained names none): what was wrapped may not be what it steps (a probe handed
+        in is wrapped, the model the method is called on is not)."""
+        for opt in a.optimizers:
+            if opt.site.models or opt.obtained is not None or not isinstance(opt.call.scope, cst.FunctionDef):
+                continue
+            if not (opt.call.call is _returned(opt.call.scope, opt.call.call) or _handed_back(opt)):
+                continue
+            ctx.warn(
+                self.code,
+                opt.call.call,
+                f"this optimizer is handed back by {opt.call.scope.name.value}() over parameters distify cannot "
+                "trace to one model of this script: the wrapped model may not be the one it steps, and its updates "
+                "would not be averaged across ranks; build it from one model's parameters "
+                "(self.parameters() / model.parameters(), or groups made only from them)",
+            )
+
     def _built_before_sharding(self, ctx: Context, a: Anatomy, stepped: Set[str]) -> None:
         """An optimizer over X.parameters() built before fully_shard(X) in the same scope, and not
         built again after it."""
@@ -135,6 +165,7 @@ class UnaveragedOptimizer(AuditCheck):
             if root:
                 shards.append((c, same_modules(a, {root})))
         for opt in a.optimizers:
+            opt = opt.site  # built in a function of the script: before the shard where the script obtains it
             if not opt.models or (opt.target and opt.target not in stepped and not _handed_back(opt)):
                 continue
             for c, names in shards:
@@ -143,8 +174,8 @@ class UnaveragedOptimizer(AuditCheck):
                 if not a.is_before(opt.call.stmt, c.stmt):
                     continue
                 rebuilt = any(
-                    o is not opt and o.target == opt.target and o.call.scope is opt.call.scope
-                    and a.is_before(c.stmt, o.call.stmt)
+                    o.site is not opt and o.site.target == opt.target and o.site.call.scope is opt.call.scope
+                    and a.is_before(c.stmt, o.site.call.stmt)
                     for o in a.optimizers
                 )
                 if rebuilt:
@@ -167,6 +198,8 @@ def _averaged(a: Anatomy, scope, name: str, wrapped: Set[str], depth: int = 0) -
     `build_optimizer(ddp_model)`)."""
     if name in wrapped or _escapes(a, scope, name):
         return True
+    if name.endswith(".module") and name[: -len(".module")] in wrapped:
+        return True  # the module a DDP wrapper holds (`build_optimizer(model.module)`): its parameters are averaged
     root = name.split(".")[0]
     if not isinstance(scope, cst.FunctionDef) or root not in a.facts.params(scope) or depth > 3:
         return False
@@ -197,6 +230,14 @@ def _escapes(a: Anatomy, scope, name: str) -> bool:
         if (fn is not None and id(fn) in wrapping) or (cls is not None and id(cls) in wrapping):
             return True
     return _returns(scope, name)
+
+
+def _returned(fn: cst.FunctionDef, call: cst.Call):
+    """`call` when `fn` returns it as it stands (`return optim.AdamW(...)`), else None."""
+    for n in all_nodes(fn.body, skip_nested=True):
+        if isinstance(n, cst.Return) and n.value is call:
+            return call
+    return None
 
 
 def _handed_back(opt) -> bool:

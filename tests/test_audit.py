@@ -251,10 +251,9 @@ EXPECTED = {
     ("DST205", "no_input_nodes"): ("DST951", "a NeighborLoader without input_nodes; DST205 does not guess the node count"),
     ("DST201", "loader_in_place_comprehension"): ("DST951", "a DataLoader built in place inside a comprehension; "
                                                             "DST201 cannot name a sampler before it and says so"),
-    ("DST905", "configure_optimizers"): ("DST954", "the optimizer is built by a method of the model over its "
-                                                   "instance's parameter groups; nothing is wrapped, the output is refused"),
-    ("DST111", "optimizer_returned"): ("DST954", "the optimizer's model is a parameter of its builder; DST905 cannot wrap "
-                                                 "it there, and the audit refuses the output"),
+    ("DST905", "configure_optimizers_extra"): ("DST954", "the model's method builds the optimizer over its instance's "
+                                                         "parameters and a list the caller hands in: no one model is "
+                                                         "named, the probe alone would be wrapped, the output is refused"),
 }
 
 
@@ -515,11 +514,15 @@ def test_a_horovod_optimizer_with_no_name_must_be_built_into_the_wrapper() -> No
 
 def test_an_output_that_wraps_no_model_while_an_untraced_optimizer_steps_is_refused(monkeypatch) -> None:
     """distify's own output with no DDP wrap and no fully_shard at all, while an optimizer whose
-    model distify cannot name steps (fixtures/DST905/configure_optimizers: nanoGPT's and minGPT's
-    model.configure_optimizers(...)): the data was sharded and each rank trained its own model,
-    written with only DST905's warning. Now DST954 refuses it. Control: with that check switched
-    off, the same migration is written again."""
-    case = (FIXTURES / "DST905" / "configure_optimizers.in.py").read_bytes()
+    model distify cannot name steps (a method of the model building it over a list held on the
+    instance, which distify.obtained does not follow): the data was sharded and each rank trained
+    its own model, written with only DST905's warning. DST954 refuses it. Control: with that check
+    switched off, the same migration is written again."""
+    case = broken(
+        (FIXTURES / "DST905" / "configure_optimizers.in.py").read_text(),
+        "        return torch.optim.AdamW(groups, lr=lr)",
+        "        self.groups = groups\n        return torch.optim.AdamW(self.groups, lr=lr)",
+    )
     for backend in ("ddp", "fsdp"):
         result = migrate_source(case, Options(backend=backend))
         assert not result.changed and "DST954" in codes(result.findings), backend
@@ -544,3 +547,49 @@ def test_an_output_that_trains_under_a_rank_guard_is_refused(monkeypatch) -> Non
     for backend in ("ddp", "fsdp"):
         result = migrate_source(case, Options(backend=backend))
         assert not result.changed and "DST966" in codes(result.findings), backend
+
+
+def test_an_optimizer_a_method_builds_over_the_instance_and_a_handed_list_is_refused(monkeypatch) -> None:
+    """fixtures/DST905/configure_optimizers_extra: `model.configure_optimizers(list(probe.parameters()), lr)`
+    builds one optimizer over the model's and the probe's parameters. distify.obtained names no one
+    model, and the rules wrapped the probe alone (the call hands it `probe.parameters()`): the model's
+    updates were not averaged, written with only DST905's warning. DST954 refuses it under DDP and
+    FSDP. Control: with that check switched off, the wrong migration is written."""
+    case = (FIXTURES / "DST905" / "configure_optimizers_extra.in.py").read_bytes()
+    for backend in ("ddp", "fsdp"):
+        result = migrate_source(case, Options(backend=backend))
+        assert not result.changed and "DST954" in codes(result.findings), backend
+    check = type(BY_CODE["DST954"])
+    monkeypatch.setattr(check, "_untraced_builder", lambda self, ctx, a: None)
+    result = migrate_source(case, Options(backend="ddp"))
+    assert result.changed and "DST954" not in codes(result.findings)
+    assert b"probe = runtime.DDP(" in result.output and b"model = runtime.DDP(" not in result.output
+
+
+def test_an_optimizer_a_method_or_builder_of_the_script_returns_is_migrated(monkeypatch) -> None:
+    """nanoGPT's `optimizer = model.configure_optimizers(...)` and a builder `build_optimizer(model, ...)`
+    were refused (DST954: distify could not name the model). distify.obtained names the model the
+    optimizer steps where the script obtains it: DDP wraps it (the method reached through
+    model.module), FSDP shards it before the call, Horovod wraps the optimizer the call returns.
+    Control: with the fact switched off, the refusal comes back (for the builder under Horovod, the
+    old wrap inside the builder, over parameters it cannot name, with a warning)."""
+    import distify.anatomy as anatomy
+
+    cases = [(FIXTURES / "DST905" / f"{c}.in.py").read_bytes() for c in ("configure_optimizers", "build_optimizer_groups")]
+    for case in cases:
+        for backend in ("ddp", "fsdp", "horovod"):
+            result = migrate_source(case, Options(backend=backend))
+            assert result.changed and not audit_codes(result.findings), backend
+    ddp = migrate_source(cases[0], Options(backend="ddp")).output
+    assert b"optimizer = model.module.configure_optimizers(1e-3)" in ddp
+    fsdp = migrate_source(cases[0], Options(backend="fsdp")).output
+    assert fsdp.index(b"fully_shard(model)\n") < fsdp.index(b"optimizer = model.configure_optimizers(1e-3)")
+    hvd = migrate_source(cases[0], Options(backend="horovod")).output
+    assert b"optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())" in hvd
+    monkeypatch.setattr(anatomy, "obtained", lambda *args: None)
+    for case in cases:
+        for backend in ("ddp", "fsdp"):
+            assert not migrate_source(case, Options(backend=backend)).changed, backend
+    assert not migrate_source(cases[0], Options(backend="horovod")).changed
+    old = migrate_source(cases[1], Options(backend="horovod")).output
+    assert b"named_parameters=model.named_parameters()" not in old and b"hvd.DistributedOptimizer(optimizer)\n" in old
