@@ -175,7 +175,10 @@ def _sources(facts, fn, stmt, expr, local: Dict[str, Roots], shadowed: FrozenSet
         f = expr.func
         if isinstance(f, cst.Attribute) and f.attr.value in ("parameters", "named_parameters"):
             d = dotted(f.value)
-            return frozenset({d.split(".")[0]}) if d else None
+            root = d.split(".")[0] if d else None
+            if root is None or root in local or root in facts.bindings(fn):
+                return None  # a comprehension's variable, or a name the function rebinds: not followed
+            return frozenset({root})
         if isinstance(f, cst.Attribute) and f.attr.value in _READS:
             return down(f.value)
         if isinstance(f, cst.Name) and f.value in _ITEMS and f.value not in shadowed:
