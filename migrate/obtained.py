@@ -111,8 +111,10 @@ def _method_site(facts, qualname, classes, fn: cst.FunctionDef, cls: cst.ClassDe
     if "." in name:
         return None
     bound = facts.bindings(site.scope).get(name, [])
-    if not bound or facts.order(bound[0].stmt) >= facts.order(site.stmt):
-        return None
+    if not site.loops and not facts.loops_around(site.stmt):
+        # what the receiver holds at the call: its bindings before it (nanoGPT compiles and wraps
+        # the model after building its optimizer); in a loop, every binding may reach the call
+        bound = [b for b in bound if facts.order(b.stmt) < facts.order(site.stmt)]
     built = False
     for b in bound:
         small = b.stmt.body[0] if isinstance(b.stmt, cst.SimpleStatementLine) and len(b.stmt.body) == 1 else None

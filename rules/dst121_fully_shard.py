@@ -169,7 +169,7 @@ class FullyShard(Rule):
             shard = ctx.stmts(code)
             moved = _move_optimizer(ctx, model, stmt, where)
             if isinstance(moved, str):
-                refusals.append((model.optimizer.call.call, moved))
+                refusals.append((model.optimizer.site.call.call, moved))
                 moved = []
             for m in moved:
                 ctx.edits.move_after(m, stmt)  # below the shard inserted after `stmt`, edits and all
@@ -309,7 +309,7 @@ def _list_made_before(ctx: Context, model: Model, point: cst.CSTNode, where: str
     """The statement binding the list the optimizer is built over (`params = [p for p in
     model.parameters() if p.requires_grad]`) when it runs before the shard point, else None."""
     a = ctx.anatomy
-    opt = model.optimizer
+    opt = model.optimizer  # its construction (one a function of the script builds is in that function's scope)
     p = arg(opt.call.call, 0, "params")
     if p is None or not isinstance(p.value, cst.Name):
         return None
@@ -325,7 +325,7 @@ def _move_optimizer(ctx: Context, model: Model, point: cst.CSTNode, where: str):
     """The optimizer (and the schedulers built from it) re-written after the shard when it is built
     before it; [] when it already follows; a reason (str) when moving it is not safe."""
     a = ctx.anatomy
-    opt = model.optimizer
+    opt = model.optimizer.site  # `optimizer = model.configure_optimizers(...)` moves, not the method's return
     stmt = opt.call.stmt
     if opt.call.scope is not model.scope or not a.is_before(stmt, point) or (where == "before" and stmt is point):
         return []

@@ -575,7 +575,8 @@ def test_an_optimizer_a_method_or_builder_of_the_script_returns_is_migrated(monk
     old wrap inside the builder, over parameters it cannot name, with a warning)."""
     import distify.anatomy as anatomy
 
-    cases = [(FIXTURES / "DST905" / f"{c}.in.py").read_bytes() for c in ("configure_optimizers", "build_optimizer_groups")]
+    cases = [(FIXTURES / "DST905" / f"{c}.in.py").read_bytes() for c in ("configure_optimizers", "build_optimizer_groups",
+                                                                           "configure_optimizers_compile")]
     for case in cases:
         for backend in ("ddp", "fsdp", "horovod"):
             result = migrate_source(case, Options(backend=backend))
@@ -584,6 +585,9 @@ def test_an_optimizer_a_method_or_builder_of_the_script_returns_is_migrated(monk
     assert b"optimizer = model.module.configure_optimizers(1e-3)" in ddp
     fsdp = migrate_source(cases[0], Options(backend="fsdp")).output
     assert fsdp.index(b"fully_shard(model)\n") < fsdp.index(b"optimizer = model.configure_optimizers(1e-3)")
+    compiled = migrate_source(cases[2], Options(backend="fsdp")).output  # nanoGPT's order: compile after
+    assert compiled.index(b"fully_shard(model)\n") < compiled.index(b"model = torch.compile(model)") < compiled.index(
+        b"optimizer = model.configure_optimizers(")
     hvd = migrate_source(cases[0], Options(backend="horovod")).output
     assert b"optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())" in hvd
     monkeypatch.setattr(anatomy, "obtained", lambda *args: None)
