@@ -87,6 +87,7 @@ COLLECTIVES = {
     "distify.runtime.all_reduce",
     "distify.runtime.reduce_mean",
     "distify.runtime.all_reduce_sum",
+    "distify.runtime.shared_seed",
     *DCP_STATE,  # gathers or scatters a sharded model's state: every rank takes part
 }
 # torchrun's variables for where a process sits (horovodrun and srun set none of them)

@@ -55,6 +55,7 @@ __all__ = [
     "reduce_mean",
     "shard_loader",
     "shard_nodes",
+    "shared_seed",
     "unwrap",
     "world_size",
 ]
@@ -446,6 +447,21 @@ def broadcast_object(obj: Any) -> Any:
         # differs between rank 0's object and the others' None (and the job hangs)
         return hvd.broadcast_object(obj, root_rank=0, name="distify.broadcast_object")
     return obj
+
+
+def shared_seed() -> int:
+    """A fresh seed, the same on every rank: rank 0 draws it from the OS and every rank receives
+    rank 0's value (one small collective, after the process group or ``hvd.init()``).
+
+    For a random draw every rank must make alike, such as the train / validation split a
+    DistributedSampler then shards: ``random_split(full, [n, m],
+    generator=torch.Generator().manual_seed(runtime.shared_seed()))``. Each run still splits
+    anew, as the unseeded original did. Without peers (plain ``python``) a fresh seed; always in
+    [0, 2**32), which every generator accepts (NumPy's and scikit-learn's included)."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    if not _group_ready() and _horovod() is None:
+        return seed
+    return int(all_reduce(seed if rank() == 0 else 0, "sum"))
 
 
 def broadcast_module(module: torch.nn.Module) -> None:

@@ -186,7 +186,9 @@ def inline_runtime(backend: str, environ: dict, names=None):
     code = standalone.source(names or list(load().order), backend)
     namespace: dict = {}
     exec(compile(code, f"<inline runtime {backend}>", "exec"), namespace)
-    namespace["os"] = types.SimpleNamespace(environ=dict(environ))  # what its functions read from now on
+    import os
+
+    namespace["os"] = types.SimpleNamespace(environ=dict(environ), urandom=os.urandom)  # what its functions read from now on
     return namespace["runtime"]
 
 
@@ -258,6 +260,8 @@ def test_inline_helpers_without_a_process_group():
     assert torch.equal(runtime.all_reduce(t, "mean"), t) and runtime.all_reduce(t) is not t
     model = torch.nn.Linear(2, 2)
     assert runtime.unwrap(model) is model
+    seeds = {runtime.shared_seed() for _ in range(4)}  # one process: a fresh seed each call, as unseeded
+    assert len(seeds) > 1 and all(isinstance(s, int) and 0 <= s < 2**32 for s in seeds)
 
 
 def _same(a, b) -> bool:
@@ -305,6 +309,9 @@ def test_inline_reductions_and_guards_match_distify_runtime_in_a_process_group(m
                 bad(rt)
             assert (type(mine.value), str(mine.value)) == (type(theirs.value), str(theirs.value))
         assert inline.broadcast_object({"a": [1]}) == rt.broadcast_object({"a": [1]}) == {"a": [1]}
+        with monkeypatch.context() as m:  # rank 0's draw, through the group
+            m.setattr(os, "urandom", lambda n: bytes(range(1, n + 1)))
+            assert inline.shared_seed() == rt.shared_seed() == int.from_bytes(bytes([1, 2, 3, 4]), "little")
         inline.barrier()
         assert (inline.rank(), inline.world_size(), inline.is_main_process()) == (
             rt.rank(), rt.world_size(), rt.is_main_process()) == (0, 1, True)
