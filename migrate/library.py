@@ -322,6 +322,52 @@ def random_draw(qualname: Optional[str]) -> Optional[str]:
     return module if module in RANDOM_MODULES and fn[:1].isalpha() else None
 
 
+# --- draws that split or order a dataset, and how each is given a seed --------------------------
+# A DistributedSampler shards the dataset each rank built: a split drawn from an unseeded generator
+# is another split on every rank (distify.split_draws, DST208, DST965). Per draw: the seed call that
+# seeds the global generator it reads, and how the draw is given a seed of its own that every rank
+# shares (runtime.shared_seed()): ``generator`` passes a torch.Generator seeded with it as that
+# keyword (or at `position`), ``seed`` passes the seed itself, ``local`` calls the method of the
+# same name of a generator object built from it (``random.Random(seed).shuffle(files)``: Python's
+# and NumPy's global functions are bound methods of one hidden such object, so the arguments and the
+# result are the same, and the global stream is left as it was). Draws that make values (randn
+# data, randint labels) are not here: generated data stands in for data read from disk.
+
+
+class SplitDraw(Value):
+    """How one draw that splits or orders a dataset is seeded."""
+
+    __slots__ = ("name", "seeded_by", "how", "keyword", "position", "local")
+    name: str  # qualified name of the draw
+    seeded_by: str  # the seed call of the global generator it draws from (rank_input.SEEDS)
+    how: str  # generator | seed | local
+    keyword: str  # generator / seed: the argument that takes it
+    position: int  # ... and its position when it may be passed positionally (-1: keyword only)
+    local: str  # local: the generator class whose method of the draw's name draws alike
+
+    def __init__(self, name: str, seeded_by: str, how: str, keyword: str = "", position: int = -1,
+                 local: str = "") -> None:
+        self._set(name, seeded_by, how, keyword, position, local)
+
+
+def _draws(seeded_by: str, how: str, names: Iterable[str], **kw) -> Dict[str, SplitDraw]:
+    return {n: SplitDraw(n, seeded_by, how, **kw) for n in names}
+
+
+SPLIT_DRAWS: Dict[str, SplitDraw] = {
+    **_draws("torch.manual_seed", "generator", ("torch.utils.data.random_split", "torch.utils.data.dataset.random_split"),
+             keyword="generator", position=2),
+    **_draws("torch.manual_seed", "generator", ("torch.randperm",), keyword="generator"),
+    **_draws("numpy.random.seed", "local", ("numpy.random.permutation", "numpy.random.choice", "numpy.random.shuffle"),
+             local="numpy.random.RandomState"),
+    **_draws("random.seed", "local", ("random.shuffle", "random.sample"), local="random.Random"),
+    # scikit-learn draws from NumPy's global generator when random_state is None
+    **_draws("numpy.random.seed", "seed", ("sklearn.model_selection.train_test_split",), keyword="random_state"),
+}
+# draws that shuffle the list they are handed in place (``random.shuffle(files)`` before a split)
+SHUFFLES_IN_PLACE: FrozenSet[str] = frozenset({"random.shuffle", "numpy.random.shuffle"})
+
+
 # contexts in which torch records no graph (the evaluation plans, distify.retained_graph)
 NO_GRAD = frozenset({
     "torch.no_grad",

@@ -9,7 +9,9 @@ scikit-learn's ``train_test_split`` with no ``random_state=``) is another split 
 go missing from training, and one rank's validation set holds another rank's training samples, with
 no error. A seed call of the draw's generator anywhere in the script counts as seeding it (the
 script is then the same on every rank, as the single-process run is); a draw with its own
-``generator=`` / ``random_state=`` counts as seeded too. Read-only; the audit asks it (DST965).
+``generator=`` / ``random_state=`` counts as seeded too. Which draws split and how each takes a seed
+is data (``library.SPLIT_DRAWS``). Read-only; DST208 asks it of the loaders a migration shards (and
+gives each draw a seed all ranks share), the audit of a distributed script (DST965).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Iterator, List, Optional, Set, Tuple
 
 import libcst as cst
 
+from distify.library import SHUFFLES_IN_PLACE, SPLIT_DRAWS
 from distify.parallel import feeding_loaders, sampler_of
 from distify.rank_input import SEEDS
 from distify.syntax import all_nodes, arg
@@ -26,50 +29,24 @@ if TYPE_CHECKING:
     from distify.anatomy import Anatomy
     from distify.records import Loader
 
-# draws that split or order a dataset (a permutation, a sample, a shuffle, a split), and the keyword
-# that gives each its own generator. Draws that make values (torch.randn data, randint labels) are
-# left out: a script whose data is generated is a stand-in for data read from disk, which is the same
-# on every rank, and DST959/DST963 speak of generated batches
-SPLIT_DRAWS = {
-    "torch.utils.data.random_split": "generator",
-    "torch.utils.data.dataset.random_split": "generator",
-    "torch.randperm": "generator",
-    "numpy.random.permutation": "",
-    "numpy.random.choice": "",
-    "numpy.random.shuffle": "",
-    "random.shuffle": "",
-    "random.sample": "",
-    "sklearn.model_selection.train_test_split": "random_state",
-}
-# the generator each family of draws reads, by the qualified-name prefix of the draw, and the seed
-# calls (rank_input.SEEDS) that seed it
-_FAMILIES = (("numpy.random.", "numpy.random.seed"), ("sklearn.", "numpy.random.seed"),
-             ("random.", "random.seed"), ("torch.", "torch.manual_seed"))
 _DEPTH = 4
 SHARE_SAMPLER = "distify.runtime.ShareSampler"  # DST901's share of a script's own sampler
 
 
-def _family_seed(qualname: str) -> Optional[str]:
-    return next((seed for prefix, seed in _FAMILIES if qualname.startswith(prefix)), None)
-
-
 def _unseeded_draw(a: "Anatomy", call: cst.Call, seeded: Set[str]) -> bool:
-    q = a.qualname(call.func) or ""
-    if q not in SPLIT_DRAWS:
+    row = SPLIT_DRAWS.get(a.qualname(call.func) or "")
+    if row is None or row.seeded_by in seeded:
         return False
-    own = SPLIT_DRAWS[q]
-    if own and arg(call, None, own) is not None:
-        return False
-    seed = _family_seed(q)
-    return seed is not None and seed not in seeded
+    return not (row.keyword and arg(call, row.position if row.position >= 0 else None, row.keyword) is not None)
 
 
 def _values(a: "Anatomy", scope, stmt: cst.CSTNode, expr: cst.BaseExpression, depth: int,
             seen: Set[int]) -> Iterator[Tuple[cst.CSTNode, object, cst.CSTNode]]:
     """`expr` and, through the names it reads, the statements that made them before `stmt` in
     `scope` (an assignment of any target shape, a call that mutates the name in place:
-    ``random.shuffle(files)``), and the returns of the script's functions it calls, as
-    (expression, its scope, the statement it stands in)."""
+    ``random.shuffle(files)``), what the callers of `scope` hand a parameter it reads, and the
+    returns of the script's functions it calls, as (expression, its scope, the statement it stands
+    in)."""
     if id(expr) in seen:
         return
     seen.add(id(expr))
@@ -87,6 +64,11 @@ def _values(a: "Anatomy", scope, stmt: cst.CSTNode, expr: cst.BaseExpression, de
         if not isinstance(n, cst.Name):
             continue
         b = a.facts.reaching_binding(scope, n.value, stmt)
+        if b is None and isinstance(scope, cst.FunctionDef) and n.value in a.facts.params(scope):
+            for c in a.facts.callers(scope):  # a parameter: what each call hands it (train(train_ds))
+                given = a.facts.bound_value(c.call, scope, n.value)
+                if given is not None:
+                    yield from _values(a, c.scope, c.stmt, given, depth + 1, seen)
         if b is not None and b.kind == "assign":
             line = b.stmt
             for small in (line.body if isinstance(line, cst.SimpleStatementLine) else ()):
@@ -94,33 +76,48 @@ def _values(a: "Anatomy", scope, stmt: cst.CSTNode, expr: cst.BaseExpression, de
                     yield from _values(a, scope, b.stmt, small.value, depth + 1, seen)
         at = a.facts.order(stmt)
         for c in a.calls:  # in-place draws on the name before its use: random.shuffle(files)
-            if (c.scope is scope and a.facts.order(c.stmt) < at and c.qualname in ("random.shuffle", "numpy.random.shuffle")
+            if (c.scope is scope and a.facts.order(c.stmt) < at and c.qualname in SHUFFLES_IN_PLACE
                     and any(isinstance(x.value, cst.Name) and x.value.value == n.value for x in c.call.args)):
                 yield c.call, scope, c.stmt
 
 
 def unseeded_splits(a: "Anatomy") -> List[Tuple[cst.Call, "Loader"]]:
     """(the draw, the loader) for each training loader a DistributedSampler shards (or whose own
-    sampler runtime.ShareSampler shares out) whose dataset or sampler's indices are made, through the bindings before it (four deep, into the script's own functions), by a random
-    draw of a generator the script never seeds: each rank shards a different dataset."""
-    seeded = {c.qualname for c in a.calls_to(SEEDS)}  # torch.cuda.manual_seed leaves the CPU generator alone
+    sampler runtime.ShareSampler shares out) whose dataset or sampler's indices are made, through the
+    bindings before it (four deep, into the script's own functions), by a random draw of a generator
+    the script never seeds: each rank shards a different dataset. The audit's question (DST965), on
+    a script that is distributed already."""
     out: List[Tuple[cst.Call, "Loader"]] = []
     done: Set[int] = set()
     for loader in feeding_loaders(a):
-        site = loader.call
-        given = arg(site.call, 5, "sampler")
+        given = arg(loader.call.call, 5, "sampler")
         shared = given is not None and any(
             isinstance(n, cst.Call) and a.qualname(n.func) == SHARE_SAMPLER for n in all_nodes(given.value))
         if sampler_of(a, loader)[1] is None and not shared:
             continue  # not sharded by a sampler: DST951's to speak of
-        # the rank's shard is cut from the dataset and, for a sampler shared out, from the indices
-        # the script's own sampler is given (SubsetRandomSampler(train_idx))
-        made = [e for e in (loader.dataset, given.value if shared else None) if e is not None]
-        for expr, _, _ in (v for e in made for v in _values(a, site.scope, site.stmt, e, 0, set())):
-            for n in all_nodes(expr):
-                if isinstance(n, cst.Call) and id(n) not in done and _unseeded_draw(a, n, seeded):
-                    done.add(id(n))
-                    out.append((n, loader))
+        out += [(d, loader) for d in loader_draws(a, loader, shared, done)]
+    return out
+
+
+def loader_draws(a: "Anatomy", loader: "Loader", shared: bool, done: Optional[Set[int]] = None) -> List[cst.Call]:
+    """The unseeded draws (rows of ``library.SPLIT_DRAWS``) the dataset of the training `loader`
+    is made from and, when its own sampler is shared out (`shared`: runtime.ShareSampler, now or
+    once DST901 has wrapped it), the indices that sampler is given (``SubsetRandomSampler(train_idx)``).
+    DST208 asks it of the loaders the migration shards, before they are; `done` skips draws found
+    for another loader."""
+    seeded = {c.qualname for c in a.calls_to(SEEDS)}  # torch.cuda.manual_seed leaves the CPU generator alone
+    done = set() if done is None else done
+    site = loader.call
+    if site is None or site.call is None:
+        return []
+    given = arg(site.call, 5, "sampler")
+    made = [e for e in (loader.dataset, given.value if shared and given is not None else None) if e is not None]
+    out: List[cst.Call] = []
+    for expr, _, _ in (v for e in made for v in _values(a, site.scope, site.stmt, e, 0, set())):
+        for n in all_nodes(expr):
+            if isinstance(n, cst.Call) and id(n) not in done and _unseeded_draw(a, n, seeded):
+                done.add(id(n))
+                out.append(n)
     return out
 
 

@@ -41,6 +41,7 @@ _TABLE: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = (
     ("DST205", "dst205_shard_input_nodes", _EVERY),
     ("DST901", "dst901_custom_sampler", _EVERY),  # before DST206, which reduces the sums of what they share out
     ("DST910", "dst910_iterable_dataset", _EVERY),
+    ("DST208", "dst208_shared_split_seed", _EVERY),  # after DST201 and DST901, whose shards it makes alike
     ("DST206", "dst206_reduce_train_sums", _EVERY),
     ("DST207", "dst207_agree_early_stop", _EVERY),
     ("DST307", "dst307_full_state_dict", ('fsdp',)),

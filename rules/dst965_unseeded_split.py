@@ -17,7 +17,10 @@ class UnseededSplit(AuditCheck):
         ``random.shuffle`` of a file list, ``np.random.permutation`` indices, ``train_test_split``
         without ``random_state=`` – when the script never seeds that draw's generator; for a
         sampler of the script's own that DST901 shares out (``runtime.ShareSampler``), the indices
-        it is given are followed too (``SubsetRandomSampler(train_idx)``).
+        it is given are followed too (``SubsetRandomSampler(train_idx)``). A migration gives each
+        such draw a seed every rank shares first (DST208); a draw left unseeded in distify's own
+        output (one that runs before the process group exists) refuses the file: exit 3, nothing
+        written.
 
     Why:
         A DistributedSampler hands each rank every N-th index of the dataset that rank built. An
@@ -30,13 +33,16 @@ class UnseededSplit(AuditCheck):
         train_ds, val_ds = random_split(full, [800, 200])   # DST965 in a DDP script
         train_loader = DataLoader(train_ds, sampler=DistributedSampler(train_ds))
 
-        fix: random_split(full, [800, 200], generator=torch.Generator().manual_seed(0)), or
-        torch.manual_seed(seed) before the split
+        fix: random_split(full, [800, 200], generator=torch.Generator().manual_seed(runtime.shared_seed())),
+        as DST208 writes (a new split every run, one on every rank), or a fixed seed
     """
 
     code = "DST965"
     name = "unseeded-split"
     summary = "audit: sharded dataset split by an unseeded random draw"
+    # on distify's own output the shards would overlap and miss samples with no error (DST208 seeds
+    # every draw it can): the file is refused (exit 3) instead of written
+    refuses_own_output = True
 
     def check(self, ctx: Context, a: Anatomy) -> None:
         for draw, loader in unseeded_splits(a):
