@@ -24,6 +24,7 @@ from distify.library import SHUFFLES_IN_PLACE, SPLIT_DRAWS
 from distify.parallel import feeding_loaders, sampler_of
 from distify.rank_input import SEEDS
 from distify.syntax import all_nodes, arg
+from distify.values import Value
 
 if TYPE_CHECKING:
     from distify.anatomy import Anatomy
@@ -81,6 +82,19 @@ def _values(a: "Anatomy", scope, stmt: cst.CSTNode, expr: cst.BaseExpression, de
                 yield c.call, scope, c.stmt
 
 
+def sharded_loaders(a: "Anatomy") -> List[Tuple["Loader", bool]]:
+    """(loader, shared) for each training loader of a distributed script that a DistributedSampler
+    shards or whose own sampler runtime.ShareSampler shares out (`shared`)."""
+    out: List[Tuple["Loader", bool]] = []
+    for loader in feeding_loaders(a):
+        given = arg(loader.call.call, 5, "sampler")
+        shared = given is not None and any(
+            isinstance(n, cst.Call) and a.qualname(n.func) == SHARE_SAMPLER for n in all_nodes(given.value))
+        if sampler_of(a, loader)[1] is not None or shared:  # else not sharded by a sampler: DST951's to speak of
+            out.append((loader, shared))
+    return out
+
+
 def unseeded_splits(a: "Anatomy") -> List[Tuple[cst.Call, "Loader"]]:
     """(the draw, the loader) for each training loader a DistributedSampler shards (or whose own
     sampler runtime.ShareSampler shares out) whose dataset or sampler's indices are made, through the
@@ -89,12 +103,7 @@ def unseeded_splits(a: "Anatomy") -> List[Tuple[cst.Call, "Loader"]]:
     a script that is distributed already."""
     out: List[Tuple[cst.Call, "Loader"]] = []
     done: Set[int] = set()
-    for loader in feeding_loaders(a):
-        given = arg(loader.call.call, 5, "sampler")
-        shared = given is not None and any(
-            isinstance(n, cst.Call) and a.qualname(n.func) == SHARE_SAMPLER for n in all_nodes(given.value))
-        if sampler_of(a, loader)[1] is None and not shared:
-            continue  # not sharded by a sampler: DST951's to speak of
+    for loader, shared in sharded_loaders(a):
         out += [(d, loader) for d in loader_draws(a, loader, shared, done)]
     return out
 
@@ -119,6 +128,66 @@ def loader_draws(a: "Anatomy", loader: "Loader", shared: bool, done: Optional[Se
                 done.add(id(n))
                 out.append(n)
     return out
+
+
+class ForeignDraw(Value):
+    """A call of the script whose project function (another module) makes the training set by an
+    unseeded draw: the call, where the draw is (``data.py:9``) and how the draw is spelled there."""
+
+    __slots__ = ("call", "where", "draw")
+    call: cst.Call
+    where: str
+    draw: str
+
+    def __init__(self, call: cst.Call, where: str, draw: str) -> None:
+        self._set(call, where, draw)
+
+
+def foreign_draws(a: "Anatomy", loader: "Loader", shared: bool, path: Optional[str], options) -> List[ForeignDraw]:
+    """The calls the dataset of the training `loader` (and a shared sampler's indices) is made by
+    that reach a function of another module of the project (``program.reached``) whose returns come
+    from an unseeded draw (``data.make_sets`` shuffling its ids with ``random.shuffle``). A seed
+    call in either module counts as seeding the draw's generator. Empty without the script's path."""
+    site = loader.call
+    if not path or site is None or site.call is None:
+        return []
+    reach = getattr(a.facts, "project", None)
+    given = arg(site.call, 5, "sampler")
+    made = [e for e in (loader.dataset, given.value if shared and given is not None else None) if e is not None]
+    by_call = {id(c.call): c for c in a.calls}
+    seeded = {c.qualname for c in a.calls_to(SEEDS)}
+    out: List[ForeignDraw] = []
+    done: Set[int] = set()
+    for expr, scope, _ in (v for e in made for v in _values(a, site.scope, site.stmt, e, 0, set())):
+        for n in all_nodes(expr):
+            c = by_call.get(id(n))
+            if c is None or not c.qualname or c.qualname in SPLIT_DRAWS or reach is None:
+                continue
+            if reach.project().locate(c.qualname) is None:
+                continue  # no module of the project holds it (torch.linspace): the program model is not built
+            from distify.program import reached
+
+            target = reached(a, path, options, c).target
+            if target is None:
+                continue
+            there = target.unit.anatomy
+            both = seeded | {s.qualname for s in there.calls_to(SEEDS)}
+            file = target.where.rsplit(":", 1)[0]
+            for d in _returned_draws(there, target.fn, both, done):
+                out.append(ForeignDraw(n, f"{file}:{there.position(d)[0]}", there.module.code_for_node(d.func)))
+    return out
+
+
+def _returned_draws(a: "Anatomy", fn: cst.FunctionDef, seeded: Set[str], done: Set[int]) -> Iterator[cst.Call]:
+    """The unseeded draws the returns of `fn` (a function of the module `a` analyses) are made from."""
+    for line in a.facts.statements(fn):
+        for r in (line.body if isinstance(line, cst.SimpleStatementLine) else ()):
+            if isinstance(r, cst.Return) and r.value is not None:
+                for v, _, _ in _values(a, fn, line, r.value, 1, set()):
+                    for d in all_nodes(v):
+                        if isinstance(d, cst.Call) and id(d) not in done and _unseeded_draw(a, d, seeded):
+                            done.add(id(d))
+                            yield d
 
 
 def written_by_training(a: "Anatomy", loader: "Loader", sampler: cst.BaseExpression) -> Optional[cst.CSTNode]:

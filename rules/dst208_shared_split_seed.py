@@ -8,7 +8,7 @@ import libcst as cst
 
 from distify.library import SPLIT_DRAWS
 from distify.records import INIT_PG
-from distify.split_draws import loader_draws
+from distify.split_draws import foreign_draws, loader_draws
 from distify.rules.base import Context, Rule, add_kwarg
 
 _DEPTH = 4
@@ -33,7 +33,9 @@ class SharedSplitSeed(Rule):
         ``np.random.RandomState(runtime.shared_seed()).permutation(n)``: the same arguments and the
         same kind of result, and the global stream is left as it was. A draw that may run before the
         process group exists, on some ranks only, or with ``*args`` / ``**kwargs`` that may carry its
-        seed is left as it is with a warning, and the audit (DST965) then refuses the file.
+        seed is left as it is with a warning, and the audit (DST965) then refuses the file; a draw
+        in a function of another module of the project (``train_set = make_sets(64)`` from
+        ``data.py``) refuses the file with that module's line, since distify does not rewrite it.
 
     Why:
         A DistributedSampler hands each rank every N-th index of the dataset that rank built. An
@@ -73,6 +75,13 @@ class SharedSplitSeed(Rule):
                              "seed call before the draw)")
                     continue
                 self._seed(ctx, draw)
+            for f in foreign_draws(a, loader, loader in shared, ctx.plan.script_path, ctx.options):
+                ctx.block(self.code, f.call,
+                          f"{ctx.code(f.call.func)}() makes the training set the ranks shard with {f.draw}() at "
+                          f"{f.where}, from a generator the project never seeds: each rank would shard another "
+                          "split, and distify does not rewrite that module: not migrated; seed that draw the "
+                          "same on every rank there (random.Random(seed), np.random.RandomState(seed), "
+                          "generator=torch.Generator().manual_seed(seed), random_state=seed)")
 
     def _seed(self, ctx: Context, draw: cst.Call) -> None:
         row = SPLIT_DRAWS[ctx.anatomy.qualname(draw.func)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from distify.anatomy import Anatomy
-from distify.split_draws import unseeded_splits
+from distify.split_draws import foreign_draws, sharded_loaders, unseeded_splits
 from distify.rules.base import AuditCheck, Context
 
 
@@ -17,7 +17,9 @@ class UnseededSplit(AuditCheck):
         ``random.shuffle`` of a file list, ``np.random.permutation`` indices, ``train_test_split``
         without ``random_state=`` – when the script never seeds that draw's generator; for a
         sampler of the script's own that DST901 shares out (``runtime.ShareSampler``), the indices
-        it is given are followed too (``SubsetRandomSampler(train_idx)``). A migration gives each
+        it is given are followed too (``SubsetRandomSampler(train_idx)``), and so are the functions
+        of the project's other modules the script calls for them (the call is reported with the
+        draw's file and line). A migration gives each
         such draw a seed every rank shares first (DST208); a draw left unseeded in distify's own
         output (one that runs before the process group exists) refuses the file: exit 3, nothing
         written.
@@ -55,6 +57,19 @@ class UnseededSplit(AuditCheck):
                 "miss samples; seed it the same on every rank (generator=torch.Generator().manual_seed(seed), "
                 "random_state=seed, or a seed call before the draw)",
             )
+        for loader, shared in sharded_loaders(a):
+            for f in foreign_draws(a, loader, shared, ctx.plan.script_path, ctx.options):
+                ctx.warn(self.code, f.call, foreign_message(ctx, f, loader.target))
+
+
+def foreign_message(ctx: Context, f, target) -> str:
+    """What DST208 and DST965 say of a training set split in another module by an unseeded draw."""
+    where = f" of {target}" if target else ""
+    return (f"{ctx.code(f.call.func)}() makes the training set{where}, which the ranks shard, with {f.draw}() at "
+            f"{f.where}, from a random generator the project never seeds: each rank draws another split, so the "
+            "shards overlap and miss samples; seed that draw the same on every rank there "
+            "(random.Random(seed), np.random.RandomState(seed), generator=torch.Generator().manual_seed(seed), "
+            "random_state=seed)")
 
 
 RULE = UnseededSplit()

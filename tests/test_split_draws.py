@@ -220,3 +220,59 @@ def test_a_function_of_the_script_spelled_like_the_draw_is_left_alone() -> None:
     out = migrate_source(source, Options(backend="ddp"))
     assert out.changed and not [f for f in out.findings if f.code in ("DST208", "DST965")]
     assert b"shared_seed" not in out.output
+
+
+HELPER = '''\
+import random
+
+import torch
+from torch.utils.data import Subset, TensorDataset
+SEED_LINE
+
+def make_sets(n):
+    ids = list(range(n))
+    random.shuffle(ids)
+    xs = torch.linspace(-1, 1, n).unsqueeze(1)
+    full = TensorDataset(xs, 2 * xs)
+    return Subset(full, ids[:48]), Subset(full, ids[48:])
+'''
+ENTRY = '''\
+import torch
+from torch.utils.data import DataLoader
+
+from data import make_sets
+
+
+def main():
+    train_set, val_set = make_sets(64)
+    loader = DataLoader(train_set, batch_size=8, shuffle=True)
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+@pytest.mark.parametrize("backend", ["ddp", "horovod"])
+@pytest.mark.parametrize("seed", ["", "random.seed(0)"])
+def test_a_split_drawn_in_another_module_of_the_project_is_refused_with_its_line(tmp_path, backend, seed) -> None:
+    # distify does not rewrite data.py, so it cannot give that draw a shared seed: refused, naming it;
+    # control: the helper module seeds Python's generator, and the script is migrated as before
+    (tmp_path / "data.py").write_text(HELPER.replace("SEED_LINE", seed))
+    script = tmp_path / "train.py"
+    script.write_text(ENTRY)
+    out = migrate_source(ENTRY.encode(), Options(backend=backend), path=str(script))
+    said = [(f.line, f.kind) for f in out.findings if f.code == "DST208"]
+    if seed:
+        assert out.changed and not out.refused and said == []
+    else:
+        assert out.refused and out.output == ENTRY.encode()
+        assert said == [(8, "warning")]
+        assert "random.shuffle() at data.py:9" in next(f.message for f in out.findings if f.code == "DST208")
