@@ -55,6 +55,7 @@ class Facts:
         self._bindings: Dict[int, Dict[str, List[Binding]]] = {}
         self._rank_names: Optional[FrozenSet[str]] = None
         self._rank_calls: FrozenSet[int] = frozenset()
+        self._rank_tests: Dict[int, Tuple[cst.BaseExpression, bool]] = {}  # id(test) -> (test, rank_condition)
         self._made_from_rank: Optional[FrozenSet[str]] = None
         self._gradient_names: Optional[FrozenSet[str]] = None
         self._trains: Dict[int, bool] = {}
@@ -136,8 +137,13 @@ class Facts:
         return process_calls(self)
 
     def rank_condition(self, test: cst.BaseExpression) -> bool:
-        """A condition that is not the same on every rank (see ``rank_dependent``)."""
-        return rank_dependent(test, self.rank_names, self.rank_calls)
+        """A condition that is not the same on every rank (see ``rank_dependent``); once per test
+        node for this analysis (the guards of every statement ask it of the same few tests)."""
+        key = id(test)
+        found = self._rank_tests.get(key)
+        if found is None:
+            found = self._rank_tests[key] = (test, rank_dependent(test, self.rank_names, self.rank_calls))
+        return found[1]
 
     def rank_guards(self, stmt: cst.CSTNode) -> List[Tuple[cst.If, str]]:
         """The rank conditions enclosing `stmt` in its scope, outermost first, with the branch the
