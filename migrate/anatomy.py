@@ -704,6 +704,8 @@ def analyse(module: cst.Module, project=None, joined=None, text: Optional[str] =
                 continue
         elif len(qn.split(".")) != 3 or not qn.split(".")[2][:1].isupper():
             continue
+        if isinstance(c.scope, cst.FunctionDef) and facts.never_runs(c.scope):
+            continue  # built in a function nothing in the script calls (a model's unused configure_optimizers)
         target = assigned_name(c.stmt, c.call)
         p = arg(c.call, 0, "params")
         roots: List[str] = []

@@ -269,6 +269,32 @@ class Facts:
         return any(self.on_training_path(c.stmt, depth + 1) for c in self.callers(scope))
 
     # calls -------------------------------------------------------------------------------
+    def never_runs(self, fn: cst.FunctionDef) -> bool:
+        """`fn`, a function or method of this module, cannot run in this script: it has no decorator,
+        is no dunder nor ``forward`` (which a library calls by name), and its name stands nowhere in
+        the module but in its own ``def``: no call, no reference (``callback=fn``, ``obj.fn``), no
+        string (``getattr(obj, "fn")``). Another ``def`` of the same name counts as a reference (the
+        cautious side)."""
+        name = fn.name.value
+        if fn.decorators or name.startswith("__") or name == "forward":
+            return False
+
+        def index():
+            from collections import Counter
+
+            from distify.walk import preorder
+
+            seen: Counter = Counter()
+            for n in preorder(self.module):
+                t = type(n)
+                if t is cst.Name:
+                    seen[n.value] += 1
+                elif t is cst.SimpleString:
+                    seen[n.value[1:-1] if n.value[:1] in "'\"" else n.value] += 1
+            return seen
+
+        return self.memo(("names in the module",), index)[name] <= 1
+
     def callers(self, fn: cst.FunctionDef, any_receiver: bool = False) -> list:
         """Call sites of `fn`: a module-level function by its name, a nested function from the
         scope that defines it, a method through ``self`` in its own class, ``__init__`` where its
