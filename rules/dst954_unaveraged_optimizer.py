@@ -112,7 +112,7 @@ class UnaveragedOptimizer(AuditCheck):
                     f"{', '.join(loose)} is not wrapped in DistributedDataParallel: this optimizer's updates are not "
                     f"averaged across ranks and the replicas drift apart; wrap it (model = DDP(model, ...)) before "
                     "building the optimizer"
-                    if a.flavour != "fsdp"
+                    if not (a.flavour == "fsdp" or (ctx.plan.distify_output and ctx.backend == "fsdp"))
                     else f"{', '.join(loose)} is not sharded with fully_shard: this optimizer's updates are not "
                     "averaged across ranks and the replicas drift apart; fully_shard it before building the optimizer",
                 )

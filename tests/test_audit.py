@@ -597,3 +597,16 @@ def test_an_optimizer_a_method_or_builder_of_the_script_returns_is_migrated(monk
     assert not migrate_source(cases[0], Options(backend="horovod")).changed
     old = migrate_source(cases[1], Options(backend="horovod")).output
     assert b"named_parameters=model.named_parameters()" not in old and b"hvd.DistributedOptimizer(optimizer)\n" in old
+
+
+def test_dst954_names_the_backends_own_wrapper(monkeypatch) -> None:
+    """An FSDP migration with the shard switched off leaves the model loose: DST954 says to
+    fully_shard it, not to wrap it in DDP (the wording followed the output's flavour, which a script
+    with nothing sharded does not show). Control: the same output audited as a DDP migration says
+    DistributedDataParallel."""
+    result = migrate_source(EXAMPLE, Options(backend="fsdp", ignore=("DST121",)))
+    said = [f.message for f in result.findings if f.code == "DST954"]
+    assert said and all("not sharded with fully_shard" in m for m in said), said
+    result = migrate_source(EXAMPLE, Options(backend="ddp", ignore=("DST101",)))
+    said = [f.message for f in result.findings if f.code == "DST954"]
+    assert said and all("not wrapped in DistributedDataParallel" in m for m in said), said
