@@ -126,6 +126,31 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.torch)
 
 
+def declared_runs(item) -> set:
+    """The (case, backend) pairs an end-to-end test declares with ``runs`` marks."""
+    return {(mark.args[0], backend) for mark in item.iter_markers("runs") for backend in mark.args[1:]}
+
+
+def undeclared_runs(declared: set, migrated) -> set:
+    """What a test declares it executes but never migrated (e2e_support.MIGRATED)."""
+    return declared - set(migrated)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A ``runs`` mark is a claim tests/test_executed_matrix.py counts: a test that passes without
+    migrating (and so launching) a case it declares fails here, so no declaration outlives its test."""
+    import e2e_support
+
+    declared = declared_runs(item)
+    e2e_support.MIGRATED.clear()
+    result = yield
+    missing = undeclared_runs(declared, e2e_support.MIGRATED)
+    if missing:
+        raise AssertionError(f"marked runs{sorted(missing)} but never migrated them (tests/e2e_support.migrate)")
+    return result
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item) -> None:
     if item.get_closest_marker("horovod") is None:

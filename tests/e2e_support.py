@@ -287,6 +287,32 @@ def checked(result: RunResult, launcher: str, name: str) -> RunResult:
     return result
 
 
+# The fixture cases this process migrated, as (case, backend): the case is the input's path under
+# fixtures/ without ".in.py" ("DST207/patience"). An end-to-end test declares what it executes with
+# `@pytest.mark.runs(case, backend, ...)` (or `executed(...)` on a parameter); tests/conftest.py fails
+# a passing test that did not migrate a case it declares, and tests/test_executed_matrix.py reads the
+# declarations to check that every golden of the shapes it lists is executed under its backend.
+MIGRATED: list = []
+FIXTURES = REPO_ROOT / "fixtures"
+
+
+def case_of(src) -> Optional[str]:
+    """``DST207/patience`` for fixtures/DST207/patience.in.py; None for a file outside fixtures/."""
+    src = Path(src).resolve()
+    if src.name.endswith(".in.py") and FIXTURES in src.parents:
+        return str(src.relative_to(FIXTURES))[: -len(".in.py")]
+    return None
+
+
+def executed(case: str, backend: str, *values, id: Optional[str] = None):
+    """A pytest parameter (``values``) of a test that migrates fixtures/<case>.in.py for ``backend``
+    and launches it: marked ``runs(case, backend)``, and ``horovod`` under Horovod."""
+    import pytest
+
+    marks = [pytest.mark.runs(case, backend)] + ([pytest.mark.horovod] if backend == "horovod" else [])
+    return pytest.param(*values, marks=marks, id=id)
+
+
 def migrate(src, dst, backend: str = "ddp", extra_args: Iterable = (), timeout: float = 120) -> RunResult:
     """Copy src to dst and rewrite dst in place with the real CLI (`python -m distify`).
 
@@ -300,6 +326,8 @@ def migrate(src, dst, backend: str = "ddp", extra_args: Iterable = (), timeout: 
     result = _run(argv, cwd=dst.parent, env=clean_env(), timeout=timeout, check=False)
     if result.returncode not in (0, 1):
         raise RunFailed(f"distify failed on {src.name}\n" + result.describe())
+    if case_of(src):
+        MIGRATED.append((case_of(src), backend))
     return result
 
 
@@ -538,6 +566,31 @@ def spied_parameters(script, tmp_path, launch, launcher: str) -> list:
     run.mkdir()
     checked(launch(script, [], nproc=2, env=env, cwd=run, check=False), launcher, Path(script).name)
     return [torch.load(dumps / f"rank{r}.pt") for r in (0, 1)]
+
+
+def launcher(backend: str):
+    """The launch of a backend's migration: horovodrun for Horovod, torchrun for DDP and FSDP."""
+    return run_horovodrun if backend == "horovod" else run_torchrun
+
+
+def rank_parameters(script, args, workdir, backend: str, spy: str = "", env: Optional[Mapping[str, str]] = None,
+                    **launch):
+    """Launch `script args` on two ranks with the backend's launcher in `workdir`, with the spy that
+    records each rank's parameters at exit (FSDP: the full tensors each rank gathers from the shards,
+    FSDP_SPY; otherwise each rank's own, PARAM_SPY) followed by `spy` (more sitecustomize code) and
+    the variables `env`. (the launch's result, [rank 0's parameters, rank 1's])."""
+    import torch
+
+    workdir = Path(workdir)
+    dumps = workdir / "dumps"
+    dumps.mkdir(parents=True)
+    fsdp = backend == "fsdp"
+    body = (FSDP_SPY if fsdp else PARAM_SPY) + "\n" + spy
+    env = sitecustomize_env(workdir / "spy", body, {**(env or {}),
+                            ("DISTIFY_E2E_FSDP_DIR" if fsdp else "DISTIFY_E2E_PARAM_DIR"): str(dumps)})
+    result = launcher(backend)(script, args, nproc=2, env=env, cwd=workdir, **launch)
+    ranks = [torch.load(dumps / f"rank{r}.pt") for r in (0, 1)]
+    return result, [r["params"] for r in ranks] if fsdp else ranks
 
 
 def same_on_every_rank(ranks) -> bool:

@@ -8,11 +8,20 @@ with the same parameters on every rank (they took as many steps). Control: witho
 the loop and rank 1 waits for it in the next gradient all-reduce (gloo then fails on the closed
 connection, or the launch times out).
 
-Two stops the condition alone does not show, one run each (ddp; the agreement is the same runtime
-call under every backend): the early-stopping object of the common recipe, whose ``__call__``
-keeps the flag the loop reads (fixtures/DST207/early_stopping_object), and a ``while`` loop whose
-test reads a flag set from the last batch loss (fixtures/DST207/while_not_done, agreed with
-``runtime.agree_all``). Each has its control, the same migration with the agreement taken out.
+The other stops of fixtures/DST207, each migrated for every backend with a golden and launched on 2
+ranks (DDP and FSDP under torchrun, Horovod under horovodrun, whose agreement goes through Horovod's
+all-reduce): the early-stopping object of the common recipe, whose ``__call__`` keeps the flag the
+loop reads (early_stopping_object); a ``while`` loop whose test reads a flag set from the last batch
+loss (while_not_done, agreed with ``runtime.agree_all``); a batch loop left on this rank's batch
+loss beside a patience counter on a whole evaluation (patience); a stop a function of the script
+decides from the losses the loop appends, and a ``sys.exit`` on a loss no longer finite
+(stop_in_function); REINFORCE's running reward past a threshold, with each rank drawing its own
+episodes (solved_threshold; a test-only sitecustomize seeds each rank apart, as separate machines'
+environments would be). Every rank must end with the same parameters (FSDP: every rank's run ends
+and the gathered parameters are taken, the agreement is what lets the ranks finish). The stop
+depends on each rank's own shard, so the run is not the single process's at twice the batch, and
+no weights are compared with it. Control (ddp): the same migration with the agreements taken out
+either fails (a rank waits in an all-reduce the other left) or ends with ranks that differ.
 """
 from __future__ import annotations
 
@@ -24,7 +33,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e_support import (  # noqa: E402
-    PARAM_SPY, REPO_ROOT, RunFailed, migrate, run_horovodrun, run_torchrun, sitecustomize_env,
+    REPO_ROOT, RunFailed, executed, migrate, rank_parameters, run_torchrun,
 )
 
 pytestmark = pytest.mark.e2e
@@ -34,26 +43,23 @@ AGREED = "if runtime.agree(loss.item() < args.tol):"
 ARGS = ["--batch-size", 8, "--epochs", 40]
 
 
-def _ranks(script: Path, workdir: Path, launch, timeout: float):
-    import torch
 
-    dumps = workdir / "dumps"
-    dumps.mkdir(parents=True)
-    env = sitecustomize_env(workdir / "spy", PARAM_SPY, {"DISTIFY_E2E_PARAM_DIR": str(dumps)})
-    result = launch(script, ARGS, nproc=2, env=env, cwd=workdir, timeout=timeout)
-    return result, [torch.load(dumps / f"rank{r}.pt") for r in range(2)]
+def _ranks(script: Path, workdir: Path, backend: str, timeout: float, args=ARGS, seed_apart: bool = False):
+    """(the launch's result, each rank's parameters at exit)."""
+    if seed_apart:
+        return rank_parameters(script, args, workdir, backend, SEED_APART, {"DISTIFY_E2E_SEED_APART": "1"}, timeout=timeout)
+    return rank_parameters(script, args, workdir, backend, timeout=timeout)
 
 
-@pytest.mark.parametrize("backend", ["ddp", pytest.param("horovod", marks=pytest.mark.horovod)])
+@pytest.mark.parametrize("backend", [executed("DST207/last_loss_stop", b, b) for b in ("ddp", "horovod", "fsdp")])
 def test_every_rank_stops_at_the_same_epoch(tmp_path, backend):
     import torch
 
-    launch = run_horovodrun if backend == "horovod" else run_torchrun
     script = tmp_path / "script" / "last_loss_stop.py"
     migrate(SOURCE, script, backend=backend)
     text = script.read_text()
     assert AGREED in text, "DST207 did not agree the stop"
-    result, (rank0, rank1) = _ranks(script, tmp_path / "run", launch, timeout=180)
+    result, (rank0, rank1) = _ranks(script, tmp_path / "run", backend, timeout=180)
     assert "converged at epoch" in result.stdout and "stopped after epoch 39" not in result.stdout, result.stdout
     assert rank0 and all(torch.equal(a, b) for a, b in zip(rank0, rank1)), "the ranks took different steps"
 
@@ -61,44 +67,76 @@ def test_every_rank_stops_at_the_same_epoch(tmp_path, backend):
         # control: each rank decides alone -> rank 1 trains on after rank 0 left
         script.write_text(text.replace(AGREED, "if loss.item() < args.tol:"))
         with pytest.raises(RunFailed):
-            launch(script, ARGS, nproc=2, cwd=tmp_path, timeout=60)
+            run_torchrun(script, ARGS, nproc=2, cwd=tmp_path, timeout=60)
 
 
-# (fixture, the agreed line, the line without the agreement, what it prints when it never stops early)
+# each rank seeds its generators apart (torch.manual_seed(seed) seeds seed + 1000 * rank): separate
+# machines drawing their own episodes
+SEED_APART = '''\
+import os
+
+if os.environ.get("DISTIFY_E2E_SEED_APART"):
+    def _patch(torch):
+        real_seed = torch.manual_seed
+        rank = int(os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or 0)
+        torch.manual_seed = lambda seed: real_seed(int(seed) + 1000 * rank)
+
+    _after_torch_import(_patch)
+'''
+
+
+class Stop:
+    """A shape: its arguments, the lines distify agrees (each with its line without the agreement),
+    what its output must show once the migrated run stops early, and what only a run that never
+    stopped early shows."""
+
+    def __init__(self, args, agreed: dict, shows: str = "", never: str = "", seed_apart: bool = False):
+        self.args, self.agreed, self.shows, self.never, self.seed_apart = args, agreed, shows, never, seed_apart
+
+
 SHAPES = {
-    "early_stopping_object": ("if runtime.agree(early_stopping.early_stop):", "if early_stopping.early_stop:",
-                              "stopped after epoch 39"),
-    "while_not_done": ("while runtime.agree_all(not done):", "while not done:", "stopped after epoch 40"),
+    "early_stopping_object": Stop(ARGS, {"if runtime.agree(early_stopping.early_stop):": "if early_stopping.early_stop:"},
+                                  "stopped after epoch", "stopped after epoch 39"),
+    "while_not_done": Stop(ARGS, {"while runtime.agree_all(not done):": "while not done:"},
+                           "stopped after epoch", "stopped after epoch 40"),
+    # batch 4: 6 batches a rank, whose losses pass under 0.05 on one rank before the other
+    "patience": Stop(["--batch-size", 4, "--epochs", 50], {
+        "if runtime.agree(loss.item() < 0.05):": "if loss.item() < 0.05:",
+        "if runtime.agree(val < best):": "if val < best:"}, "done 49"),
+    "stop_in_function": Stop([], {
+        "if runtime.agree(not math.isfinite(loss.item())):": "if not math.isfinite(loss.item()):",
+        "if runtime.agree(plateaued(history, 3)):": "if plateaued(history, 3):"}, "done", "done 29"),
+    "solved_threshold": Stop([], {"if runtime.agree(running_reward > args.threshold):":
+                                  "if running_reward > args.threshold:"}, "Solved!", seed_apart=True),
 }
 
 
-@pytest.mark.parametrize(
-    "shape,backend",
-    [(shape, "ddp") for shape in sorted(SHAPES)]
-    # runtime.agree_all through Horovod's all-reduce (the agreed run; the control is the ddp case's)
-    + [pytest.param("while_not_done", "horovod", marks=pytest.mark.horovod)],
-)
+@pytest.mark.parametrize("shape,backend", [
+    executed(f"DST207/{shape}", backend, shape, backend, id=f"{shape}-{backend}")
+    for shape in sorted(SHAPES) for backend in ("ddp", "horovod", "fsdp")
+])
 def test_a_stop_decided_outside_the_test_is_taken_by_every_rank(tmp_path, shape, backend):
     import torch
 
-    agreed, alone, never = SHAPES[shape]
-    args = ["--batch-size", 8, "--epochs", 40]
+    stop = SHAPES[shape]
     script = tmp_path / "script" / f"{shape}.py"
     migrate(REPO_ROOT / "fixtures" / "DST207" / f"{shape}.in.py", script, backend=backend)
     text = script.read_text()
-    assert agreed in text, "DST207 did not agree the stop"
-    dumps = tmp_path / "dumps"
-    dumps.mkdir()
-    env = sitecustomize_env(tmp_path / "spy", PARAM_SPY, {"DISTIFY_E2E_PARAM_DIR": str(dumps)})
-    launch = run_horovodrun if backend == "horovod" else run_torchrun
-    result = launch(script, args, nproc=2, env=env, cwd=tmp_path, timeout=180)
-    assert "stopped after epoch" in result.stdout and never not in result.stdout, result.stdout
-    rank0, rank1 = (torch.load(dumps / f"rank{r}.pt") for r in range(2))
+    assert all(line in text for line in stop.agreed), "DST207 did not agree the stop"
+    result, (rank0, rank1) = _ranks(script, tmp_path / "run", backend, 180, stop.args, stop.seed_apart)
+    assert stop.shows in result.stdout and not (stop.never and stop.never in result.stdout), result.stdout
     assert rank0 and all(torch.equal(a, b) for a, b in zip(rank0, rank1)), "the ranks took different steps"
-    if backend == "horovod":
+    if backend != "ddp":
         return
 
     # control: each rank decides alone -> one leaves the loop, the other waits in the next all-reduce
-    script.write_text(text.replace(agreed, alone))
-    with pytest.raises(RunFailed):
-        run_torchrun(script, args, nproc=2, cwd=tmp_path, timeout=60)
+    # (the launch fails or hangs) or trains on alone (the ranks end apart)
+    for agreed, alone in stop.agreed.items():
+        text = text.replace(agreed, alone)
+    script.write_text(text)
+    try:
+        _, (rank0, rank1) = _ranks(script, tmp_path / "control", backend, 60, stop.args, stop.seed_apart)
+    except RunFailed:
+        return
+    assert not (rank0 and all(torch.equal(a, b) for a, b in zip(rank0, rank1))), \
+        "control: the ranks decided alone and still took the same steps"
