@@ -30,7 +30,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e_support import (  # noqa: E402
-    PARAM_SPY, RANK0_ONLY_SPY, REPO_ROOT, migrate, run_horovodrun, run_torchrun, sitecustomize_env,
+    PARAM_SPY, RANK0_ONLY_SPY, REPO_ROOT, assert_same_weights, executed, migrate, rank_parameters, run_horovodrun,
+    run_python, run_torchrun, sitecustomize_env,
 )
 
 pytestmark = pytest.mark.e2e
@@ -174,41 +175,82 @@ def test_ddp_rank_that_cannot_read_the_checkpoint_gets_rank0s_state(tmp_path, re
 
 
 # A load the script itself runs on rank 0 only (`if rank == 0 and args.resume:`, fixtures/DST308/
-# rank0_load_after_wrap): in the single process it always ran, so every rank must end with what it
-# loaded. DDP broadcasts rank 0's weights, momentum and epoch after the `if`; control: without the
-# weight and momentum broadcasts (the epoch still broadcast, so both ranks run as many steps) rank 1
-# trains on from its fresh (seeded) weights and momentum and the ranks differ.
-RANK0_STATE = ("runtime.broadcast_module(model)\n"
-               "if runtime.broadcast_object(len(optimizer.state) > 0):\n"
-               "    optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n")
-RANK0_EPOCH = "start_epoch = runtime.broadcast_object(start_epoch)\n"
+# rank0_load_after_wrap; pretrained weights under `if rank == 0 and os.path.exists(...)`, before the
+# optimizer, rank0_load_before_shard): in the single process it always ran, so every rank must end
+# with what it loaded. DDP broadcasts rank 0's weights, momentum and epoch after the `if` (or wraps
+# after it: the wrap broadcasts), Horovod broadcasts the parameters and the optimizer state after it.
+# rank0_load_after_wrap is seeded and does not shuffle: resumed on 2 ranks of batch 8 it ends with the
+# weights of the original resumed at batch 16. Control: without the broadcasts (DDP: the wrap before
+# the load) rank 1 trains on from its fresh weights and momentum and the ranks differ.
+RANK0_LOADS = {
+    ("rank0_load_after_wrap", "ddp"): {
+        "runtime.broadcast_module(model)\n"
+        "if runtime.broadcast_object(len(optimizer.state) > 0):\n"
+        "    optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n"
+        "start_epoch = runtime.broadcast_object(start_epoch)\n":
+        "start_epoch = runtime.broadcast_object(start_epoch)\n"},  # (the epoch kept: as many steps)
+    ("rank0_load_after_wrap", "horovod"): {
+        "hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n"
+        "if runtime.broadcast_object(len(optimizer.state) > 0):\n"
+        "    hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n"
+        "start_epoch = runtime.broadcast_object(start_epoch)\n":
+        "start_epoch = runtime.broadcast_object(start_epoch)\n"},
+    ("rank0_load_before_shard", "ddp"): {
+        "model = runtime.DDP(model)\n": "",
+        "if rank == 0 and os.path.exists(": "model = runtime.DDP(model)\nif rank == 0 and os.path.exists(",
+        "    model.load_state_dict(": "    model.module.load_state_dict("},
+    ("rank0_load_before_shard", "horovod"): {"hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n": ""},
+}
 
 
-def test_ddp_load_on_rank0_only_reaches_every_rank(tmp_path):
+def _rank0_checkpoints(work: Path) -> None:
+    """ckpt.pt (a model with a momentum buffer, epoch 0) and pretrained.pt (its weights) in `work`."""
     import torch
     import torch.nn as nn
 
-    script = tmp_path / "train.py"
-    migrate(REPO_ROOT / "fixtures" / "DST308" / "rank0_load_after_wrap.in.py", script, backend="ddp")
-    text = script.read_text()
-    assert RANK0_STATE + RANK0_EPOCH in text, "DST308 did not broadcast the state rank 0 loaded"
+    work.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(7)
     model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.randn(8, 4)).sum().backward()
     optimizer.step()  # a momentum buffer to resume
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 0}, tmp_path / "ckpt.pt")
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 0}, work / "ckpt.pt")
+    torch.save(model.state_dict(), work / "pretrained.pt")
+
+
+@pytest.mark.parametrize("case,backend", [executed(f"DST308/{case}", backend, case, backend, id=f"{case}-{backend}")
+                                          for case, backend in RANK0_LOADS])
+def test_load_on_rank0_only_reaches_every_rank(tmp_path, case, backend):
+    import torch
+
+    script = tmp_path / "train.py"
+    source = REPO_ROOT / "fixtures" / "DST308" / f"{case}.in.py"
+    migrate(source, script, backend=backend)
+    text = script.read_text()
+    edits = RANK0_LOADS[case, backend]
+    assert all(old in text for old in edits), "DST308 did not broadcast the state rank 0 loaded"
+    resume = case == "rank0_load_after_wrap"
+    args = ["--resume", "ckpt.pt", "--epochs", 2] if resume else []
 
     def ranks(path: Path, name: str) -> list:
-        dumps = tmp_path / name
-        dumps.mkdir()
-        env = sitecustomize_env(tmp_path / f"spy-{name}", PARAM_SPY, {"DISTIFY_E2E_PARAM_DIR": str(dumps)})
-        run_torchrun(path, ["--resume", tmp_path / "ckpt.pt", "--epochs", 2], nproc=2, env=env, cwd=tmp_path)
-        return [torch.load(dumps / f"rank{r}.pt") for r in range(2)]
+        work = tmp_path / name
+        _rank0_checkpoints(work)
+        return rank_parameters(path, args, work, backend)[1]
 
     migrated = ranks(script, "migrated")
     assert migrated[0] and _same(migrated[1], migrated[0]), "the ranks trained different models"
+    if resume:  # deterministic: the original resumed at twice the batch
+        original = tmp_path / "original"
+        _rank0_checkpoints(original)
+        (original / "train.py").write_text(source.read_text().replace("batch_size=8", "batch_size=16"))
+        run_python(original / "train.py", args, cwd=original)
+        assert_same_weights(torch.load(original / "last.pt")["model"], torch.load(tmp_path / "migrated" / "last.pt")["model"],
+                            label=f"{backend}, 2 ranks x 8 vs batch 16")
     control = tmp_path / "control.py"
-    control.write_text(text.replace(RANK0_STATE, ""))
+    broken = text
+    for old, new in edits.items():
+        broken = broken.replace(old, new)
+    assert broken != text
+    control.write_text(broken)
     found = ranks(control, "control")
     assert not _same(found[1], found[0]), "control: rank 1 kept its fresh weights and momentum and still agreed"
