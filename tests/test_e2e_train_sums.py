@@ -7,7 +7,7 @@ this rank's count of batches) and the training accuracy. It is deterministic and
 shuffle, so 2 ranks at batch 8 see, batch by batch, the samples the single process sees at batch 16
 (DistributedSampler deals index i to rank i % 2) and train the same weights: the printed lines must
 be the single process's, under torchrun (DDP and FSDP) and horovodrun. Control: the same migrated script without DST206's reductions prints rank
-0's half.
+0's half. Every other DST206 shape below runs the same way under each backend, with its ddp control.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e_support import REPO_ROOT, epoch_lines, migrate, run_horovodrun, run_python, run_torchrun  # noqa: E402
+from e2e_support import REPO_ROOT, epoch_lines, executed, launcher, migrate, run_python  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -39,11 +39,17 @@ def single_process(tmp_path_factory) -> list:
     return _numbers(epoch_lines(run_python(script, ["--batch-size", "16"], cwd=work).stdout))
 
 
-@pytest.mark.parametrize(
-    "backend,reduced",
-    [("ddp", True), ("ddp", False), ("fsdp", True), pytest.param("horovod", True, marks=pytest.mark.horovod)],
-    ids=["ddp", "control-ddp-unreduced", "fsdp", "horovod"],
-)
+def with_control(case: str):
+    """Each backend's run of fixtures/DST206/<case>, and the ddp run without the reduction (the control)."""
+    return pytest.mark.parametrize("backend,reduced", [
+        executed(f"DST206/{case}", "ddp", "ddp", True, id="ddp"),
+        executed(f"DST206/{case}", "ddp", "ddp", False, id="control-ddp-unreduced"),
+        executed(f"DST206/{case}", "fsdp", "fsdp", True, id="fsdp"),
+        executed(f"DST206/{case}", "horovod", "horovod", True, id="horovod"),
+    ])
+
+
+@with_control("epoch_loss")
 def test_epoch_summary_equals_single_process(tmp_path, single_process, backend, reduced):
     script = tmp_path / "train.py"
     migrate(SOURCE, script, backend=backend)
@@ -51,8 +57,7 @@ def test_epoch_summary_equals_single_process(tmp_path, single_process, backend, 
     assert len(REDUCTIONS.findall(text)) == 2, "DST206 did not reduce the epoch's sums"
     if not reduced:
         script.write_text(REDUCTIONS.sub("", text))
-    run = run_horovodrun if backend == "horovod" else run_torchrun
-    found = _numbers(epoch_lines(run(script, ["--batch-size", "8"], nproc=2, cwd=tmp_path).stdout))
+    found = _numbers(epoch_lines(launcher(backend)(script, ["--batch-size", "8"], nproc=2, cwd=tmp_path).stdout))
     assert len(found) == len(single_process) == 3, found
     close = all(
         abs(a - b) <= 2e-6 for got, want in zip(found, single_process) for a, b in zip(got, want)
@@ -75,14 +80,6 @@ def _single_and_migrated(tmp_path, source: Path, pattern, backend: str = "ddp"):
     return want, script, script.read_text()
 
 
-# each run twice under torchrun (the second without the reduction: the control) and once under horovodrun
-WITH_CONTROL = pytest.mark.parametrize(
-    "backend,reduced",
-    [("ddp", True), ("ddp", False), pytest.param("horovod", True, marks=pytest.mark.horovod)],
-    ids=["ddp", "control-ddp-unreduced", "horovod"],
-)
-
-
 def _two_ranks(tmp_path, source: Path, pattern, backend: str, reduction, reduced: bool):
     """(the single process's lines at batch 16, the migrated script's on 2 ranks at batch 8), the
     lines `pattern` finds; the migrated script must hold the one `reduction` (a pattern), which
@@ -91,26 +88,25 @@ def _two_ranks(tmp_path, source: Path, pattern, backend: str, reduction, reduced
     assert len(reduction.findall(text)) == 1, "DST206 did not reduce the sum"
     if not reduced:
         script.write_text(reduction.sub("", text))
-    run = run_horovodrun if backend == "horovod" else run_torchrun
-    return want, pattern.findall(run(script, ["--batch-size", "8"], nproc=2, cwd=tmp_path).stdout)
+    return want, pattern.findall(launcher(backend)(script, ["--batch-size", "8"], nproc=2, cwd=tmp_path).stdout)
 
 
 ACCURACY = REPO_ROOT / "fixtures" / "DST206" / "accuracy_on_train_set.in.py"
 GOT = re.compile(r"^Got (\S+) / (\S+) with accuracy (\S+)$", re.M)
 
 
-@pytest.mark.parametrize("reduced", [True, False], ids=["ddp", "control-ddp-unreduced"])
-def test_accuracy_on_the_training_set_counts_every_rank(tmp_path, reduced):
+@with_control("accuracy_on_train_set")
+def test_accuracy_on_the_training_set_counts_every_rank(tmp_path, backend, reduced):
     """fixtures/DST206/accuracy_on_train_set: after training, `check_accuracy(train_loader, model)`
     counts correct predictions over the (now sharded) training loader. 2 ranks at batch 8 train the
     single process's weights at batch 16 (no shuffle, deterministic), so the printed line must be the
     single process's: every one of the 64 samples counted. Control: without the reduction rank 0
     prints its 32."""
-    want, script, text = _single_and_migrated(tmp_path, ACCURACY, GOT)
+    want, script, text = _single_and_migrated(tmp_path, ACCURACY, GOT, backend)
     assert len(REDUCTIONS.findall(text)) == 1, "DST206 did not reduce the accuracy's sums"
     if not reduced:
         script.write_text(REDUCTIONS.sub("", text))
-    got = GOT.findall(run_torchrun(script, ["--batch-size", "8"], nproc=2, cwd=tmp_path).stdout)
+    got = GOT.findall(launcher(backend)(script, ["--batch-size", "8"], nproc=2, cwd=tmp_path).stdout)
     assert len(want) == 1 and want[0][1] == "64", want
     if reduced:
         assert got == want, f"2 ranks printed {got}, the single process {want}"
@@ -122,7 +118,7 @@ LIST = REPO_ROOT / "fixtures" / "DST206" / "loss_list_scheduler.in.py"
 LINE = re.compile(r"^epoch \d+ loss \S+ lr \S+$", re.M)
 
 
-@WITH_CONTROL
+@with_control("loss_list_scheduler")
 def test_a_list_of_batch_losses_steers_the_scheduler_as_one_process(tmp_path, backend, reduced):
     """fixtures/DST206/loss_list_scheduler: the batch losses kept in a list, averaged after the
     epoch and handed to ReduceLROnPlateau. 2 ranks at batch 8 (no shuffle, deterministic) must print
@@ -143,17 +139,17 @@ WEIGHTED = REPO_ROOT / "fixtures" / "DST206" / "weighted_sampler_epoch.in.py"
 SEEN = re.compile(r"^epoch \d+ seen (\d+) loss \S+$", re.M)
 
 
-@pytest.mark.parametrize("reduced", [True, False], ids=["ddp", "control-ddp-unreduced"])
-def test_sums_over_a_shared_sampler_count_every_rank(tmp_path, reduced):
+@with_control("weighted_sampler_epoch")
+def test_sums_over_a_shared_sampler_count_every_rank(tmp_path, backend, reduced):
     """fixtures/DST206/weighted_sampler_epoch: the loader's own WeightedRandomSampler is shared out
     (DST901, runtime.ShareSampler: each rank keeps every N-th draw of one sequence), so the epoch's
     sums are each rank's share: reduced, the printed count is the whole epoch's 64 draws, as the
     single process prints. Control: without the reduction rank 0 counts its 32."""
-    want, script, text = _single_and_migrated(tmp_path, WEIGHTED, SEEN)
+    want, script, text = _single_and_migrated(tmp_path, WEIGHTED, SEEN, backend)
     assert "ShareSampler(" in text and len(REDUCTIONS.findall(text)) == 1, "DST206 did not reduce the shared loader's sums"
     if not reduced:
         script.write_text(REDUCTIONS.sub("", text))
-    got = SEEN.findall(run_torchrun(script, ["--batch-size", "8"], nproc=2, cwd=tmp_path).stdout)
+    got = SEEN.findall(launcher(backend)(script, ["--batch-size", "8"], nproc=2, cwd=tmp_path).stdout)
     assert want == ["64", "64"], want
     assert got == (want if reduced else ["32", "32"]), got
 
@@ -162,7 +158,7 @@ OWN_LOSS = REPO_ROOT / "fixtures" / "DST206" / "loss_from_own_function.in.py"
 EPOCH = re.compile(r"^epoch \d+ loss (\S+) val-accuracy (\S+)$", re.M)
 
 
-@WITH_CONTROL
+@with_control("loss_from_own_function")
 def test_a_loss_from_the_scripts_own_function_is_averaged(tmp_path, backend, reduced):
     """fixtures/DST206/loss_from_own_function: the batch loss is what `compute_loss(model, batch,
     criterion)` returns (a mean loss, followed through the function's return), added up over the
