@@ -8,6 +8,12 @@ loader was never sharded and nothing was said. The loader spy (tests/e2e_support
 each pass's indices on every rank: the training loader (#0) must give the ranks disjoint shards that
 cover the set, in a new order every epoch (set_epoch), and the evaluation loader (#1) is read whole by
 every rank. The control removes the sampler from the migrated script: the same check fails.
+
+Each runs migrated for ddp, horovod and fsdp (the parameters compared between ranks under DDP and
+Horovod; FSDP's are shards), and so does fixtures/DST201/loader_in_place: a loader built in place as
+the argument of the script's training function every epoch, inside a print distify guards. Its five
+loaders (one an epoch) must each give the ranks disjoint shards covering the dataset, in a new order
+each epoch (the set_epoch DST202 adds before the statement); control: the sampler taken out.
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e_support import LOADER_SPY, SCENARIOS, checked, migrate, run_torchrun, sitecustomize_env  # noqa: E402
+from e2e_support import LOADER_SPY, SCENARIOS, checked, executed, launcher, migrate, sitecustomize_env  # noqa: E402
 from test_e2e_data_paths import check_ranks_identical, check_shards  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -27,9 +33,11 @@ pytestmark = pytest.mark.e2e
 SCRIPT = SCENARIOS / "annotated_transformer.in.py"
 SPEC = dict(train=[0], shuffled=[0], whole=[1])
 ARGS = ["--batch-size", 16, "--epochs", 2, "--checkpoint", "final.pt"]
+IN_PLACE = SCENARIOS.parent / "DST201" / "loader_in_place.in.py"
+IN_PLACE_SPEC = dict(train=[0, 1, 2, 3, 4], shuffled=[], whole=[])
 
 
-def _launch(script: Path, tmp_path: Path):
+def _launch(script: Path, tmp_path: Path, backend: str, args=ARGS):
     import torch
 
     dumps = tmp_path / "dumps"
@@ -37,32 +45,67 @@ def _launch(script: Path, tmp_path: Path):
     run_dir = tmp_path / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     env = sitecustomize_env(tmp_path / "spy", LOADER_SPY, {"DISTIFY_E2E_DATA_DIR": str(dumps)})
-    result = checked(run_torchrun(script, ARGS, nproc=2, env=env, cwd=run_dir, check=False), "torchrun", script.name)
+    result = checked(launcher(backend)(script, args, nproc=2, env=env, cwd=run_dir, check=False), backend, script.name)
     loaders, params = {}, {}
     for r in ("0", "1"):
         path = dumps / f"loaders-rank{r}.jsonl"
         assert path.is_file(), f"rank {r} left no loader records\n" + result.describe()
         loaders[r] = [json.loads(line) for line in path.read_text().splitlines()]
-        params[r] = torch.load(dumps / f"params-rank{r}.pt")
-        params["initial", r] = torch.load(dumps / f"initial-rank{r}.pt")
+        if backend != "fsdp":  # (FSDP's parameters are each rank's shards)
+            params[r] = torch.load(dumps / f"params-rank{r}.pt")
+        if backend == "ddp":  # (Horovod builds its optimizer before it broadcasts the parameters)
+            params["initial", r] = torch.load(dumps / f"initial-rank{r}.pt")
     return loaders, params, result
 
 
-def test_annotated_transformer_shards_the_loader_the_training_call_hands_in(tmp_path):
+BACKENDS = ("ddp", "horovod", "fsdp")
+
+
+@pytest.mark.parametrize("backend", [executed("scenarios/annotated_transformer", b, b) for b in BACKENDS])
+def test_annotated_transformer_shards_the_loader_the_training_call_hands_in(tmp_path, backend):
     script = tmp_path / "script" / "annotated_transformer.py"
     script.parent.mkdir()
-    migrate(SCRIPT, script, backend="ddp")
+    migrate(SCRIPT, script, backend=backend)
     text = script.read_text()
     assert "sampler=train_iter_sampler" in text and "train_iter_sampler.set_epoch(epoch)" in text
-    loaders, params, result = _launch(script, tmp_path / "migrated")
+    loaders, params, result = _launch(script, tmp_path / "migrated", backend)
     check_shards("annotated_transformer", loaders, SPEC)
-    check_ranks_identical("annotated_transformer", params)
+    if params:
+        check_ranks_identical("annotated_transformer", params)
     assert sum(line.startswith("epoch ") for line in result.output.splitlines()) == 2  # printed once per epoch
+    if backend != "ddp":
+        return
 
     # control: the sampler taken out again (as distify left it before), both ranks read the same samples
     broken = script.with_name("unsharded.py")
     broken.write_text(text.replace("sampler=train_iter_sampler)", "shuffle=True)"))
     assert broken.read_text() != text
-    loaders, _, _ = _launch(broken, tmp_path / "control")
+    loaders, _, _ = _launch(broken, tmp_path / "control", backend)
     with pytest.raises(AssertionError, match="the loader is not sharded"):
         check_shards("control", loaders, SPEC)
+
+
+@pytest.mark.parametrize("backend", [executed("DST201/loader_in_place", b, b) for b in BACKENDS])
+def test_a_loader_built_in_place_every_epoch_is_sharded_and_reshuffled(tmp_path, backend):
+    script = tmp_path / "script" / "loader_in_place.py"
+    script.parent.mkdir()
+    migrate(IN_PLACE, script, backend=backend)
+    text = script.read_text()
+    assert "sampler=loader_sampler)" in text and "loader_sampler.set_epoch(epoch)" in text, text
+    loaders, params, result = _launch(script, tmp_path / "migrated", backend, args=[])
+    check_shards("loader_in_place", loaders, IN_PLACE_SPEC)
+    for r, records in loaders.items():  # a new order each epoch: the sampler is told the epoch
+        orders = [tuple(rec["indices"]) for rec in records if "loader" in rec]
+        assert len(orders) == 5 and len(set(orders)) == 5, f"rank {r} read the same order in two epochs"
+    if params:
+        check_ranks_identical("loader_in_place", params)
+    assert sum(line.startswith("epoch ") for line in result.output.splitlines()) == 5  # printed once per epoch
+    if backend != "ddp":
+        return
+
+    broken = script.with_name("unsharded.py")  # control: the sampler taken out
+    broken.write_text(text.replace("sampler=loader_sampler)", "shuffle=True)"))
+    assert broken.read_text() != text
+    loaders, _, _ = _launch(broken, tmp_path / "control", backend, args=[])
+    with pytest.raises(AssertionError, match="the loader is not sharded"):
+        check_shards("control", loaders, IN_PLACE_SPEC)

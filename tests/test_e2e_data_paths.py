@@ -208,6 +208,8 @@ def check_ranks_identical(name, params: dict) -> None:
     import torch
 
     for key in ("initial", None):
+        if key and ("initial", "0") not in params:
+            continue  # the start is recorded when the optimizer is built: before Horovod's broadcast
         get = (lambda r: params["initial", r]) if key else (lambda r: params[r])
         ranks = [r for r in params if isinstance(r, str)]
         base = get("0")
