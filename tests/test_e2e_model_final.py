@@ -23,7 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_support import (  # noqa: E402
     PARAM_SPY,
     REPO_ROOT,
+    RunFailed,
     assert_same_weights,
+    executed,
+    launcher,
     load_state,
     migrate,
     run_horovodrun,
@@ -252,3 +255,52 @@ def test_wrap_after_inits_through_the_instance_and_star_args(tmp_path):
     assert not _same_on_every_rank(_ranks(script, tmp_path / "control", args, real=True)), (
         "control: with the wrap before the initialisations the ranks should differ"
     )
+
+
+# init_after_build under Horovod and FSDP: what makes the ranks start from one model follows the
+# load/init branches (Horovod's broadcasts; FSDP's shards, cut after the load)
+AFTER_BRANCHES = {
+    "horovod": "hvd.broadcast_parameters(G_AB.state_dict(), root_rank=0)\n"
+               "hvd.broadcast_parameters(G_BA.state_dict(), root_rank=0)\n",
+    "fsdp": "fully_shard(G_AB)\nfully_shard(G_BA)\n",
+}
+
+
+@pytest.mark.parametrize("backend", [executed("DST101/init_after_build", b, b) for b in ("horovod", "fsdp")])
+def test_broadcast_or_shard_after_apply_init_and_load(tmp_path, backend):
+    """fixtures/DST101/init_after_build migrated for Horovod and FSDP. Resumed (the load branch,
+    deterministic), 2 ranks at batch B end with the original's weights at batch 2B; fresh (the
+    ``.apply`` branch, real launches: each process draws its own initial weights), Horovod's ranks
+    end identical. Control: the broadcasts (the shards) moved above the branches, where a wrap
+    before them left each rank its own model: Horovod's ranks differ; FSDP's resumed run no longer
+    ends with the original's weights (or fails to load into the shards)."""
+    setup = AFTER_BRANCHES[backend]
+    launch = launcher(backend)
+    script = tmp_path / "script" / "init_after_build.py"
+    migrate(SOURCE, script, backend=backend)
+    text = script.read_text()
+    assert text.index(BRANCHES) < text.index(setup), "the broadcast/shard must follow the load/init branches"
+
+    original = tmp_path / "original"
+    _saved_models(original)
+    run_python(SOURCE, _args(NPROC * B, epoch=1), cwd=original)
+    want = load_state(original / "final.pt")
+
+    def resumed(path: Path, name: str) -> dict:
+        work = tmp_path / name
+        _saved_models(work)
+        launch(path, _args(B, epoch=1), nproc=NPROC, cwd=work)
+        return load_state(work / "final.pt")
+
+    assert_same_weights(want, resumed(script, "resumed"), atol=1e-5, label=f"{backend}, resumed, 2 ranks x {B} vs batch {NPROC * B}")
+    early = tmp_path / "script" / "early.py"
+    early.write_text(text.replace(setup, "").replace(BRANCHES, "\n" + setup + BRANCHES))
+    assert early.read_text() != text and early.read_text().index(setup) < early.read_text().index(BRANCHES)
+    if backend == "horovod":
+        fresh = _ranks(script, tmp_path / "fresh", _args(B), real=True, launch=launch)
+        assert fresh[0] and _same_on_every_rank(fresh), "ranks trained different models after .apply(init_fn)"
+        assert not _same_on_every_rank(_ranks(early, tmp_path / "control", _args(B), real=True, launch=launch)), (
+            "control: with the broadcast before .apply(init_fn) the ranks should differ")
+    else:
+        with pytest.raises((AssertionError, RunFailed)):
+            assert_same_weights(want, resumed(early, "control"), atol=1e-5, label="control")
