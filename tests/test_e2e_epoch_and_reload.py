@@ -12,6 +12,8 @@
   rank 0's writes of best.pt slow (a slow shared filesystem) and records every state_dict each rank
   loads. With distify's barrier every rank loads the last best weights, which are also the saved
   final model; a control run without the barrier must fail the check (rank 1 reads the previous best).
+* reload of whole modules pickled in a checkpoint dict (fixtures/DST102/save_state_by_name, ddp and
+  horovod): every file loads in a plain process as the script's own modules (below).
 """
 from __future__ import annotations
 
@@ -27,11 +29,14 @@ from e2e_support import (  # noqa: E402
     REPO_ROOT,
     RunFailed,
     assert_same_weights,
+    executed,
     load_state,
     migrate,
+    rank_parameters,
     run_python,
     run_horovodrun,
     run_torchrun,
+    same_on_every_rank,
     sitecustomize_env,
 )
 
@@ -245,3 +250,60 @@ def test_reload_check_detects_missing_barrier(tmp_path):
     with pytest.raises((AssertionError, RunFailed)):
         records = _launch("ddp", script, tmp_path, SLOW)
         check_reloads(records, load_state(tmp_path / "run" / "final.pt"))
+
+
+# ------------------------------------------------------------ whole modules in a checkpoint dict
+# fixtures/DST102/save_state_by_name pickles the encoder and decoder whole: in a dict built first and
+# saved by name in the script's save_checkpoint (twice), in one completed by item assignment, in a
+# dict(...) of a list handed to its own write_snapshot (distify.pickled follows each by data flow).
+# Migrated and run on 2 ranks, every file must load in a plain process without a process group as
+# the script's own nn.Linear modules, holding the weights every rank ended with. Control (ddp): the
+# DDP wrappers saved instead (the migration before distify.pickled): the files do not load so.
+PICKLED = REPO_ROOT / "fixtures" / "DST102" / "save_state_by_name.in.py"
+RELOAD = '''\
+import torch
+import torch.nn as nn
+
+found = {}
+for name in ("checkpoint.pth.tar", "last.pth.tar", "snapshot.pth.tar"):
+    state = torch.load(name, weights_only=False)
+    modules = state["models"] if "models" in state else [state["encoder"], state["decoder"]]
+    assert [type(m) for m in modules] == [nn.Linear, nn.Linear], [type(m) for m in modules]
+    found[name] = [p.detach().clone() for m in modules for p in m.parameters()]
+torch.save(found, "reloaded.pt")
+'''
+WRAPPED_SAVES = {"runtime.unwrap(encoder)": "encoder", "runtime.unwrap(decoder)": "decoder",
+                 "encoder.module": "encoder", "decoder.module": "decoder"}
+
+
+def _reloaded(script: Path, work: Path, backend: str):
+    """Each rank's parameters at exit, and what a plain process loads from each saved file."""
+    import torch
+
+    ranks = rank_parameters(script, [], work, backend)[1]
+    (work / "reload.py").write_text(RELOAD)
+    run_python(work / "reload.py", cwd=work)
+    return ranks, torch.load(work / "reloaded.pt")
+
+
+@pytest.mark.parametrize("backend", [executed("DST102/save_state_by_name", b, b) for b in ("ddp", "horovod")])
+def test_modules_pickled_in_a_checkpoint_dict_load_without_a_process_group(tmp_path, backend):
+    import torch
+
+    script = tmp_path / "script" / "save_state_by_name.py"
+    migrate(PICKLED, script, backend=backend)
+    text = script.read_text()
+    ranks, files = _reloaded(script, tmp_path / "migrated", backend)
+    assert ranks[0] and same_on_every_rank(ranks), "the ranks trained different models"
+    for name, params in files.items():
+        assert len(params) == len(ranks[0]) and all(torch.equal(a, b) for a, b in zip(params, ranks[0])), (
+            f"{name} does not hold the weights the ranks ended with")
+    if backend != "ddp":
+        return
+    control = text
+    for unwrapped, wrapped in WRAPPED_SAVES.items():
+        control = control.replace(unwrapped, wrapped)
+    assert control != text
+    script.write_text(control)
+    with pytest.raises(RunFailed, match="DistributedDataParallel|process group|Linear"):
+        _reloaded(script, tmp_path / "control", backend)
