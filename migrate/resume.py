@@ -9,7 +9,7 @@ broadcast with the state (DST112).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import libcst as cst
 
@@ -78,6 +78,31 @@ def host_conditions(a: "Anatomy", stmt: cst.CSTNode, node: cst.CSTNode) -> List[
         if isinstance(n, cst.If) and contains_node(n.body, node) and not a.facts.rank_condition(n.test)
         and any(isinstance(x, cst.Call) for x in all_nodes(n.test))
     ]
+
+
+def sure_under(a: "Anatomy", stmt: cst.CSTNode, node: cst.CSTNode) -> Optional[List[cst.BaseExpression]]:
+    """The tests under which `node`, inside the statement `stmt`, runs on every rank: the tests of
+    the ``if`` statements between them, outermost first (``[]``: whenever `stmt` runs), when `node`
+    is reached only through their bodies, ``with`` bodies and simple statements, and each test is
+    the same on every rank (no call: ``os.path.isfile(path)`` may differ between hosts; no rank
+    condition). None when `node` may not run although those tests hold, or where they may differ
+    between ranks: in a ``try``, a loop, an ``else`` branch, under such a test. A load for which it
+    is None may have run on some ranks only, or on none (a resume path that exists nowhere), so
+    what it loaded must be asked of rank 0 (DST112)."""
+    tests: List[cst.BaseExpression] = []
+    current = stmt
+    while not isinstance(current, cst.SimpleStatementLine):
+        if isinstance(current, cst.If) and contains_node(current.body, node) and not contains_node(current.test, node):
+            if a.facts.rank_condition(current.test) or any(isinstance(n, cst.Call) for n in all_nodes(current.test)):
+                return None
+            tests.append(current.test)
+        elif not isinstance(current, cst.With) or contains_node(current.items, node):
+            return None
+        inner = [s for s in current.body.body if contains_node(s, node)]
+        if not inner:
+            return None
+        current = inner[0]
+    return tests
 
 
 def rank_conditions(a: "Anatomy", stmt: cst.CSTNode, node: cst.CSTNode) -> List[cst.If]:

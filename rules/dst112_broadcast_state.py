@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.syntax import all_nodes, contains_node
-from distify.model_state import INIT, LOAD, before_training, changes_in
-from distify.resume import resumed_values
+from distify.syntax import all_nodes
+from distify.model_state import INIT, LOAD, LOAD_METHODS, before_training, changes_in
+from distify.resume import resumed_values, sure_under
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule
 
 
@@ -20,8 +20,10 @@ class BroadcastState(Rule):
         args.resume:``) or inside a function of the script that is handed the model
         (``load_checkpoint(path, model, optimizer)``), so a resumed checkpoint is what gets
         broadcast. When the optimizer's state is loaded there too,
-        ``hvd.broadcast_optimizer_state(optimizer, root_rank=0)`` follows (under the load's own
-        ``if``, when that condition reads only values that are the same on every rank). A fresh optimizer's
+        ``hvd.broadcast_optimizer_state(optimizer, root_rank=0)`` comes first (under the load's own
+        ``if``, when that condition reads only values that are the same on every rank; otherwise
+        when rank 0's optimizer holds a state), then the parameters: a rank that loaded nothing gets
+        Horovod's zero-gradient step, whose weight decay changes its weights. A fresh optimizer's
         state is not broadcast: it is identical everywhere, and Horovod would create it with a
         zero-gradient step that shifts Adam's step count and applies weight decay once.
         The values the load binds and the script reads later – the epoch or step to resume from,
@@ -101,7 +103,9 @@ class BroadcastState(Rule):
                     # whether the load ran may differ between hosts: rank 0's optimizer holds a state
                     # when it loaded one, and every rank takes that answer from it
                     loads_optimizer = f"{ctx.runtime}.broadcast_object(len({opt.target}.state) > 0)"
-                lines.append(line if loads_optimizer is True else f"if {loads_optimizer}:\n    {line}")
+                # before the parameters: on a rank whose optimizer is empty (it did not load) Horovod's
+                # zero-gradient step applies weight decay to its weights, which rank 0's then replace
+                lines.insert(0, line if loads_optimizer is True else f"if {loads_optimizer}:\n    {line}")
             values = resumed_values(a, loaded, roots) if loaded is not None else []
             if values and id(loaded) not in resumed:
                 # a rank that could not read the checkpoint resumes where rank 0 does
@@ -115,28 +119,26 @@ class BroadcastState(Rule):
             ctx.report(self.code, opt.call.call, "rank 0's parameters and optimizer state are broadcast before training")
 
 
-ON_RANK0 = object()  # _when_loaded: the load's condition may differ between hosts
+ON_RANK0 = object()  # _when_loaded: whether the load ran may differ between ranks
 
 
 def _when_loaded(ctx: Context, stmt: cst.CSTNode, load: cst.CSTNode):
-    """True when the optimizer load in `stmt` runs on every path; the condition's source when it
-    runs in the body of an ``if`` on something that is the same on every rank (``args.resume``)
-    – a fresh optimizer must not get Horovod's zero-gradient state step; ON_RANK0 when the
-    condition calls something whose answer may differ between hosts, or is a rank condition;
-    False otherwise."""
-    if not isinstance(stmt, cst.If):
+    """True when the optimizer load `load` in `stmt` runs on every rank whenever `stmt` does; the
+    source of the tests it runs under when it runs under ``if`` statements whose tests are the same
+    on every rank (``args.resume``); otherwise ON_RANK0: a load under a test that may differ between
+    hosts (``os.path.isfile(path)``) or a rank condition, in a ``try``, an ``else`` branch, or in a
+    function of the script the statement calls (whose own tests distify does not follow) may have
+    run on some ranks only or on none (a resume path found nowhere): rank 0 says whether its
+    optimizer holds a state. Horovod's broadcast_optimizer_state gives an empty optimizer a
+    zero-gradient step first, which shifts Adam's step count: it must run only when rank 0 loaded."""
+    direct = isinstance(load, cst.Call) and isinstance(load.func, cst.Attribute) and load.func.attr.value in LOAD_METHODS
+    tests = sure_under(ctx.anatomy, stmt, load) if direct else None
+    if tests is None:
+        return ON_RANK0
+    if not tests:
         return True
-    if ctx.anatomy.facts.rank_condition(stmt.test):
-        # `if rank == 0:` loads on some ranks only; the single process is rank 0, so rank 0's
-        # state, when it holds one, is every rank's
-        return ON_RANK0
-    if stmt.orelse is not None or not contains_node(stmt.body, load):
-        return False
-    if any(isinstance(n, cst.Call) for n in all_nodes(stmt.test)):
-        # `os.path.isfile(path)` may differ between hosts (only rank 0 may see the file): a
-        # collective under it could hang, so rank 0 says whether it loaded
-        return ON_RANK0
-    return ctx.code(stmt.test)
+    return " and ".join(ctx.code(t) if len(tests) == 1 or isinstance(t, (cst.Name, cst.Attribute)) else f"({ctx.code(t)})"
+                        for t in tests)
 
 
 RULE = BroadcastState()

@@ -181,7 +181,13 @@ def test_ddp_rank_that_cannot_read_the_checkpoint_gets_rank0s_state(tmp_path, re
 # after it: the wrap broadcasts), Horovod broadcasts the parameters and the optimizer state after it.
 # rank0_load_after_wrap is seeded and does not shuffle: resumed on 2 ranks of batch 8 it ends with the
 # weights of the original resumed at batch 16. Control: without the broadcasts (DDP: the wrap before
-# the load) rank 1 trains on from its fresh weights and momentum and the ranks differ.
+# the load) rank 1 trains on from its fresh weights and momentum and the ranks differ. Its SGD has
+# weight decay: under Horovod the optimizer state is broadcast before the parameters, because
+# broadcast_optimizer_state gives rank 1's empty optimizer a zero-gradient step whose weight decay
+# changes rank 1's weights; control: in the other order (distify's before) the ranks end apart.
+HVD_STATE = ("if runtime.broadcast_object(len(optimizer.state) > 0):\n"
+             "    hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n")
+HVD_PARAMS = "hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n"
 RANK0_LOADS = {
     ("rank0_load_after_wrap", "ddp"): {
         "runtime.broadcast_module(model)\n"
@@ -190,10 +196,7 @@ RANK0_LOADS = {
         "start_epoch = runtime.broadcast_object(start_epoch)\n":
         "start_epoch = runtime.broadcast_object(start_epoch)\n"},  # (the epoch kept: as many steps)
     ("rank0_load_after_wrap", "horovod"): {
-        "hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n"
-        "if runtime.broadcast_object(len(optimizer.state) > 0):\n"
-        "    hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n"
-        "start_epoch = runtime.broadcast_object(start_epoch)\n":
+        HVD_STATE + HVD_PARAMS + "start_epoch = runtime.broadcast_object(start_epoch)\n":
         "start_epoch = runtime.broadcast_object(start_epoch)\n"},
     ("rank0_load_before_shard", "ddp"): {
         "model = runtime.DDP(model)\n": "",
@@ -211,7 +214,7 @@ def _rank0_checkpoints(work: Path) -> None:
     work.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(7)
     model = nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     model(torch.randn(8, 4)).sum().backward()
     optimizer.step()  # a momentum buffer to resume
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 0}, work / "ckpt.pt")
@@ -254,3 +257,8 @@ def test_load_on_rank0_only_reaches_every_rank(tmp_path, case, backend):
     control.write_text(broken)
     found = ranks(control, "control")
     assert not _same(found[1], found[0]), "control: rank 1 kept its fresh weights and momentum and still agreed"
+    if resume and backend == "horovod":
+        assert HVD_STATE + HVD_PARAMS in text
+        control.write_text(text.replace(HVD_STATE + HVD_PARAMS, HVD_PARAMS + HVD_STATE))
+        found = ranks(control, "control-order")
+        assert not _same(found[1], found[0]), "control: rank 1's zero-gradient step left its weights as rank 0's"

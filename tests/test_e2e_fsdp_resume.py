@@ -8,6 +8,15 @@ disk holds it) while the file stays readable. Migrated, the test takes rank 0's 
 at its last epoch (nothing left to train), the sharded model gathered on each rank is the
 checkpoint's. Control: with the host's own answer rank 1 skips the load, its epoch count and its
 shards: the run hangs or fails, or ends with a model that is not the checkpoint's.
+
+The same resume migrated for DDP and Horovod: rank 0's weights (and optimizer state, and epoch) are
+broadcast after the load, so every rank holds the checkpoint's model; control: without the
+broadcasts rank 1 holds its fresh one. And a resume path found nowhere (``--resume missing.pt``: the
+script says so and trains from scratch): the optimizer must take as many steps as the rank trained
+batches. Horovod's broadcast_optimizer_state gives an empty optimizer a zero-gradient step (Adam's
+step count one ahead, its bias correction shifted), so it runs only when rank 0 says its optimizer
+holds a state; control: under ``if args.resume:`` (distify's condition before, true here) Adam is
+one step ahead.
 """
 from __future__ import annotations
 
@@ -19,7 +28,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e_support import (  # noqa: E402
-    FSDP_SPY, RANK0_ONLY_SPY, REPO_ROOT, RunFailed, migrate, run_torchrun, sitecustomize_env,
+    FSDP_SPY, RANK0_ONLY_SPY, REPO_ROOT, RunFailed, executed, launcher, migrate, rank_parameters, run_torchrun,
+    sitecustomize_env,
 )
 
 pytestmark = pytest.mark.e2e
@@ -70,6 +80,7 @@ def _is_checkpoint(saved: list, ranks) -> bool:
     )
 
 
+@pytest.mark.runs("DST308/resume_args_epoch", "fsdp")
 def test_a_load_rank_0_alone_can_see_runs_on_every_rank(tmp_path):
     script = tmp_path / "script" / "resume_args_epoch.py"
     migrate(SOURCE, script, backend="fsdp")
@@ -81,3 +92,64 @@ def test_a_load_rank_0_alone_can_see_runs_on_every_rank(tmp_path):
     script.write_text(text.replace(DECIDED, "        if os.path.isfile(args.resume):\n"))
     saved, ranks = _resumed(script, tmp_path / "control", timeout=60)
     assert not _is_checkpoint(saved, ranks), "control: rank 1 skipped the load, yet the model is the checkpoint's"
+
+
+# what makes every rank hold rank 0's resumed state, per backend
+BROADCASTS = {
+    "ddp": ("    runtime.broadcast_module(model)\n"
+            "    if runtime.broadcast_object(len(optimizer.state) > 0):\n"
+            "        optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n"),
+    "horovod": ("    if runtime.broadcast_object(len(optimizer.state) > 0):\n"
+                "        hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n"
+                "    hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n"),
+}
+
+
+@pytest.mark.parametrize("backend", [executed("DST308/resume_args_epoch", b, b) for b in ("ddp", "horovod")])
+def test_a_load_rank_0_alone_can_see_reaches_every_rank(tmp_path, backend):
+    import torch
+
+    script = tmp_path / "script" / "resume_args_epoch.py"
+    migrate(SOURCE, script, backend=backend)
+    text = script.read_text()
+    assert BROADCASTS[backend] in text, text
+
+    def resumed(name: str) -> tuple:
+        work = tmp_path / name
+        work.mkdir()
+        ckpt = work / "checkpoint.pth.tar"
+        saved = _checkpoint(ckpt)
+        _, ranks = rank_parameters(script, ["--resume", ckpt, "--epochs", EPOCHS], work, backend, RANK0_ONLY_SPY,
+                                   {"DISTIFY_E2E_RANK0_ONLY": str(ckpt)}, timeout=180)
+        return saved, ranks
+
+    saved, ranks = resumed("run")
+    assert _is_checkpoint(saved, ranks), "every rank must hold the checkpoint's model"
+    script.write_text(text.replace(BROADCASTS[backend], ""))
+    saved, ranks = resumed("control")
+    assert torch.equal(ranks[0][0], saved[0]) and not _is_checkpoint(saved, ranks), (
+        "control: without the broadcasts rank 1 should keep its fresh model")
+
+
+@pytest.mark.parametrize("backend", [executed("DST308/resume_args_epoch", b, b) for b in ("ddp", "horovod")])
+def test_a_resume_path_found_nowhere_trains_a_fresh_optimizer(tmp_path, backend):
+    import torch
+
+    script = tmp_path / "script" / "resume_args_epoch.py"
+    migrate(SOURCE, script, backend=backend)
+    text = script.read_text()
+    steps_per_rank = 4 * 96 // (2 * 16)  # 4 epochs of 3 batches of 16 on each of 2 ranks
+
+    def adam_steps(path: Path, name: str) -> set:
+        work = tmp_path / name
+        work.mkdir()
+        launcher(backend)(path, ["--resume", "missing.pt"], nproc=2, cwd=work)
+        state = torch.load(work / "checkpoint.pth.tar")["optimizer"]["state"]
+        return {int(s["step"]) for s in state.values()}
+
+    assert adam_steps(script, "run") == {steps_per_rank}
+    if backend == "horovod":
+        decided = "    if runtime.broadcast_object(len(optimizer.state) > 0):\n        hvd.broadcast_optimizer_state("
+        assert decided in text
+        script.write_text(text.replace(decided, "    if args.resume:\n        hvd.broadcast_optimizer_state("))
+        assert adam_steps(script, "control") == {steps_per_rank + 1}, "control: Horovod's zero-gradient step"

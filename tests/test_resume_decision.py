@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from distify.engine import migrate_source
 from distify.rules.base import Options
 
@@ -81,3 +83,55 @@ def test_ddp_and_horovod_hand_rank0s_load_to_every_rank():
             "    hvd.broadcast_optimizer_state(optimizer, root_rank=0)") in out, out
     control = _run(_shared(RANK0), "horovod").output.decode()
     assert "if args.resume:\n    hvd.broadcast_optimizer_state(optimizer, root_rank=0)" in control, control
+
+
+# Horovod's broadcast_optimizer_state gives an empty optimizer a zero-gradient step (Adam's step
+# count one ahead, weight decay applied once): DST112 broadcasts a loaded state under the load's own
+# tests only when the load surely ran wherever they hold (distify.resume.sure_under), and otherwise
+# asks rank 0 whether its optimizer holds a state; and it broadcasts the state before the parameters
+# (the zero step's weight decay changes the weights of a rank that loaded nothing).
+LOADS = '''\
+import os
+import argparse
+import torch
+import torch.nn as nn
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--resume", default="")
+parser.add_argument("--optim", action="store_true")
+args = parser.parse_args()
+
+
+def restore(path, model, optimizer):
+    ckpt = torch.load(path)
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+
+
+model = nn.Linear(4, 1)
+optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+{load}
+for epoch in range(2):
+    for x in torch.randn(8, 4).split(2):
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+'''
+ASKED = "if runtime.broadcast_object(len(optimizer.state) > 0):\n    hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n"
+LOAD = 'ckpt = torch.load(args.resume)\n    model.load_state_dict(ckpt["model"])\n    optimizer.load_state_dict(ckpt["optimizer"])'
+
+
+@pytest.mark.parametrize("load,expected", [
+    # under a test that may differ between hosts, nested in one every rank shares
+    (f"if args.resume:\n    if os.path.isfile(args.resume):\n        {LOAD.replace(chr(10), chr(10) + '    ')}", ASKED),
+    # in a try (the load may fail on every rank), in the script's own function (its tests unread)
+    (f"try:\n    {LOAD}\nexcept FileNotFoundError:\n    pass", ASKED),
+    ("if args.resume:\n    restore(args.resume, model, optimizer)", ASKED),
+    # controls: tests every rank shares, the load on every path under them
+    (f"if args.resume:\n    {LOAD}", "if args.resume:\n    hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n"),
+    (f"if args.resume:\n    if args.optim:\n        {LOAD.replace(chr(10), chr(10) + '    ')}",
+     "if args.resume and args.optim:\n    hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n"),
+], ids=["nested-isfile", "try", "helper", "control-shared-test", "control-two-shared-tests"])
+def test_horovod_broadcasts_a_loaded_optimizer_state_only_when_rank0_loaded_one(load, expected):
+    out = _run(LOADS.replace("{load}", load), "horovod").output.decode()
+    assert expected + "hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n" in out, out
