@@ -30,7 +30,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e_support import (  # noqa: E402
-    PARAM_SPY, RANK0_ONLY_SPY, REPO_ROOT, assert_same_weights, executed, migrate, rank_parameters, run_horovodrun,
+    PARAM_SPY, RANK0_ONLY_SPY, REPO_ROOT, RunFailed, assert_same_weights, executed, migrate, rank_parameters, run_horovodrun,
     run_python, run_torchrun, sitecustomize_env,
 )
 
@@ -69,6 +69,7 @@ def _same(found: list, expected: list) -> bool:
 
 
 @pytest.mark.horovod
+@pytest.mark.runs("DST112/load_in_function", "horovod")
 @pytest.mark.parametrize("broadcast_first", [False, True], ids=["migrated", "control-broadcast-before-load"])
 def test_rank_that_cannot_read_the_checkpoint_gets_its_weights(tmp_path, broadcast_first):
     script = tmp_path / "train.py"
@@ -122,6 +123,7 @@ def _resume(script: Path, work: Path, run, **kw):
 
 
 @pytest.mark.horovod
+@pytest.mark.runs("DST112/resume_epoch", "horovod")
 @pytest.mark.parametrize("removed", [None, RESUMED, STATE],
                          ids=["migrated", "control-no-epoch-broadcast", "control-no-optimizer-state"])
 def test_rank_that_cannot_read_the_checkpoint_resumes_at_its_epoch(tmp_path, removed):
@@ -155,6 +157,7 @@ DDP_STATE = ("    runtime.broadcast_module(model)\n"
              "        optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n")
 
 
+@pytest.mark.runs("DST112/resume_epoch", "ddp")
 @pytest.mark.parametrize("removed", [None, DDP_STATE], ids=["migrated", "control-no-state-broadcast"])
 def test_ddp_rank_that_cannot_read_the_checkpoint_gets_rank0s_state(tmp_path, removed):
     import torch
@@ -262,3 +265,51 @@ def test_load_on_rank0_only_reaches_every_rank(tmp_path, case, backend):
         control.write_text(text.replace(HVD_STATE + HVD_PARAMS, HVD_PARAMS + HVD_STATE))
         found = ranks(control, "control-order")
         assert not _same(found[1], found[0]), "control: rank 1's zero-gradient step left its weights as rank 0's"
+
+
+# The two DST112 shapes under DDP and FSDP, a checkpoint only rank 0 can read, resumed with nothing
+# left to train (--epochs at the checkpoint's next epoch): every rank must end holding the
+# checkpoint's model. DDP broadcasts rank 0's module after the load; FSDP loads on every rank or on
+# none, as rank 0 answers the test (each rank takes its shards). Controls: without the broadcast
+# (DDP), with each host's own answer (FSDP: rank 1 skips the load's collectives), the ranks fail or
+# end with a model that is not the checkpoint's.
+DDP_MODULE = "    runtime.broadcast_module(model)\n"
+HOST_TEST = {"load_in_function": ("runtime.broadcast_object(os.path.isfile(args.resume))", "os.path.isfile(args.resume)"),
+             "resume_epoch": ("runtime.broadcast_object(args.resume and os.path.isfile(args.resume))",
+                              "args.resume and os.path.isfile(args.resume)")}
+CHECKPOINTS = {"load_in_function": (_checkpoint, ["--epochs", 0]), "resume_epoch": (_epoch_checkpoint, ["--epochs", 2])}
+
+
+@pytest.mark.parametrize("case,backend", [
+    executed(f"DST112/{case}", backend, case, backend, id=f"{case}-{backend}")
+    for case, backend in (("load_in_function", "ddp"), ("load_in_function", "fsdp"), ("resume_epoch", "fsdp"))
+])
+def test_rank_that_cannot_read_the_checkpoint_holds_it(tmp_path, case, backend):
+    import torch
+
+    script = tmp_path / "train.py"
+    migrate(REPO_ROOT / "fixtures" / "DST112" / f"{case}.in.py", script, backend=backend)
+    text = script.read_text()
+    decided, alone = (DDP_MODULE, "") if backend == "ddp" else HOST_TEST[case]
+    assert decided in text, text
+    write, args = CHECKPOINTS[case]
+
+    def ranks(name: str, timeout: float):
+        work = tmp_path / name
+        work.mkdir()
+        ckpt = work / "resume.pt"
+        write(ckpt)
+        saved = torch.load(ckpt)
+        saved = [t for k, t in (saved.get("state_dict") or saved["model"]).items()]
+        _, found = rank_parameters(script, ["--resume", ckpt, *args], work, backend, RANK0_ONLY_SPY,
+                                   {"DISTIFY_E2E_RANK0_ONLY": str(ckpt)}, timeout=timeout)
+        return saved, found
+
+    saved, found = ranks("migrated", 180)
+    assert all(_same(r, saved) for r in found), "every rank must hold the checkpoint's model"
+    script.write_text(text.replace(decided, alone))
+    try:
+        saved, found = ranks("control", 15)  # (FSDP: rank 1 hangs in the load's collectives)
+    except RunFailed:
+        return  # rank 1 left the others waiting in the load's collectives
+    assert not all(_same(r, saved) for r in found), "control: rank 1 skipped the load, yet holds the checkpoint"

@@ -88,6 +88,7 @@ def _check(backend, launch, original, tmp_path, control_edit):
     assert not _identical(ranks), f"control ({backend}): without the averaging the ranks should differ"
 
 
+@pytest.mark.runs("DST907/compile_after_optimizer", "ddp")
 def test_ddp_wraps_the_compiled_module(original, tmp_path):
     wrap = "model = runtime.DDP(model, device_ids=runtime.device_ids())\n"
 
@@ -99,6 +100,7 @@ def test_ddp_wraps_the_compiled_module(original, tmp_path):
 
 
 @pytest.mark.horovod
+@pytest.mark.runs("DST907/compile_after_optimizer", "horovod")
 def test_horovod_averages_the_compiled_modules_gradients(original, tmp_path):
     line = "optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())\n"
 
@@ -109,6 +111,7 @@ def test_horovod_averages_the_compiled_modules_gradients(original, tmp_path):
     _check("horovod", run_horovodrun, original, tmp_path, unaveraged)
 
 
+@pytest.mark.runs("DST907/compile_after_optimizer", "fsdp")
 def test_fsdp_shards_then_compiles_and_keeps_the_keys(original, tmp_path):
     """fsdp (torchrun): fully_shard before the compile, the optimizer after it; the gathered full
     state equals the original's at batch 2B, under the original's `_orig_mod.` keys. Control: without

@@ -85,6 +85,7 @@ def _args(batch, epoch=0):
     return ["--batch-size", batch, "--epochs", 2, "--epoch", epoch, "--checkpoint", "final.pt"]
 
 
+@pytest.mark.runs("DST101/init_after_build", "ddp")
 def test_wrap_after_apply_init_and_load(tmp_path):
     script = tmp_path / "script" / "init_after_build.py"
     migrate(SOURCE, script, backend="ddp")
@@ -150,7 +151,7 @@ SETUP = {  # what makes the ranks start from one model, per backend
 }
 
 
-@pytest.mark.parametrize("backend", ["ddp", pytest.param("horovod", marks=pytest.mark.horovod)])
+@pytest.mark.parametrize("backend", [executed("DST101/init_under_other_names", b, b) for b in ("ddp", "horovod")])
 def test_wrap_after_inits_that_reach_the_model_under_other_names(tmp_path, backend):
     """fixtures/DST101/init_under_other_names: the networks are initialised through a dict's
     ``.items()`` before the optimizer and through a list of their submodules handed by keyword to
@@ -191,6 +192,7 @@ def test_wrap_after_inits_that_reach_the_model_under_other_names(tmp_path, backe
     )
 
 
+@pytest.mark.runs("DST101/init_under_other_names", "fsdp")
 def test_shard_after_inits_that_reach_the_model_under_other_names(tmp_path):
     """The same fixture under FSDP (fully_shard after both initialisations; `reinit` moves above
     the optimizer with it), seeded: the 2-rank run equals the original at twice the batch. Control:
@@ -223,6 +225,7 @@ def test_shard_after_inits_that_reach_the_model_under_other_names(tmp_path):
 INSTANCE = REPO_ROOT / "fixtures" / "DST101" / "init_through_instance_containers.in.py"
 
 
+@pytest.mark.runs("DST101/init_through_instance_containers", "ddp")
 def test_wrap_after_inits_through_the_instance_and_star_args(tmp_path):
     """fixtures/DST101/init_through_instance_containers: the trainer's network is re-initialised by a
     method of its class through a ModuleList on the instance (`self.init_weights()`), then by the
