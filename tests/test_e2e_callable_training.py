@@ -61,51 +61,45 @@ def _launch(script: Path, tmp_path: Path, backend: str, args=ARGS):
 BACKENDS = ("ddp", "horovod", "fsdp")
 
 
-@pytest.mark.parametrize("backend", [executed("scenarios/annotated_transformer", b, b) for b in BACKENDS])
-def test_annotated_transformer_shards_the_loader_the_training_call_hands_in(tmp_path, backend):
-    script = tmp_path / "script" / "annotated_transformer.py"
+class Case:
+    """A shape: its input, arguments, the loader spy's expectations, the sampler distify names, the
+    epochs it prints, and whether each epoch builds its own loader."""
+
+    def __init__(self, source, args, spec, sampler, epochs, per_epoch_loader=False):
+        self.source, self.args, self.spec, self.sampler = source, args, spec, sampler
+        self.epochs, self.per_epoch_loader = epochs, per_epoch_loader
+
+
+CASES = {
+    "scenarios/annotated_transformer": Case(SCRIPT, ARGS, SPEC, "train_iter_sampler", 2),
+    "DST201/loader_in_place": Case(IN_PLACE, [], IN_PLACE_SPEC, "loader_sampler", 5, per_epoch_loader=True),
+}
+
+
+@pytest.mark.parametrize("case,backend", [executed(c, b, c, b, id=f"{c.split('/')[1]}-{b}") for c in CASES for b in BACKENDS])
+def test_the_loader_the_training_call_hands_in_is_sharded(tmp_path, case, backend):
+    shape = CASES[case]
+    script = tmp_path / "script" / shape.source.name.replace(".in.py", ".py")
     script.parent.mkdir()
-    migrate(SCRIPT, script, backend=backend)
+    migrate(shape.source, script, backend=backend)
     text = script.read_text()
-    assert "sampler=train_iter_sampler" in text and "train_iter_sampler.set_epoch(epoch)" in text
-    loaders, params, result = _launch(script, tmp_path / "migrated", backend)
-    check_shards("annotated_transformer", loaders, SPEC)
+    assert f"sampler={shape.sampler})" in text and f"{shape.sampler}.set_epoch(epoch)" in text, text
+    loaders, params, result = _launch(script, tmp_path / "migrated", backend, args=shape.args)
+    check_shards(case, loaders, shape.spec)
+    if shape.per_epoch_loader:  # a new order each epoch: the sampler is told the epoch
+        for r, records in loaders.items():
+            orders = [tuple(rec["indices"]) for rec in records if "loader" in rec]
+            assert len(orders) == shape.epochs == len(set(orders)), f"rank {r} read the same order in two epochs"
     if params:
-        check_ranks_identical("annotated_transformer", params)
-    assert sum(line.startswith("epoch ") for line in result.output.splitlines()) == 2  # printed once per epoch
+        check_ranks_identical(case, params)
+    assert sum(line.startswith("epoch ") for line in result.output.splitlines()) == shape.epochs  # once per epoch
     if backend != "ddp":
         return
 
     # control: the sampler taken out again (as distify left it before), both ranks read the same samples
     broken = script.with_name("unsharded.py")
-    broken.write_text(text.replace("sampler=train_iter_sampler)", "shuffle=True)"))
+    broken.write_text(text.replace(f"sampler={shape.sampler})", "shuffle=True)"))
     assert broken.read_text() != text
-    loaders, _, _ = _launch(broken, tmp_path / "control", backend)
+    loaders, _, _ = _launch(broken, tmp_path / "control", backend, args=shape.args)
     with pytest.raises(AssertionError, match="the loader is not sharded"):
-        check_shards("control", loaders, SPEC)
-
-
-@pytest.mark.parametrize("backend", [executed("DST201/loader_in_place", b, b) for b in BACKENDS])
-def test_a_loader_built_in_place_every_epoch_is_sharded_and_reshuffled(tmp_path, backend):
-    script = tmp_path / "script" / "loader_in_place.py"
-    script.parent.mkdir()
-    migrate(IN_PLACE, script, backend=backend)
-    text = script.read_text()
-    assert "sampler=loader_sampler)" in text and "loader_sampler.set_epoch(epoch)" in text, text
-    loaders, params, result = _launch(script, tmp_path / "migrated", backend, args=[])
-    check_shards("loader_in_place", loaders, IN_PLACE_SPEC)
-    for r, records in loaders.items():  # a new order each epoch: the sampler is told the epoch
-        orders = [tuple(rec["indices"]) for rec in records if "loader" in rec]
-        assert len(orders) == 5 and len(set(orders)) == 5, f"rank {r} read the same order in two epochs"
-    if params:
-        check_ranks_identical("loader_in_place", params)
-    assert sum(line.startswith("epoch ") for line in result.output.splitlines()) == 5  # printed once per epoch
-    if backend != "ddp":
-        return
-
-    broken = script.with_name("unsharded.py")  # control: the sampler taken out
-    broken.write_text(text.replace("sampler=loader_sampler)", "shuffle=True)"))
-    assert broken.read_text() != text
-    loaders, _, _ = _launch(broken, tmp_path / "control", backend, args=[])
-    with pytest.raises(AssertionError, match="the loader is not sharded"):
-        check_shards("control", loaders, IN_PLACE_SPEC)
+        check_shards("control", loaders, shape.spec)

@@ -225,37 +225,58 @@ def test_shard_after_inits_that_reach_the_model_under_other_names(tmp_path):
 INSTANCE = REPO_ROOT / "fixtures" / "DST101" / "init_through_instance_containers.in.py"
 
 
-@pytest.mark.runs("DST101/init_through_instance_containers", "ddp")
-def test_wrap_after_inits_through_the_instance_and_star_args(tmp_path):
+INSTANCE_SETUP = {  # what makes the ranks train one model, per backend
+    "ddp": "        self.mapper = runtime.DDP(self.mapper)\n",
+    "horovod": "        hvd.broadcast_parameters(self.mapper.state_dict(), root_rank=0)\n",
+    "fsdp": "        fully_shard(self.mapper)\n",
+}
+
+
+@pytest.mark.parametrize("backend", [executed("DST101/init_through_instance_containers", b, b) for b in INSTANCE_SETUP])
+def test_wrap_after_inits_through_the_instance_and_star_args(tmp_path, backend):
     """fixtures/DST101/init_through_instance_containers: the trainer's network is re-initialised by a
     method of its class through a ModuleList on the instance (`self.init_weights()`), then by the
-    script's `reset_biases(*nets)`, from the unseeded global generator; the DDP wrap must follow
-    both (distify.model_refs follows the instance's attributes into the method and the `*nets`
-    parameter). Real torchrun launches: every rank ends with the same parameters; seeded, the run
-    equals the original at twice the batch. Control: the wrap at the construction, where distify
-    put it before, leaves the ranks different."""
+    script's `reset_biases(*nets)`, from the unseeded global generator; the DDP wrap (Horovod's
+    broadcast, FSDP's shard) must follow both (distify.model_refs follows the instance's attributes
+    into the method and the `*nets` parameter). Real launches: every rank ends with the same
+    parameters (DDP, Horovod); seeded, the run equals the original at twice the batch. Control: the
+    wrap (broadcast, shard) at the construction, where distify put it before, leaves the ranks
+    different (FSDP: the seeded run is no longer the original's)."""
+    launch = launcher(backend)
     script = tmp_path / "script" / "init_through_instance_containers.py"
-    migrate(INSTANCE, script, backend="ddp")
+    migrate(INSTANCE, script, backend=backend)
     text = script.read_text()
-    built, wrap = "self.mapper = Mapper(6)\n", "        self.mapper = runtime.DDP(self.mapper)\n"
+    built, wrap = "self.mapper = Mapper(6)\n", INSTANCE_SETUP[backend]
     assert text.index("reset_biases(self.mapper)\n") < text.index(wrap), "the wrap must follow both initialisations"
     args = ["--batch-size", B, "--epochs", 1, "--checkpoint", "final.pt"]
-    fresh = _ranks(script, tmp_path / "fresh", args, real=True)
-    assert fresh[0] and _same_on_every_rank(fresh), "ranks trained different models after the inits"
+    if backend != "fsdp":
+        fresh = _ranks(script, tmp_path / "fresh", args, real=True, launch=launch)
+        assert fresh[0] and _same_on_every_rank(fresh), "ranks trained different models after the inits"
 
     original = tmp_path / "original"
     original.mkdir()
     run_python(INSTANCE, ["--seed", 3, "--batch-size", NPROC * B, "--epochs", 1, "--checkpoint", "final.pt"], cwd=original)
-    seeded = tmp_path / "seeded"
-    seeded.mkdir()
-    run_torchrun(script, ["--seed", 3, *args], nproc=NPROC, cwd=seeded)
-    assert_same_weights(load_state(original / "final.pt"), load_state(seeded / "final.pt"), atol=1e-5,
-                        label=f"ddp, 2 ranks x {B} vs batch {NPROC * B}")
+    want = load_state(original / "final.pt")
 
-    early = text.replace(wrap, "").replace(built, "self.mapper = runtime.DDP(Mapper(6))\n")
+    def seeded(path: Path, name: str) -> dict:
+        work = tmp_path / name
+        work.mkdir()
+        launch(path, ["--seed", 3, *args], nproc=NPROC, cwd=work)
+        return load_state(work / "final.pt")
+
+    assert_same_weights(want, seeded(script, "seeded"), atol=1e-5, label=f"{backend}, 2 ranks x {B} vs batch {NPROC * B}")
+
+    if backend == "ddp":
+        early = text.replace(wrap, "").replace(built, "self.mapper = runtime.DDP(Mapper(6))\n")
+    else:
+        early = text.replace(wrap, "").replace(built, built + wrap)
     assert early != text
     script.write_text(early)
-    assert not _same_on_every_rank(_ranks(script, tmp_path / "control", args, real=True)), (
+    if backend == "fsdp":
+        with pytest.raises(AssertionError, match="control: weights differ"):
+            assert_same_weights(want, seeded(script, "control"), atol=1e-5, label="control")
+        return
+    assert not _same_on_every_rank(_ranks(script, tmp_path / "control", args, real=True, launch=launch)), (
         "control: with the wrap before the initialisations the ranks should differ"
     )
 
