@@ -259,14 +259,28 @@ def test_reload_check_detects_missing_barrier(tmp_path):
 # Migrated and run on 2 ranks, every file must load in a plain process without a process group as
 # the script's own nn.Linear modules, holding the weights every rank ended with. Control (ddp): the
 # DDP wrappers saved instead (the migration before distify.pickled): the files do not load so.
-PICKLED = REPO_ROOT / "fixtures" / "DST102" / "save_state_by_name.in.py"
+# fixtures/DST111/pickled_optimizer keeps the optimizer itself in the checkpoint (refused for
+# Horovod, whose DistributedOptimizer class cannot be pickled): under DDP it loads as the script's
+# Adam, stepping the weights the ranks ended with.
+PICKLED = {
+    "DST102/save_state_by_name": ("checkpoint.pth.tar", "last.pth.tar", "snapshot.pth.tar"),
+    "DST111/pickled_optimizer": ("checkpoint.pth.tar",),
+}
 RELOAD = '''\
+import sys
+
 import torch
 import torch.nn as nn
 
 found = {}
-for name in ("checkpoint.pth.tar", "last.pth.tar", "snapshot.pth.tar"):
+for name in sys.argv[1:]:
     state = torch.load(name, weights_only=False)
+    optimizer = state.get("decoder_optimizer")
+    if optimizer is not None and not isinstance(optimizer, dict):  # the optimizer itself, not its state_dict
+        assert type(optimizer) is torch.optim.Adam, type(optimizer)
+        found[name] = [p.detach().clone() for group in optimizer.param_groups for p in group["params"]]
+        assert all(torch.equal(a, b) for a, b in zip(found[name], state["decoder"].values()))
+        continue
     modules = state["models"] if "models" in state else [state["encoder"], state["decoder"]]
     assert [type(m) for m in modules] == [nn.Linear, nn.Linear], [type(m) for m in modules]
     found[name] = [p.detach().clone() for m in modules for p in m.parameters()]
@@ -276,29 +290,34 @@ WRAPPED_SAVES = {"runtime.unwrap(encoder)": "encoder", "runtime.unwrap(decoder)"
                  "encoder.module": "encoder", "decoder.module": "decoder"}
 
 
-def _reloaded(script: Path, work: Path, backend: str):
+def _reloaded(script: Path, work: Path, backend: str, files):
     """Each rank's parameters at exit, and what a plain process loads from each saved file."""
     import torch
 
     ranks = rank_parameters(script, [], work, backend)[1]
     (work / "reload.py").write_text(RELOAD)
-    run_python(work / "reload.py", cwd=work)
+    run_python(work / "reload.py", files, cwd=work)
     return ranks, torch.load(work / "reloaded.pt")
 
 
-@pytest.mark.parametrize("backend", [executed("DST102/save_state_by_name", b, b) for b in ("ddp", "horovod")])
-def test_modules_pickled_in_a_checkpoint_dict_load_without_a_process_group(tmp_path, backend):
+@pytest.mark.parametrize("case,backend", [
+    executed(case, b, case, b, id=f"{case.split('/')[1]}-{b}")
+    for case, b in (("DST102/save_state_by_name", "ddp"), ("DST102/save_state_by_name", "horovod"),
+                    ("DST111/pickled_optimizer", "ddp"))
+])
+def test_modules_pickled_in_a_checkpoint_dict_load_without_a_process_group(tmp_path, case, backend):
     import torch
 
-    script = tmp_path / "script" / "save_state_by_name.py"
-    migrate(PICKLED, script, backend=backend)
+    script = tmp_path / "script" / "pickled.py"
+    migrate(REPO_ROOT / "fixtures" / f"{case}.in.py", script, backend=backend)
     text = script.read_text()
-    ranks, files = _reloaded(script, tmp_path / "migrated", backend)
+    ranks, files = _reloaded(script, tmp_path / "migrated", backend, PICKLED[case])
     assert ranks[0] and same_on_every_rank(ranks), "the ranks trained different models"
+    assert sorted(files) == sorted(PICKLED[case])
     for name, params in files.items():
         assert len(params) == len(ranks[0]) and all(torch.equal(a, b) for a, b in zip(params, ranks[0])), (
             f"{name} does not hold the weights the ranks ended with")
-    if backend != "ddp":
+    if (case, backend) != ("DST102/save_state_by_name", "ddp"):
         return
     control = text
     for unwrapped, wrapped in WRAPPED_SAVES.items():
@@ -306,4 +325,4 @@ def test_modules_pickled_in_a_checkpoint_dict_load_without_a_process_group(tmp_p
     assert control != text
     script.write_text(control)
     with pytest.raises(RunFailed, match="DistributedDataParallel|process group|Linear"):
-        _reloaded(script, tmp_path / "control", backend)
+        _reloaded(script, tmp_path / "control", backend, PICKLED[case])

@@ -33,7 +33,7 @@ SHAPES = (
     "DST112/load_in_function", "DST112/resume_epoch",
     "scenarios/annotated_transformer", "DST201/loader_in_place",
     "DST111/optimizer_in_schedule",
-    "DST102/save_state_by_name",
+    "DST102/save_state_by_name", "DST111/pickled_optimizer",
     "DST101/init_after_build", "DST101/init_under_other_names", "DST101/init_through_instance_containers",
     "DST907/compile_after_optimizer",
     "DST206/epoch_loss", "DST206/accuracy_on_train_set", "DST206/loss_list_scheduler",
