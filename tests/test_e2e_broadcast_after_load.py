@@ -182,8 +182,8 @@ def test_ddp_rank_that_cannot_read_the_checkpoint_gets_rank0s_state(tmp_path, re
 # optimizer, rank0_load_before_shard): in the single process it always ran, so every rank must end
 # with what it loaded. DDP broadcasts rank 0's weights, momentum and epoch after the `if` (or wraps
 # after it: the wrap broadcasts), Horovod broadcasts the parameters and the optimizer state after it.
-# rank0_load_after_wrap is seeded and does not shuffle: resumed on 2 ranks of batch 8 it ends with the
-# weights of the original resumed at batch 16. Control: without the broadcasts (DDP: the wrap before
+# Both are seeded and do not shuffle: on 2 ranks of batch 8 each ends with the weights of the original
+# (which loads: its one process is rank 0) at batch 16. Control: without the broadcasts (DDP: the wrap before
 # the load) rank 1 trains on from its fresh weights and momentum and the ranks differ. Its SGD has
 # weight decay: under Horovod the optimizer state is broadcast before the parameters, because
 # broadcast_optimizer_state gives rank 1's empty optimizer a zero-gradient step whose weight decay
@@ -210,7 +210,7 @@ RANK0_LOADS = {
 
 
 def _rank0_checkpoints(work: Path) -> None:
-    """ckpt.pt (a model with a momentum buffer, epoch 0) and pretrained.pt (its weights) in `work`."""
+    """ckpt.pt (a model with a momentum buffer, epoch 0) and pretrained.pt (other weights) in `work`."""
     import torch
     import torch.nn as nn
 
@@ -221,7 +221,8 @@ def _rank0_checkpoints(work: Path) -> None:
     model(torch.randn(8, 4)).sum().backward()
     optimizer.step()  # a momentum buffer to resume
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 0}, work / "ckpt.pt")
-    torch.save(model.state_dict(), work / "pretrained.pt")
+    pretrained = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))  # rank0_load_before_shard's model
+    torch.save(pretrained.state_dict(), work / "pretrained.pt")
 
 
 @pytest.mark.parametrize("case,backend", [executed(f"DST308/{case}", backend, case, backend, id=f"{case}-{backend}")
@@ -245,13 +246,13 @@ def test_load_on_rank0_only_reaches_every_rank(tmp_path, case, backend):
 
     migrated = ranks(script, "migrated")
     assert migrated[0] and _same(migrated[1], migrated[0]), "the ranks trained different models"
-    if resume:  # deterministic: the original resumed at twice the batch
-        original = tmp_path / "original"
-        _rank0_checkpoints(original)
-        (original / "train.py").write_text(source.read_text().replace("batch_size=8", "batch_size=16"))
-        run_python(original / "train.py", args, cwd=original)
-        assert_same_weights(torch.load(original / "last.pt")["model"], torch.load(tmp_path / "migrated" / "last.pt")["model"],
-                            label=f"{backend}, 2 ranks x 8 vs batch 16")
+    # both seeded and unshuffled: the original (loading on its one rank, rank 0) at twice the batch
+    original = tmp_path / "original"
+    _rank0_checkpoints(original)
+    (original / "train.py").write_text(source.read_text().replace("batch_size=8", "batch_size=16"))
+    run_python(original / "train.py", args, cwd=original)
+    final = (lambda d: torch.load(d / "last.pt")["model"]) if resume else (lambda d: torch.load(d / "final.pt"))
+    assert_same_weights(final(original), final(tmp_path / "migrated"), label=f"{backend}, 2 ranks x 8 vs batch 16")
     control = tmp_path / "control.py"
     broken = text
     for old, new in edits.items():

@@ -42,6 +42,7 @@ def _final(script: Path, workdir: Path, launch) -> dict:
     return load_state(workdir / "final.pt")
 
 
+@pytest.mark.runs("DST308/rank0_load_before_shard", "fsdp")
 def test_rank0s_loaded_weights_are_what_every_rank_shards(tmp_path):
     script = tmp_path / "train.py"
     migrate(SOURCE, script, backend="fsdp")

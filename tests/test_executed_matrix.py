@@ -129,14 +129,14 @@ def test_control_a_lost_parameter_is_reported(runs):
 def test_control_a_new_golden_is_reported(runs, tmp_path):
     import shutil
 
-    for case in ("DST308/rank0_load_before_shard", "DST207/patience"):
+    shapes = ("DST102/save_state_by_name", "DST207/patience")  # the first refused under FSDP (DST925)
+    for case in shapes:
         (tmp_path / case).parent.mkdir(parents=True, exist_ok=True)
         for backend in goldens(case):
             shutil.copyfile(FIXTURES / f"{case}.{backend}.py", tmp_path / f"{case}.{backend}.py")
-    shapes = ("DST308/rank0_load_before_shard", "DST207/patience")
     assert gaps(shapes, runs, tmp_path) == []
-    (tmp_path / "DST308" / "rank0_load_before_shard.fsdp.py").write_text("# FSDP now migrates it\n")
-    assert gaps(shapes, runs, tmp_path) == [("DST308/rank0_load_before_shard", "fsdp")]
+    (tmp_path / "DST102" / "save_state_by_name.fsdp.py").write_text("# FSDP now migrates it\n")
+    assert gaps(shapes, runs, tmp_path) == [("DST102/save_state_by_name", "fsdp")]
 
 
 def test_control_marks_on_parameters_and_tests_are_read():
