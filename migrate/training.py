@@ -232,9 +232,30 @@ def distribution_draw(a: "Anatomy", site: "CallSite") -> Optional[str]:
     return f"{q}.{func.attr.value}" if q and q.startswith(DISTRIBUTIONS) else None
 
 
+def _model_input(a: "Anatomy", site: "CallSite") -> bool:
+    """`site` (a torch.randn-like draw) is the whole input of one of the script's models, called in the
+    same loop: `netG(torch.randn(b, nz))`, or `noise = torch.randn(b, nz)` and `netG(noise)` with
+    `noise` bound once in that scope. Such a draw is the data that model trains on (a GAN generator's
+    latent batch), not noise added to a loader's samples."""
+    if not site.loops:
+        return False
+    models = {m.name for m in a.models if m.scope is site.scope}
+    bound = assigned_name(site.stmt, site.call)
+    if bound is not None and len(a.bindings(site.scope).get(bound, [])) != 1:
+        bound = None
+    for c in a.calls:
+        if c.scope is not site.scope or dotted(c.call.func) not in models or site.loops[-1] not in c.loops:
+            continue
+        for x in c.call.args:
+            if x.value is site.call or (bound is not None and dotted(x.value) == bound):
+                return True
+    return False
+
+
 # draws that generate the data itself when no loader feeds training (a regression on batches it
 # makes, a GAN's real samples from a known distribution); beside a loader they are noise or
-# augmentation of the loader's samples, not the data
+# augmentation of the loader's samples, not the data, unless a model takes the draw as its whole input
+# (`_model_input`: a GAN generator's latent batch)
 GENERATED = {"torch.randn", "torch.rand", "torch.normal"}
 
 
@@ -252,6 +273,8 @@ def global_draws(anatomy: "Anatomy") -> List[GlobalDraw]:
     for c in a.calls:
         # beside a loader a distribution's draw is noise (a VAE's rsample()), not the data
         name = c.qualname if c.qualname in RNG_DRAWS | (set() if fed else GENERATED) else None
+        if name is None and fed and c.qualname in GENERATED and _model_input(a, c):
+            name = c.qualname
         if name is None and not fed:
             name = distribution_draw(a, c)
         if name is None or arg(c.call, None, "generator") is not None:
@@ -277,7 +300,13 @@ def global_draws(anatomy: "Anatomy") -> List[GlobalDraw]:
 
     out: List[GlobalDraw] = []
     for loop, scope, cls, outer in a.fors:
-        if loop in loader_loops or outer:
+        if outer:
+            continue
+        if loop in loader_loops:
+            # a loop fed by a loader draws data of its own only as a model's whole input (a GAN's latent)
+            fed_draws = [c for c in loose if c.scope is scope and loop in c.loops and c.qualname in GENERATED]
+            if fed_draws:
+                out.append(GlobalDraw(loop, scope, fed_draws[0], None, loop, what[id(fed_draws[0])]))
             continue
         # an RL episode loop trains through a function it calls (`finish_episode()`); the draws
         # that make such a loop's data are a distribution's (the other kinds keep their own loop)

@@ -18,7 +18,8 @@ class DataRng(Rule):
         ``torch.randperm`` (directly or in a function they call, like nanoGPT's ``get_batch``)
         from the global generator, or – when no DataLoader feeds training at all – generate the
         data itself with ``torch.randn`` / ``torch.rand`` / ``torch.normal`` (a regression on
-        batches it makes, a GAN's real samples). Right before the first draw – once every model and optimizer
+        batches it makes, a GAN's real samples); beside a DataLoader, such a draw that is a model's
+        whole input in the loop (a GAN generator's latent batch, ``netG(noise)``). Right before the first draw – once every model and optimizer
         of that function is built – it inserts
         ``torch.manual_seed(torch.initial_seed() + rank)``. Draws with ``numpy.random`` /
         ``random``, or set up in a way it cannot order, are reported instead.

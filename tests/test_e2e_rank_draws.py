@@ -3,7 +3,9 @@ re-seeds each rank (issue 22, items 2 and 3), under torchrun and horovodrun, 2 r
 
 Two shapes: a regression on batches it generates with ``torch.randn`` (fixtures/DST963/
 generated_batches) and REINFORCE whose rollouts come from ``Categorical(probs).sample()``
-(fixtures/DST204/policy_rollouts: no DataLoader, a toy environment). A test-only sitecustomize
+(fixtures/DST204/policy_rollouts: no DataLoader, a toy environment) and a GAN whose real samples come from a
+DataLoader while the generator's batch is latent noise from ``torch.randn`` in the loop
+(fixtures/DST204/gan_latent: the fixed noise drawn before the models are built stays alike). A test-only sitecustomize
 records on each rank every value ``torch.randn`` and ``Categorical.sample`` return, and the
 parameters at exit. The ranks must draw different data and end with the same weights (the
 gradients are averaged; under FSDP, which the rollouts also run, each rank holds its own shard). Control: the same migrated script without DST204's re-seed line draws
@@ -27,7 +29,11 @@ RESEED = "torch.manual_seed(torch.initial_seed() + "
 SCRIPTS = {
     "generated": (REPO_ROOT / "fixtures" / "DST963" / "generated_batches.in.py", []),
     "rollouts": (REPO_ROOT / "fixtures" / "DST204" / "policy_rollouts.in.py", ["--episodes", "4"]),
+    "gan": (REPO_ROOT / "fixtures" / "DST204" / "gan_latent.in.py", ["--epochs", "1"]),
 }
+# draws that must stay alike on every rank: the GAN's real data and its fixed_noise, drawn before the
+# models are built (only the latent batches in the loop are each rank's own)
+ALIKE = {"gan": 2}
 
 _DRAW_SPY = '''
 import os
@@ -89,9 +95,12 @@ def _run(script: Path, args: list, backend: str, work: Path):
         ("rollouts", "ddp", False),
         pytest.param("rollouts", "horovod", True, marks=pytest.mark.horovod),
         ("rollouts", "fsdp", True),
+        ("gan", "ddp", True),
+        ("gan", "ddp", False),
+        pytest.param("gan", "horovod", True, marks=pytest.mark.horovod),
     ],
     ids=["generated-ddp", "control-generated-ddp", "generated-horovod", "rollouts-ddp", "control-rollouts-ddp",
-         "rollouts-horovod", "rollouts-fsdp"],
+         "rollouts-horovod", "rollouts-fsdp", "gan-ddp", "control-gan-ddp", "gan-horovod"],
 )
 def test_each_rank_draws_its_own_data(tmp_path, shape, backend, reseeded):
     import torch
@@ -106,8 +115,10 @@ def test_each_rank_draws_its_own_data(tmp_path, shape, backend, reseeded):
         script.write_text("".join(line for line in lines if RESEED not in line))
     draws, weights = _run(script, args, backend, tmp_path)
     assert draws[0] and draws[1], "the spy recorded no draws"
+    alike = ALIKE.get(shape, 0)
+    assert draws[0][:alike] == draws[1][:alike], "the draws made before the models were built differ"
     if reseeded:
-        assert draws[0] != draws[1], "both ranks drew the same data"
+        assert draws[0][alike:] != draws[1][alike:], "both ranks drew the same data"
         if weights is not None:
             assert weights[0] and all(torch.equal(a, b) for a, b in zip(*weights)), "the ranks ended with other weights"
     else:
