@@ -270,14 +270,14 @@ class Facts:
 
     # calls -------------------------------------------------------------------------------
     def never_runs(self, fn: cst.FunctionDef) -> bool:
-        """`fn`, a function or method of this module, cannot run in this script: it has no decorator,
+        """`fn`, a method of a class of this module, cannot run in this script: it has no decorator,
         is no dunder nor ``forward`` (which a library calls by name), and its name stands nowhere in
         the module but in its own ``def``: no call, no reference (``callback=fn``, ``obj.fn``), no
         string (``getattr(obj, "fn")``). Another ``def`` of the same name counts as a reference (the
         cautious side)."""
         name = fn.name.value
-        if fn.decorators or name.startswith("__") or name == "forward":
-            return False
+        if fn not in self.methods or fn.decorators or name.startswith("__") or name == "forward":
+            return False  # a module-level function may be an entry point (console_scripts, fire.Fire())
 
         def index():
             from collections import Counter

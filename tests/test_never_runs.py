@@ -55,3 +55,23 @@ def test_a_method_referenced_anywhere_may_run(reference):
     method = next(fn for fn in a.facts.methods if fn.name.value == "configure_optimizers")
     assert a.facts.never_runs(method) is (reference == "")
     assert not a.facts.never_runs(next(fn for fn in a.facts.methods if fn.name.value == "forward"))
+
+
+def test_a_module_function_nothing_calls_is_an_entry_point():
+    """`def main(): ...` that the file never calls is run by a console_scripts entry point or
+    fire.Fire(): its optimizer counts, and the script is migrated (main's first version of the fact
+    took such a script for one with no training loop)."""
+    source = (
+        "import torch\nfrom torch.utils.data import DataLoader\n\n"
+        "def main():\n"
+        "    model = torch.nn.Linear(2, 2)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    loader = DataLoader(list(range(8)), batch_size=2, shuffle=True)\n"
+        "    for epoch in range(2):\n"
+        "        for x in loader:\n"
+        "            opt.zero_grad()\n"
+        "            model(torch.ones(2, 2)).sum().backward()\n"
+        "            opt.step()\n"
+    )
+    result = migrate_source(source.encode(), Options(backend="ddp"))
+    assert result.changed and b"runtime.DDP(" in result.output

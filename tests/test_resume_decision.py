@@ -66,12 +66,21 @@ def _run(source: str, backend: str):
     return migrate_source(source.encode(), Options(backend=backend))
 
 
-def test_fsdp_refuses_a_load_on_rank0_only_before_or_after_the_shard():
-    for source, loads in ((RANK0, "set_model_state_dict(model, "), (BEFORE_SHARD, "model.load_state_dict(")):
-        result = _run(source, "fsdp")
-        assert result.refused and any(f.code == "DST308" for f in result.findings)
-        control = _run(_shared(source), "fsdp")
-        assert not control.refused and loads in control.output.decode()
+def test_fsdp_refuses_a_load_on_rank0_only_after_the_shard():
+    result = _run(RANK0, "fsdp")
+    assert result.refused and any(f.code == "DST308" for f in result.findings)
+    control = _run(_shared(RANK0), "fsdp")
+    assert not control.refused and "set_model_state_dict(model, " in control.output.decode()
+
+
+def test_fsdp_broadcasts_a_load_on_rank0_only_before_the_shard():
+    """Before the shard the load is a plain load_state_dict on rank 0; rank 0's weights are then
+    broadcast, right above fully_shard (tests/test_e2e_fsdp_rank0_load.py runs it). Control: the
+    same load on every rank gets no broadcast."""
+    out = _run(BEFORE_SHARD, "fsdp").output.decode()
+    assert "runtime.broadcast_module(model)\nfully_shard(model)\n" in out, out
+    control = _run(_shared(BEFORE_SHARD), "fsdp").output.decode()
+    assert "model.load_state_dict(" in control and "runtime.broadcast_module(" not in control
 
 
 def test_ddp_and_horovod_hand_rank0s_load_to_every_rank():
