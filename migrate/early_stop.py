@@ -333,6 +333,9 @@ def _taints(stmt: cst.CSTNode, per_rank, keeps: Callable, steered: bool) -> List
                 value, targets = small.value, [small.target]
             if value is not None and (steered or per_rank(value)):
                 for t in targets:
+                    if isinstance(t, cst.Subscript):
+                        # losses[k] = loss.item(): the container now holds the per-rank value
+                        t = t.value
                     d = dotted(t)
                     out += [d] if d is not None else [n.value for n, how in names(t, "store") if how == "store"]
             if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
@@ -363,3 +366,23 @@ def _taints(stmt: cst.CSTNode, per_rank, keeps: Callable, steered: bool) -> List
             for name, _, _ in stmt_bindings(stmt)
         ]
     return []
+
+
+def per_rank_branches(a: "Anatomy", stmt: cst.CSTNode) -> List[cst.If]:
+    """The ``if`` statements of `stmt`'s scope around it whose test reads a per-rank value (a loss
+    each rank measures on its own batches: ``if losses["val"] < best_val_loss:``), outermost first;
+    none that reads the rank (a rank-0 guard is another fault), calls a collective already, or that
+    ``per_rank_stops`` has agreed (DST207 wraps it). A collective a migration puts under such a
+    branch (FSDP's full-state gather of a checkpoint) is reached by some ranks only: they hang."""
+    facts = a.facts
+    scope = facts.stmt_scope.get(stmt)
+    settled = {id(t) for s in per_rank_stops(a) for t in s.tests}
+    branches = [
+        p for p in facts.stmt_parent.get(stmt, ())
+        if isinstance(p, cst.If) and facts.stmt_scope.get(p) is scope and id(p) not in settled
+        and not a.reads_rank(p.test) and not _agreed(a, p.test)
+    ]
+    if not branches:
+        return []
+    tainted = per_rank_names(a, scope)
+    return [p for p in branches if per_rank_value(a, scope, p.test, tainted)]

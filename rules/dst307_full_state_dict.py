@@ -13,6 +13,7 @@ from distify.syntax import dotted
 from distify.edits import Put
 from distify.rules.base import FSDP_BACKEND, Context, Rule, kwarg_value, reaching_scopes
 from distify.facts import optimizer_keeps_tensors
+from distify.early_stop import per_rank_branches
 from distify.walk import walk
 
 DCP_STATE = "torch.distributed.checkpoint.state_dict"
@@ -95,6 +96,7 @@ class FullStateDict(Rule):
                     optim_names.setdefault(key, (None, model))
         savers = _saving_functions(ctx)
         cpu_loads = ctx.plan.cpu_loads
+        decided: set = set()  # ids of the per-rank branches that now take rank 0's decision
         for site in a.calls:
             func = site.call.func
             if not isinstance(func, cst.Attribute) or func.attr.value not in ("state_dict", "load_state_dict"):
@@ -116,12 +118,12 @@ class FullStateDict(Rule):
             if func.attr.value == "state_dict":
                 if site.call.args:
                     continue
-                self._save(ctx, site, kind, recv, model_ref, savers)
+                self._save(ctx, site, kind, recv, model_ref, savers, decided)
             else:
                 self._load(ctx, site, kind, recv, model_ref, cpu_loads, model)
 
     # saves ----------------------------------------------------------------------------------
-    def _save(self, ctx: Context, site, kind, recv, model_ref, savers) -> None:
+    def _save(self, ctx: Context, site, kind, recv, model_ref, savers, decided: set) -> None:
         a = ctx.anatomy
         how = _leaves(ctx, site, savers)
         if how is None:
@@ -141,6 +143,7 @@ class FullStateDict(Rule):
         else:
             fn = ctx.imported(DCP_STATE, "get_optimizer_state_dict", "get_optimizer_state_dict")
             expr = f"{fn}({model_ref}, {recv}, options={opts})"
+        self._one_decision(ctx, site, decided)
         if how == "in place":
             ctx.edits.replace(site.call, lambda n, e=expr: cst.parse_expression(e))
             ctx.report(self.code, site.call, f"{recv}'s full state gathered on every rank ({fn}): it is saved later")
@@ -165,6 +168,27 @@ class FullStateDict(Rule):
             site.call,
             f"{recv}'s full state gathered on every rank into {name} ({fn} is a collective); only the write is rank 0's",
         )
+
+    def _one_decision(self, ctx: Context, site, decided: set) -> None:
+        """The gather is a collective: under an ``if`` whose test each rank computes from its own
+        batches (``if losses["val"] < best_val_loss:``) some ranks would gather and the others not,
+        and the job hangs. Every rank takes rank 0's decision (``runtime.broadcast_object``): rank 0
+        saves exactly when it would alone, the others join its gather."""
+        for branch in per_rank_branches(ctx.anatomy, site.stmt):
+            if id(branch) in decided:
+                continue
+            decided.add(id(branch))
+            # bool(): the branch reads the test's truth; a device tensor is not what to pickle across
+            decide = cst.parse_expression(f"{ctx.runtime}.broadcast_object(bool(_))")
+            ctx.edits.replace(branch.test, lambda n, d=decide: d.with_changes(
+                args=[d.args[0].with_changes(value=d.args[0].value.with_changes(
+                    args=[d.args[0].value.args[0].with_changes(value=n)]))]))
+            ctx.report(
+                self.code, branch,
+                "this test reads a value each rank computes from its own data and its branch gathers the full "
+                "state (a collective): every rank takes rank 0's decision (runtime.broadcast_object), so none "
+                "waits in a gather the others skipped",
+            )
 
     def _submodule(self, ctx: Context, site, recv, model_names, savers) -> None:
         """`torch.save(model.encoder.state_dict(), path)`: a part of a sharded model, saved."""
