@@ -331,6 +331,12 @@ class Facts:
                     and isinstance(c.call.func.value, cst.Name) and c.scope is not None
                     and self.functions.local(dotted(getattr(self.instance_call(c.scope, c.call.func.value.value, c.stmt), "func", None)) or "") == cls.name.value
                 ]
+                if name == "__call__":  # `stopper = EarlyStopping(...)` ... `stopper(val_loss, model)`
+                    out += [
+                        c for c in self.calls
+                        if isinstance(c.call.func, cst.Name) and c.scope is not None
+                        and self.functions.local(dotted(getattr(self.instance_call(c.scope, c.call.func.value, c.stmt), "func", None)) or "") == cls.name.value
+                    ]
         self._callers[key] = out
         return out
 

@@ -140,3 +140,49 @@ def test_a_stop_decided_outside_the_test_is_taken_by_every_rank(tmp_path, shape,
         return
     assert not (rank0 and all(torch.equal(a, b) for a, b in zip(rank0, rank1))), \
         "control: the ranks decided alone and still took the same steps"
+
+
+# The early-stopping helper that saves the model it is handed (fixtures/DST102/early_stopping_checkpoint):
+# `stopper(valid_loss, model)` runs `__call__`, which hands the model on to `self.save_checkpoint`.
+# Before the fix that call was not seen as one of `__call__` (Facts.callers), so the wrapped model was
+# saved as it was: DDP's `module.` keys in the checkpoint (the final reload then failed), and under FSDP
+# rank 0's DTensor shards instead of the full state (the launch hung).
+CHECKPOINT = REPO_ROOT / "fixtures" / "DST102" / "early_stopping_checkpoint.in.py"
+SAVED = {
+    "ddp": "torch.save(runtime.unwrap(model).state_dict(), self.path)",
+    "fsdp": "model_state = get_model_state_dict(model, options=",
+    "horovod": "torch.save(model.state_dict(), self.path)",
+}
+
+
+@pytest.mark.parametrize("backend", [
+    executed("DST102/early_stopping_checkpoint", backend, backend, id=backend) for backend in ("ddp", "fsdp", "horovod")
+])
+def test_the_checkpoint_the_stopper_saves_has_the_model_keys(tmp_path, backend):
+    from e2e_support import assert_same_weights, load_state, run_horovodrun, run_python
+
+    import torch
+
+    orig = tmp_path / "orig"
+    orig.mkdir()
+    run_python(CHECKPOINT, ["--batch-size", 16], cwd=orig)
+    script = tmp_path / "script" / "early_stopping_checkpoint.py"
+    migrate(CHECKPOINT, script, backend=backend)
+    text = script.read_text()
+    assert SAVED[backend] in text
+    launch = run_horovodrun if backend == "horovod" else run_torchrun
+    run = tmp_path / "run"
+    run.mkdir()
+    launch(script, ["--batch-size", 8], nproc=2, cwd=run, timeout=180)
+    best = torch.load(run / "checkpoint.pt", map_location="cpu")
+    assert all(type(v) is torch.Tensor for v in best.values()), "the checkpoint holds shards, not tensors"
+    assert_same_weights(best, load_state(orig / "checkpoint.pt"), label="best checkpoint")
+    assert_same_weights(load_state(run / "final.pt"), load_state(orig / "final.pt"), label="final")
+    if backend != "ddp":
+        return
+
+    # control: the save as distify wrote it before (the wrapped model's own state_dict)
+    script.write_text(text.replace(SAVED["ddp"], "torch.save(model.state_dict(), self.path)"))
+    with pytest.raises(RunFailed):  # the reload into model.module meets `module.` keys
+        launch(script, ["--batch-size", 8], nproc=2, cwd=run, timeout=60)
+    assert all(k.startswith("module.") for k in torch.load(run / "checkpoint.pt", map_location="cpu"))
