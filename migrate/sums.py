@@ -413,6 +413,11 @@ def fed_only_by(a: "Anatomy", bl: "BatchLoop", sharded: Collection["Loader"]) ->
         return False
     if bl.keys is not None and set(bl.keys) != set(bl.train_keys or ()):
         return False
+    return _passed_by_every_call(a, bl, feeding)
+
+
+def _passed_by_every_call(a: "Anatomy", bl: "BatchLoop", feeding: List["Loader"]) -> bool:
+    """The loop's loader, when it is a parameter of its function, is one of `feeding` at each call."""
     if isinstance(bl.scope, cst.FunctionDef) and bl.ref in a.facts.params(bl.scope):
         known = {(id(s), r) for ld in feeding for s, r in ld.refs}
         sites = a.callers(bl.scope, any_receiver=True)
@@ -425,3 +430,23 @@ def fed_only_by(a: "Anatomy", bl: "BatchLoop", sharded: Collection["Loader"]) ->
                 return False
         return bool(sites)
     return True
+
+
+def sharded_key(a: "Anatomy", bl: "BatchLoop", sharded: Collection["Loader"]) -> Optional[tuple]:
+    """(key variable, key) for the loop of the fine-tuning recipe, ``for phase in ["train", "val"]:
+    ... for x, y in loaders[phase]:``, over a loader family of `sharded` whose one sharded key is the
+    one that trains while every other key stays whole: its sums are this rank's shard's on a pass
+    over that key only, and whole on the others. The variable iterates constant strings, so every
+    rank takes the same pass at once. None for any other loop."""
+    from distify.training import keyed_loop  # here: most files have no keyed loop
+
+    feeding = [ld for ld in a.loaders if any(x is bl for x in ld.batch_loops)]
+    if len(feeding) != 1 or feeding[0] not in sharded or feeding[0].family is None or bl.keys is None:
+        return None
+    ld = feeding[0]
+    if len(ld.train_keys) != 1 or list(bl.train_keys or ()) != ld.train_keys:
+        return None
+    keyed = keyed_loop(bl.loop, [p for p in a.stmt_parent.get(bl.loop, ()) if isinstance(p, cst.For)], a.qualname)
+    if keyed is None or keyed[0] != bl.ref or not _passed_by_every_call(a, bl, feeding):
+        return None
+    return keyed[2], ld.train_keys[0]

@@ -7,7 +7,7 @@ from typing import Set
 import libcst as cst
 
 from distify.rules.base import Context, Rule
-from distify.sums import UNKNOWN, fed_only_by, first_read_after, list_sums, training_sums
+from distify.sums import UNKNOWN, fed_only_by, first_read_after, list_sums, sharded_key, training_sums
 
 
 class ReduceTrainSums(Rule):
@@ -72,8 +72,11 @@ class ReduceTrainSums(Rule):
                 if bl.via != "for" or id(bl.loop) in done:
                     continue
                 done.add(id(bl.loop))
+                keyed = None
                 if not fed_only_by(a, bl, sharded):
-                    continue  # a loader that stays whole reaches it too: its sums are whole already
+                    keyed = sharded_key(a, bl, sharded)  # `loaders[phase]`: the training key's pass only
+                    if keyed is None:
+                        continue  # a loader that stays whole reaches it too: its sums are whole already
                 sums = training_sums(a, bl.loop, bl.scope)
                 for s in [s for s in sums if s.kind == UNKNOWN]:
                     read = first_read_after(a, s.name, bl.loop, bl.scope)
@@ -97,6 +100,8 @@ class ReduceTrainSums(Rule):
                     op = ", \"sum\"" if s.kind == "sample" else ""
                     stmts.append(f"{s.name} = {ctx.runtime}.reduce_each({s.name}{op})")
                 each = [s.name for s in lists]
+                if keyed is not None:
+                    stmts = [f"if {keyed[0]} == \"{keyed[1]}\":"] + ["    " + s for s in stmts]
                 ctx.edits.insert_after(bl.loop, ctx.stmts("\n".join(stmts)))
                 if isinstance(bl.scope, cst.FunctionDef):
                     ctx.gains_collective(bl.scope)  # `print(train(...))` must now run on every rank
@@ -110,6 +115,8 @@ class ReduceTrainSums(Rule):
                     if names
                 ]
                 what = "the training loop" if bl.trains else "this loop over the training data"
+                if keyed is not None:
+                    what += f" on its pass over {bl.ref}[\"{keyed[1]}\"] (the only sharded key)"
                 padded = "" if bl.trains else (
                     " (DistributedSampler repeats up to N-1 samples to even the shards: they are counted twice)"
                 )

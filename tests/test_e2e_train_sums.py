@@ -169,3 +169,30 @@ def test_a_loss_from_the_scripts_own_function_is_averaged(tmp_path, backend, red
     assert len(found) == len(want) == 3, found
     close = all(abs(float(a) - float(b)) <= 2e-6 for got, exp in zip(found, want) for a, b in zip(got, exp))
     assert close == reduced, f"2 ranks printed {found}, the single process {want}"
+
+
+PHASES = REPO_ROOT / "fixtures" / "DST206" / "phase_loop.in.py"
+PHASE_LINE = re.compile(r"^epoch \d+ (?:train|val) loss \S+ acc \S+$", re.M)
+PHASE_SUM = re.compile(r"^ *if phase == \"train\":\n *running_loss, running_corrects = runtime\.all_reduce_sum\(.*\)\n", re.M)
+
+
+@with_control("phase_loop")
+def test_the_phase_loop_reports_the_whole_training_set(tmp_path, backend, reduced):
+    """fixtures/DST206/phase_loop (the fine-tuning tutorial): one batch loop over `dataloaders[phase]`
+    for "train" (sharded) and "val" (whole on every rank). 2 ranks at batch 8 train the single
+    process's weights at batch 16, so every printed line, train and val, must be the single
+    process's. Control: without the reduction the training lines read rank 0's half of the sums over
+    the whole set's size (half the loss). Before the fix DST206 skipped a loop a whole loader also
+    feeds, which is that control's output."""
+    want, got = _two_ranks(tmp_path, PHASES, PHASE_LINE, backend, PHASE_SUM, reduced)
+    assert len(want) == 6, want
+    numbers = lambda lines: [[float(x) for x in re.findall(r"\d+\.\d+", line)] for line in lines]
+    close = len(got) == 6 and all(
+        abs(a - b) <= 2e-5 for g, w in zip(numbers(got), numbers(want)) for a, b in zip(g, w)
+    )
+    if reduced:
+        assert close, f"2 ranks printed {got}, the single process {want}"
+    else:
+        assert not close and all(
+            abs(2 * g[0] - w[0]) <= 0.05 for g, w in zip(numbers(got)[::2], numbers(want)[::2])
+        ), f"control: rank 0's own training sums are half the whole set's: {got} vs {want}"
