@@ -193,12 +193,14 @@ def _agreed(a: "Anatomy", test: cst.BaseExpression) -> bool:
 
 def per_rank_names(
     a: "Anatomy", scope: Scope, depth: int = 0, seed: FrozenSet[str] = frozenset(), settled: FrozenSet[int] = _NONE,
+    clean: FrozenSet[str] = frozenset(),
 ) -> FrozenSet[str]:
     """The names of `scope` that may hold a per-rank value (see the module's docstring). `seed`:
     names known to be per rank already (the parameters one call binds to per-rank values);
-    `settled`: ids of the ``if``/``while`` statements whose test will be agreed."""
+    `settled`: ids of the ``if``/``while`` statements whose test will be agreed; `clean`: names a
+    rule reduces across ranks before the reads in question (DST206's sums after their loop)."""
     facts = a.facts
-    tainted: Set[str] = {ref for ld in a.loaders for s, ref in ld.refs if s is scope} | set(seed)
+    tainted: Set[str] = ({ref for ld in a.loaders for s, ref in ld.refs if s is scope} | set(seed)) - set(clean)
     if isinstance(scope, cst.FunctionDef) and depth < 3:
         for site in facts.callers(scope):
             outer = per_rank_names(a, site.scope, depth + 1, settled=settled)
@@ -237,7 +239,7 @@ def per_rank_names(
         changed = False
         for s in facts.statements(scope):
             for name in _taints(s, per_rank, keeps, steered(s)):
-                if name not in tainted:
+                if name not in tainted and name not in clean:
                     tainted.add(name)
                     changed = True
     return frozenset(tainted)
@@ -386,3 +388,64 @@ def per_rank_branches(a: "Anatomy", stmt: cst.CSTNode) -> List[cst.If]:
         return []
     tainted = per_rank_names(a, scope)
     return [p for p in branches if per_rank_value(a, scope, p.test, tainted)]
+
+
+def per_rank_scheduler_metrics(a: "Anatomy", reduced=()) -> List[cst.BaseExpression]:
+    """The metrics handed to ``step`` of a scheduler that decides from one
+    (``library.METRIC_SCHEDULERS``: ``ReduceLROnPlateau``) that read a per-rank value
+    (``scheduler.step(losses["val"])`` with each rank's own estimate). Each rank would cut its own
+    learning rate at its own time: the averaged gradients then move the ranks' weights apart,
+    silently. The scheduler is the one the receiver is bound to in the step's scope (or at module
+    level, read from a function that does not bind the name). `reduced`: (scope, name, loop) of the
+    sums a rule reduces after their loop (``Plan.reduced``): a metric computed from them after it is
+    alike everywhere, and reducing it again would reduce it twice."""
+    from distify.library import METRIC_SCHEDULERS
+    from distify.records import assigned_name
+
+    facts = a.facts
+    made: Dict[tuple, bool] = {}
+    for c in a.calls:
+        if c.qualname in METRIC_SCHEDULERS:
+            name = assigned_name(c.stmt, c.call)
+            if name is not None:
+                made[(id(c.scope), name)] = True
+    if not made:
+        return []
+    module = next((s for s in facts.stmt_scope.values() if isinstance(s, cst.Module)), None)
+    out: List[cst.BaseExpression] = []
+    cache: Dict[tuple, FrozenSet[str]] = {}
+    for c in a.calls:
+        func = c.call.func
+        if not isinstance(func, cst.Attribute) or func.attr.value != "step":
+            continue
+        recv = dotted(func.value)
+        if recv is None:
+            continue
+        local = (id(c.scope), recv) in made
+        global_ = (module is not None and (id(module), recv) in made and "." not in recv
+                   and recv not in a.bindings(c.scope))
+        if not (local or global_):
+            continue
+        metric = next((x.value for x in c.call.args if x.keyword is None or x.keyword.value == "metrics"), None)
+        if metric is None or _agreed(a, metric) or facts.in_rank_guard(c.stmt):
+            continue
+        clean = frozenset(n for scope, n, loop in reduced if scope is c.scope and a.is_before(loop, c.stmt)) | (
+            _reduced_before(a, c.scope, c.stmt))
+        key = (id(c.scope), clean)
+        if key not in cache:
+            cache[key] = per_rank_names(a, c.scope, clean=clean)
+        if per_rank_value(a, c.scope, metric, cache[key]):
+            out.append(metric)
+    return out
+
+
+def _reduced_before(a: "Anatomy", scope: Scope, stmt: cst.CSTNode) -> FrozenSet[str]:
+    """Names `scope` binds from a collective before `stmt` (``losses = runtime.reduce_each(losses)``,
+    as distify's own output has it): alike on every rank from there on."""
+    out = set()
+    for s in a.facts.statements(scope):
+        small = s.body[0] if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 else None
+        if (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.value, cst.Call)
+                and _agreed(a, small.value) and a.is_before(s, stmt)):
+            out.update(n.value for n, how in names(small.targets[0].target, "store") if how == "store")
+    return frozenset(out)

@@ -263,6 +263,11 @@ READ_METHODS: FrozenSet[str] = frozenset({
 IMPORTS_BY_NAME: FrozenSet[str] = frozenset({"importlib.import_module", "builtins.__import__"})
 OPTIMIZER_MODULES: FrozenSet[str] = frozenset({"torch.optim"})
 SCHEDULER_MODULES: FrozenSet[str] = frozenset({"torch.optim.lr_scheduler"})
+# schedulers whose step(metric) decides from a value the script measures (cut the learning rate when
+# it stops improving): each rank must hand them the same value, or the ranks' learning rates part
+METRIC_SCHEDULERS: FrozenSet[str] = frozenset({
+    "torch.optim.lr_scheduler.ReduceLROnPlateau",
+})
 
 # model constructors known by a method name on any receiver, or by the module that holds them
 MODEL_METHODS: FrozenSet[str] = frozenset({"from_pretrained", "from_config"})

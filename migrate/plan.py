@@ -72,6 +72,10 @@ class Plan(Record):
     # every call of the factory now sets (distify.loader_switch): DST901 leaves their sampler be
     switched: List[Any]
 
+    # -- DST206 -> DST207: the sums DST206 reduces right after a batch loop, as (scope, name, loop):
+    # what the script computes from them after that loop is alike on every rank
+    reduced: List[Tuple[Any, str, "cst.CSTNode"]]
+
     # -- the evaluation plans (rules.eval_plan), computed once for DST201 and DST203
     eval_plans: Optional[Dict["Loader", Any]]
 
@@ -101,6 +105,7 @@ class Plan(Record):
         self.foreign_epoch_loops = {}
         self.shared = []
         self.switched = []
+        self.reduced = []
         self.eval_plans = None
         self.cpu_loads = []
         self.gains_collective = set()

@@ -103,6 +103,7 @@ class ReduceTrainSums(Rule):
                 if keyed is not None:
                     stmts = [f"if {keyed[0]} == \"{keyed[1]}\":"] + ["    " + s for s in stmts]
                 ctx.edits.insert_after(bl.loop, ctx.stmts("\n".join(stmts)))
+                ctx.plan.reduced.extend((bl.scope, n, bl.loop) for n in [*summed, *averaged, *each])
                 if isinstance(bl.scope, cst.FunctionDef):
                     ctx.gains_collective(bl.scope)  # `print(train(...))` must now run on every rank
                 parts = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.early_stop import per_rank_stops
+from distify.early_stop import per_rank_scheduler_metrics, per_rank_stops
 from distify.rules.base import Context, Rule
 
 
@@ -19,7 +19,9 @@ class AgreeEarlyStop(Rule):
         ``runtime.agree(...)``: true on every rank when it is true on any. The conditions around
         the exit are agreed too, outermost first, so every rank reaches the inner one. The test of
         a ``while`` loop that trains is wrapped in ``runtime.agree_all(...)``: the loop goes on
-        only while it would on every rank.
+        only while it would on every rank. The metric a scheduler decides from
+        (``ReduceLROnPlateau.step(val_loss)``) that each rank measures on its own data becomes
+        ``runtime.reduce_mean(val_loss)``: every rank cuts its learning rate at the same step.
 
     Why:
         Each rank evaluates the condition on its own numbers. One rank leaves the loop while the
@@ -46,6 +48,13 @@ class AgreeEarlyStop(Rule):
     summary = "one early-stop decision for every rank"
 
     def apply(self, ctx: Context) -> None:
+        for metric in per_rank_scheduler_metrics(ctx.anatomy, ctx.plan.reduced):
+            ctx.edits.call_around(metric, f"{ctx.runtime}.reduce_mean")
+            ctx.report(
+                self.code, metric,
+                "the scheduler decides from a value each rank measures on its own data: runtime.reduce_mean "
+                "hands every rank the average, so their learning rates (and weights) do not part",
+            )
         done = set()
         for stop in per_rank_stops(ctx.anatomy):
             for test in stop.tests:
