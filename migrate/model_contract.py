@@ -150,6 +150,16 @@ def _always(node: cst.CSTNode, members: Set[str], me: Optional[str]) -> Set[str]
     def go(n: cst.CSTNode) -> None:
         if isinstance(n, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
             return
+        if isinstance(n, cst.IndentedBlock):
+            stmts = list(n.body)
+            for i, s in enumerate(stmts):
+                if _returns_early(s):  # `if c: ... return`: what follows is its else
+                    go(s.test)
+                    rest = cst.IndentedBlock(body=stmts[i + 1:])
+                    out.update(_always(s.body, members, me) & _always(rest, members, me))
+                    return
+                go(s)
+            return
         if isinstance(n, (cst.If, cst.IfExp)):
             go(n.test)
             if n.orelse is not None:
@@ -171,6 +181,18 @@ def _always(node: cst.CSTNode, members: Set[str], me: Optional[str]) -> Set[str]
     return out
 
 
+def _returns_early(stmt: cst.CSTNode) -> bool:
+    """An ``if`` with no ``else`` whose body ends by returning or raising: the statements after it
+    run exactly when its test is false."""
+    if not isinstance(stmt, cst.If) or stmt.orelse is not None:
+        return False
+    body = stmt.body.body
+    last = body[-1] if body else None
+    if isinstance(last, cst.SimpleStatementLine):
+        last = last.body[-1] if last.body else None
+    return isinstance(last, (cst.Return, cst.Raise))
+
+
 def _conditional_uses(fn: cst.FunctionDef, members: Set[str]):
     """(member, reference, condition) for each ``self.X`` reached only under a condition. A
     condition whose every branch reaches the member (an ``if``/``else`` using it on both sides)
@@ -182,6 +204,20 @@ def _conditional_uses(fn: cst.FunctionDef, members: Set[str]):
 
     def visit(node: cst.CSTNode, conds: tuple) -> None:
         if isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)) and node is not fn:
+            return
+        if isinstance(node, cst.IndentedBlock):
+            stmts = list(node.body)
+            for i, s in enumerate(stmts):
+                if _returns_early(s):
+                    # `if targets is None: return ...` and the statements after it: the two paths
+                    # of one condition (a member reached on both is reached on every path)
+                    rest = cst.IndentedBlock(body=stmts[i + 1:])
+                    both = _always(s.body, members, me) & _always(rest, members, me)
+                    visit(s.test, conds)
+                    visit(s.body, conds + ((s.test, both),))
+                    visit(rest, conds + ((s.test, both),))
+                    return
+                visit(s, conds)
             return
         if isinstance(node, (cst.If, cst.IfExp)):
             both = _always(node.body, members, me) & _always(node.orelse, members, me) if node.orelse is not None else set()

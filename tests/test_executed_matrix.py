@@ -39,6 +39,7 @@ SHAPES = (
     "DST206/epoch_loss", "DST206/accuracy_on_train_set", "DST206/loss_list_scheduler",
     "DST206/weighted_sampler_epoch", "DST206/loss_from_own_function",
     "DST302/console_writes",
+    "DST104/early_return_forward",
 )
 
 # (case, backend) with a golden that no end-to-end test runs, and why

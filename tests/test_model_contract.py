@@ -235,3 +235,50 @@ def test_a_member_reached_on_both_branches_is_no_skip(backend):
         assert skipped == control
     else:
         assert "find_unused_parameters=True" in skipped
+
+
+EARLY_RETURN_FORWARD = '''
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Detector(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Linear(6, 8)
+        self.cls = nn.Linear(8, 3)
+        self.post = nn.Linear(3, 3)
+
+    def forward(self, x, labels=None):
+        feats = torch.relu(self.backbone(x))
+        if labels is None:
+            return self.post(self.cls(feats))
+        return nn.functional.cross_entropy(self.cls(feats), labels)
+
+
+model = Detector()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(32, 6), torch.randint(0, 3, (32,))), batch_size=8)
+for epoch in range(2):
+    for x, y in loader:
+        opt.zero_grad()
+        model(x, y).backward()
+        opt.step()
+'''
+
+
+@pytest.mark.parametrize("backend", ["ddp", "fsdp"])
+def test_a_member_reached_before_and_after_an_early_return_is_no_skip(backend):
+    """torchvision's detection idiom: `if targets is None: return ...` then the training path.
+    `self.cls` is reached on both paths: no skip (a first version read it as reached only when the
+    test holds: DDP got find_unused_parameters, FSDP refused). `self.post`, reached only in the
+    early return, is a skip. Control: with `self.post` reached after the return too, nothing is."""
+    out, findings = _migrate(EARLY_RETURN_FORWARD, backend)
+    said = " ".join(f.message for f in findings)
+    assert "Detector.post is reached only when `labels is None`" in said and "Detector.cls" not in said, said
+    control = EARLY_RETURN_FORWARD.replace("return nn.functional.cross_entropy(self.cls(feats), labels)",
+                                           "return nn.functional.cross_entropy(self.post(self.cls(feats)), labels)")
+    assert control != EARLY_RETURN_FORWARD
+    out, findings = _migrate(control, backend)
+    assert out != control and "find_unused_parameters" not in out, [f.message for f in findings]
