@@ -153,6 +153,7 @@ def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
     rebinding = None
     assign_node = None
     opt_stmt = opt.call.stmt
+    built: list = []  # every statement binding the model itself before its optimizer
     for a, s, sc in candidates:
         if len(a.targets) != 1 or facts.canonical(sc, dotted(a.targets[0].target)) != key:
             continue
@@ -174,6 +175,7 @@ def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
                 rebinding = (s, v, a)
             continue
         assign_stmt, value, place, assign_node = s, v, s, a
+        built.append(s)
     if assign_stmt is None and rebinding is not None:
         # the model comes from a parameter or a global and is rebound by `model = model.to(...)`
         assign_stmt, value, assign_node = rebinding
@@ -199,6 +201,15 @@ def _find_model(col: _Collector, opt: Optimizer, root: str) -> Optional[Model]:
         level = col.stmt_parent.get(assign_stmt, ())
         for s in (*col.stmt_parent.get(place, ()), place):
             if col.stmt_parent.get(s, ()) == level:
+                place = s
+                break
+    top = col.stmt_parent.get(opt_stmt, ())
+    if any(b is not assign_stmt for b in built) and col.stmt_parent.get(assign_stmt, ()) != top:
+        # `if args.resume: model = ckpt["model"] else: model = Net()`: the model the optimizer gets
+        # may come from another branch; the wrap goes after the statement at the optimizer's level
+        # that holds them, so that it wraps the model on every path
+        for s in (*col.stmt_parent.get(place, ()), place):
+            if col.stmt_parent.get(s, ()) == top and _before(col, s, opt_stmt):
                 place = s
                 break
     return Model(

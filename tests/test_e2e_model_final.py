@@ -328,3 +328,45 @@ def test_broadcast_or_shard_after_apply_init_and_load(tmp_path, backend):
     else:
         with pytest.raises((AssertionError, RunFailed)):
             assert_same_weights(want, resumed(early, "control"), atol=1e-5, label="control")
+
+
+EITHER = REPO_ROOT / "fixtures" / "DST101" / "model_from_either_branch.in.py"
+EITHER_WRAP = "    model = runtime.DDP(model)\n"
+EITHER_BUILD = "        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))\n"
+
+
+@pytest.mark.parametrize("backend", [executed("DST101/model_from_either_branch", "ddp", "ddp")])
+def test_wrap_holds_the_model_of_either_branch(tmp_path, backend):
+    """fixtures/DST101/model_from_either_branch: `if args.resume: model = checkpoint["model"]` (a
+    whole-model pickle) `else: model = Net()`. A resumed run on 2 ranks at batch 8 must end with
+    the weights of the single process resumed from the same checkpoint at batch 16. Control: the
+    wrap where distify put it before the fix (in the `else` branch only) leaves the resumed model
+    unwrapped: each rank steps on its own gradients, and the run fails at `model.module` or ends apart."""
+    orig = tmp_path / "orig"
+    orig.mkdir()
+    run_python(EITHER, ["--batch-size", 16, "--epochs", 1], cwd=orig)
+    resume = (orig / "checkpoint.pth").read_bytes()
+    run_python(EITHER, ["--batch-size", 16, "--epochs", 3, "--resume", "checkpoint.pth"], cwd=orig)
+    want = load_state(orig / "final.pt")
+
+    script = tmp_path / "script" / "train.py"
+    migrate(EITHER, script, backend=backend)
+    text = script.read_text()
+    assert EITHER_WRAP in text and "else:\n" + EITHER_BUILD in text, "the wrap is not after the if"
+    args = ["--batch-size", 8, "--epochs", 3, "--resume", "checkpoint.pth"]
+    for name, body in (("fixed", text), ("control", text.replace(EITHER_WRAP, "").replace(
+            EITHER_BUILD, EITHER_BUILD.replace("= nn.Sequential(", "= runtime.DDP(nn.Sequential(").replace("\n", ")\n")))):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "checkpoint.pth").write_bytes(resume)
+        script.write_text(body)
+        if name == "fixed":
+            run_torchrun(script, args, nproc=NPROC, cwd=run)
+            assert_same_weights(load_state(run / "final.pt"), want, label="resumed on 2 ranks")
+            continue
+        try:
+            run_torchrun(script, args, nproc=NPROC, cwd=run)
+        except RunFailed:
+            continue
+        with pytest.raises(AssertionError):
+            assert_same_weights(load_state(run / "final.pt"), want)
