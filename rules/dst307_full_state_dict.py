@@ -145,6 +145,10 @@ class FullStateDict(Rule):
             expr = f"{fn}({model_ref}, {recv}, options={opts})"
         self._one_decision(ctx, site, decided)
         if how == "in place":
+            if kind == "model" and _compiled(a, recv):
+                # as below: the original's dict held the compiled module's keys (`_orig_mod.`)
+                expr = (f'{{"_orig_mod." + k: v for k, v in {expr}.items()}} '
+                        f'if hasattr({recv}, "_orig_mod") else {expr}')
             ctx.edits.replace(site.call, lambda n, e=expr: cst.parse_expression(e))
             ctx.report(self.code, site.call, f"{recv}'s full state gathered on every rank ({fn}): it is saved later")
             return

@@ -9,7 +9,8 @@ take under inductor, without inductor's C++ build that would cost minutes per pr
   the checkpoint equals the original's at batch 2B and keeps its ``_orig_mod.`` keys; control: the
   same script with the wrap removed ends with ranks that differ;
 - fsdp (torchrun): sharded before the compile; the gathered checkpoint equals the original's at 2B
-  under its ``_orig_mod.`` keys; control: without the line restoring the prefix the keys differ;
+  under its ``_orig_mod.`` keys; control: without the line restoring the prefix the keys differ; the
+  same for nanoGPT's checkpoint dict built in the loop (fixtures/DST307/compiled_checkpoint_dict);
 - horovod (horovodrun --gloo): hvd.DistributedOptimizer averages the compiled module's gradients
   (they are the plain module's parameters'): ranks bit-identical, equal to the original at 2B;
   control: without the DistributedOptimizer line the ranks differ.
@@ -133,3 +134,31 @@ def test_fsdp_shards_then_compiles_and_keeps_the_keys(original, tmp_path):
     run_torchrun(control, _args(B), nproc=NPROC, cwd=tmp_path / "control", timeout=500)
     with pytest.raises(AssertionError, match="keys differ"):
         assert_same_weights(original, load_state(tmp_path / "control" / "final.pt"), atol=1e-5)
+
+
+DICT_SOURCE = REPO_ROOT / "fixtures" / "DST307" / "compiled_checkpoint_dict.in.py"
+DICT_ARGS = ["--compile-backend", "aot_eager", "--out", "ckpt.pt"]
+DICT_PREFIX = 'if hasattr(model, "_orig_mod")'
+
+
+@pytest.mark.parametrize("prefixed", [True, False], ids=["fsdp", "control-fsdp"])
+def test_fsdp_checkpoint_dict_keeps_the_compiled_keys(tmp_path, prefixed):
+    """nanoGPT's checkpoint dict built in the loop ({"model": model.state_dict(), ...}) of a compiled
+    model: the gathered state in the dict DST307 writes carries the original's `_orig_mod.` keys.
+    Control: with the prefix switched off the keys are the plain module's, not the original's."""
+    import torch
+
+    original = tmp_path / "original"
+    original.mkdir()
+    run_python(DICT_SOURCE, DICT_ARGS, cwd=original)
+    want = set(load_state(original / "ckpt.pt")["model"])
+    assert want and all(k.startswith("_orig_mod.") for k in want)
+    script = tmp_path / "migrated" / "train.py"
+    migrate(DICT_SOURCE, script, backend="fsdp")
+    text = script.read_text()
+    assert text.count(DICT_PREFIX) == 1, "DST307 did not restore the compiled keys in the dict"
+    if not prefixed:
+        script.write_text(text.replace(DICT_PREFIX, "if False", 1))
+    run_torchrun(script, DICT_ARGS, nproc=2, cwd=script.parent)
+    got = set(torch.load(script.parent / "ckpt.pt")["model"])
+    assert (got == want) is prefixed, sorted(got)[:3]
