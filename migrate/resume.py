@@ -133,3 +133,23 @@ def broadcasts(a: "Anatomy", stmt: cst.CSTNode) -> bool:
     """`stmt` hands rank 0's state to the other ranks with the runtime (distify's own broadcast: the
     optimizer's ``load_state_dict(runtime.broadcast_object(...))`` is that, not a load to follow)."""
     return any(c.qualname in BROADCASTS for c in a.calls if c.stmt is stmt or stmt in c.parents)
+
+
+def schedulers_loaded(a: "Anatomy", loaded: cst.CSTNode) -> List[str]:
+    """The LR schedulers of `loaded`'s scope (names bound to a ``torch.optim.lr_scheduler`` class)
+    whose state the statement loads (``scheduler.load_state_dict(checkpoint["scheduler"])``): a rank
+    that skipped the load would count its epochs from 0 and decay its learning rate elsewhere."""
+    from distify.library import SCHEDULER_MODULES
+    from distify.records import assigned_name
+
+    scope = a.facts.stmt_scope.get(loaded)
+    built = {assigned_name(c.stmt, c.call) for c in a.calls
+             if c.scope is scope and c.qualname and c.qualname.rsplit(".", 1)[0] in SCHEDULER_MODULES} - {None}
+    out: List[str] = []
+    for c in a.calls:
+        f = c.call.func
+        if (c.stmt is loaded or loaded in c.parents) and isinstance(f, cst.Attribute) and f.attr.value == "load_state_dict":
+            name = dotted(f.value)
+            if name in built and name not in out:
+                out.append(name)
+    return out

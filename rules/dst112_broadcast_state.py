@@ -6,7 +6,7 @@ import libcst as cst
 
 from distify.syntax import all_nodes
 from distify.model_state import INIT, LOAD, LOAD_METHODS, before_training, changes_in
-from distify.resume import resumed_values, sure_under
+from distify.resume import resumed_values, schedulers_loaded, sure_under
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule
 
 
@@ -106,6 +106,9 @@ class BroadcastState(Rule):
                 # before the parameters: on a rank whose optimizer is empty (it did not load) Horovod's
                 # zero-gradient step applies weight decay to its weights, which rank 0's then replace
                 lines.insert(0, line if loads_optimizer is True else f"if {loads_optimizer}:\n    {line}")
+            schedulers = schedulers_loaded(a, loaded) if loaded is not None and id(loaded) not in resumed else []
+            # a rank that skipped the load would count its epochs from 0 and decay elsewhere
+            lines += [f"{s}.load_state_dict({ctx.runtime}.broadcast_object({s}.state_dict()))" for s in schedulers]
             values = resumed_values(a, loaded, roots) if loaded is not None else []
             if values and id(loaded) not in resumed:
                 # a rank that could not read the checkpoint resumes where rank 0 does

@@ -9,6 +9,7 @@ import libcst as cst
 from distify.model_state import LOAD, before_training, changes_in
 from distify.resume import (
     BROADCASTS, broadcast_follows, broadcasts, host_conditions, host_dependent, rank_conditions, resumed_values,
+    schedulers_loaded,
 )
 from distify.syntax import all_nodes
 from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, Context, Rule
@@ -24,7 +25,9 @@ class ResumeBroadcast(Rule):
         ``runtime.broadcast_module(model)`` for each model it loads (rank 0's parameters and
         buffers, in place), ``optimizer.load_state_dict(runtime.broadcast_object(
         optimizer.state_dict()))`` under ``if runtime.broadcast_object(len(optimizer.state) > 0):``
-        for an optimizer it loads (only when rank 0 has a state to give), and one
+        for an optimizer it loads (only when rank 0 has a state to give),
+        ``scheduler.load_state_dict(runtime.broadcast_object(scheduler.state_dict()))`` for an LR
+        scheduler it restores (DST112 does the same under Horovod), and one
         ``runtime.broadcast_object`` of the values the load binds and the script reads later
         (``start_epoch, best_acc1``, ``distify.resume``). A load the script itself runs on some
         ranks only (``if rank == 0 and args.resume:``) gets the same broadcasts: the single process
@@ -106,6 +109,8 @@ class ResumeBroadcast(Rule):
                     f"if {rt}.broadcast_object(len({opt.target}.state) > 0):\n"
                     f"    {opt.target}.load_state_dict({rt}.broadcast_object({opt.target}.state_dict()))"
                 )
+            schedulers = schedulers_loaded(a, loaded)
+            lines += [f"{s}.load_state_dict({rt}.broadcast_object({s}.state_dict()))" for s in schedulers]
             values = resumed_values(a, loaded, roots)
             if values:
                 names = ", ".join(values)
@@ -118,6 +123,7 @@ class ResumeBroadcast(Rule):
                 (f"the checkpoint is loaded on some ranks only (the rank condition of line {a.position(ranked[0])[0]}): "
                  "its model and optimizer state" if ranked else
                  "the checkpoint may be readable on rank 0 only: its model and optimizer state")
+                + (f", the state of {', '.join(schedulers)}" if schedulers else "")
                 + (f" and {', '.join(values)}" if values else "") + " are broadcast from rank 0 after the load",
             )
 

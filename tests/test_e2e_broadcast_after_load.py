@@ -314,3 +314,47 @@ def test_rank_that_cannot_read_the_checkpoint_holds_it(tmp_path, case, backend):
     except RunFailed:
         return  # rank 1 left the others waiting in the load's collectives
     assert not all(_same(r, saved) for r in found), "control: rank 1 skipped the load, yet holds the checkpoint"
+
+
+# A rank-0-only resume that restores the LR scheduler too (fixtures/DST308/rank0_load_scheduler):
+# rank 0's StepLR resumes at its epoch, and every rank must decay at the same epochs. The checkpoint
+# holds a StepLR(step_size=3) stepped twice, so rank 0 decays after the next epoch while a rank with a
+# fresh scheduler would decay two epochs later: the averaged gradients are applied with two learning
+# rates and the ranks part. Control: the scheduler's broadcast removed.
+SCHEDULER_BROADCAST = "scheduler.load_state_dict(runtime.broadcast_object(scheduler.state_dict()))\n"
+
+
+@pytest.mark.parametrize("backend", [executed("DST308/rank0_load_scheduler", b, b) for b in ("ddp", "horovod")])
+def test_a_scheduler_resumed_on_rank0_only_reaches_every_rank(tmp_path, backend):
+    import torch
+    import torch.nn as nn
+
+    script = tmp_path / "train.py"
+    migrate(REPO_ROOT / "fixtures" / "DST308" / "rank0_load_scheduler.in.py", script, backend=backend)
+    text = script.read_text()
+    assert SCHEDULER_BROADCAST in text, "the scheduler's state is not broadcast after the load"
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(8, 4)).sum().backward()
+    optimizer.step()  # a momentum buffer (and the lr in the optimizer's groups) to resume
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+    scheduler.step()
+    scheduler.step()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "epoch": 0}, tmp_path / "ckpt.pt")
+    launch = run_horovodrun if backend == "horovod" else run_torchrun
+
+    def ranks(path: Path, name: str) -> list:
+        dumps = tmp_path / name
+        dumps.mkdir()
+        env = sitecustomize_env(tmp_path / f"spy-{name}", PARAM_SPY, {"DISTIFY_E2E_PARAM_DIR": str(dumps)})
+        launch(path, ["--resume", tmp_path / "ckpt.pt", "--epochs", 3], nproc=2, env=env, cwd=tmp_path)
+        return [torch.load(dumps / f"rank{r}.pt") for r in range(2)]
+
+    migrated = ranks(script, "migrated")
+    assert migrated[0] and _same(migrated[1], migrated[0]), "the ranks trained with different learning rates"
+    control = tmp_path / "control.py"
+    control.write_text(text.replace(SCHEDULER_BROADCAST, ""))
+    found = ranks(control, "control")
+    assert not _same(found[1], found[0]), "control: rank 1's fresh scheduler still agreed with rank 0's"
