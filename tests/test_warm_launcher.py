@@ -7,6 +7,8 @@ launcher's behaviour on failure. Each uses real launches on purpose (real=True).
 """
 from __future__ import annotations
 
+import re
+
 import json
 import os
 import sys
@@ -73,9 +75,11 @@ def test_warm_ranks_draw_their_own_random_numbers_as_fresh_processes_do(tmp_path
     agree could not fail."""
     script = tmp_path / "draw.py"
     script.write_text("import os, random, numpy, torch\n"
-                      "print('draw', torch.rand(1).item(), numpy.random.rand(), random.random())\n")
+                      "print(f'draw {torch.rand(1).item()} {numpy.random.rand()} {random.random()}', flush=True)\n")
     result = run_torchrun(script, cwd=tmp_path)
-    draws = [line.split()[1:] for line in result.stdout.splitlines() if line.startswith("draw ")]
+    # the two ranks write to one pipe: each line in one write (print writes its arguments one by
+    # one, which the ranks interleave), read wherever it lands
+    draws = [list(m) for m in re.findall(r"draw (\S+) (\S+) (\S+)", result.stdout)]
     assert len(draws) == 2, result.describe()
     assert all(a != b for a, b in zip(*draws)), draws
 
