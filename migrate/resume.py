@@ -153,3 +153,16 @@ def schedulers_loaded(a: "Anatomy", loaded: cst.CSTNode) -> List[str]:
             if name in built and name not in out:
                 out.append(name)
     return out
+
+
+def state_from_rank0(rt: str, name: str) -> str:
+    """``name.load_state_dict(<rt>.broadcast_object(name.state_dict()))``: rank 0's state of an
+    object with a state dict (an optimizer, an LR scheduler) on every rank."""
+    return f"{name}.load_state_dict({rt}.broadcast_object({name}.state_dict()))"
+
+
+def values_from_rank0(rt: str, values: Sequence[str]) -> str:
+    """``a, b = <rt>.broadcast_object((a, b))`` (one name: no tuple): rank 0's values of the names a
+    load binds, on every rank."""
+    names = ", ".join(values)
+    return f"{names} = {rt}.broadcast_object({names if len(values) == 1 else f'({names})'})"

@@ -6,7 +6,7 @@ import libcst as cst
 
 from distify.syntax import all_nodes
 from distify.model_state import INIT, LOAD, LOAD_METHODS, before_training, changes_in
-from distify.resume import resumed_values, schedulers_loaded, sure_under
+from distify.resume import resumed_values, schedulers_loaded, state_from_rank0, sure_under, values_from_rank0
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule
 
 
@@ -108,14 +108,13 @@ class BroadcastState(Rule):
                 lines.insert(0, line if loads_optimizer is True else f"if {loads_optimizer}:\n    {line}")
             schedulers = schedulers_loaded(a, loaded) if loaded is not None and id(loaded) not in resumed else []
             # a rank that skipped the load would count its epochs from 0 and decay elsewhere
-            lines += [f"{s}.load_state_dict({ctx.runtime}.broadcast_object({s}.state_dict()))" for s in schedulers]
+            lines += [state_from_rank0(ctx.runtime, s) for s in schedulers]
             values = resumed_values(a, loaded, roots) if loaded is not None else []
             if values and id(loaded) not in resumed:
                 # a rank that could not read the checkpoint resumes where rank 0 does
                 resumed.add(id(loaded))
                 names = ", ".join(values)
-                sent = names if len(values) == 1 else f"({names})"
-                lines.append(f"{names} = {ctx.runtime}.broadcast_object({sent})")
+                lines.append(values_from_rank0(ctx.runtime, values))
                 ctx.report(self.code, loaded, f"{names} broadcast from rank 0 with the loaded state: a rank that "
                            "cannot read the checkpoint resumes where rank 0 does")
             ctx.edits.insert_after(anchor, ctx.stmts("\n".join(lines)))

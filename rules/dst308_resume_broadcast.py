@@ -9,7 +9,7 @@ import libcst as cst
 from distify.model_state import LOAD, before_training, changes_in
 from distify.resume import (
     BROADCASTS, broadcast_follows, broadcasts, host_conditions, host_dependent, rank_conditions, resumed_values,
-    schedulers_loaded,
+    schedulers_loaded, state_from_rank0, values_from_rank0,
 )
 from distify.syntax import all_nodes
 from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, Context, Rule
@@ -106,15 +106,13 @@ class ResumeBroadcast(Rule):
             lines = [f"{rt}.broadcast_module({m})" for m in opt.models if any(c.root == m for c in found)]
             if opt.target and any(c.root == opt.target for c in found):
                 lines.append(
-                    f"if {rt}.broadcast_object(len({opt.target}.state) > 0):\n"
-                    f"    {opt.target}.load_state_dict({rt}.broadcast_object({opt.target}.state_dict()))"
+                    f"if {rt}.broadcast_object(len({opt.target}.state) > 0):\n    {state_from_rank0(rt, opt.target)}"
                 )
             schedulers = schedulers_loaded(a, loaded)
-            lines += [f"{s}.load_state_dict({rt}.broadcast_object({s}.state_dict()))" for s in schedulers]
+            lines += [state_from_rank0(rt, s) for s in schedulers]
             values = resumed_values(a, loaded, roots)
             if values:
-                names = ", ".join(values)
-                lines.append(f"{names} = {rt}.broadcast_object({names if len(values) == 1 else f'({names})'})")
+                lines.append(values_from_rank0(rt, values))
             if not lines:
                 continue
             ctx.edits.insert_after(loaded, ctx.stmts("\n".join(lines)))
@@ -170,8 +168,7 @@ class ResumeBroadcast(Rule):
         lines = [f"{rt}.broadcast_module({model.name})"]
         values = resumed_values(a, stmt, [model.name])
         if values:
-            names = ", ".join(values)
-            lines.append(f"{names} = {rt}.broadcast_object({names if len(values) == 1 else f'({names})'})")
+            lines.append(values_from_rank0(rt, values))
         ctx.edits.insert_after(stmt, ctx.stmts("\n".join(lines)), first=at_shard)
         ctx.report(
             self.code, stmt,
