@@ -193,6 +193,35 @@ WORLD_SIZE: FrozenSet[str] = frozenset({
     "torch.distributed.get_world_size", "horovod.torch.size", "distify.runtime.world_size",
 })
 
+# how a training loss grows with the batch (distify.loss_scale): the calls that keep one entry per
+# sample of a tensor (a layer's output squashed, a log-probability picked per sample, batches joined),
+# so that a later ``.sum()`` adds up over samples and ``.mean()`` averages over them. A matrix product
+# (``z @ z.T``) pairs samples with each other and is none of these
+ELEMENTWISE_FUNCTIONS: FrozenSet[str] = frozenset(
+    [f"torch.{f}" for f in (
+        "exp", "log", "log1p", "log2", "abs", "pow", "sqrt", "rsqrt", "square", "sigmoid", "tanh", "relu",
+        "clamp", "clip", "neg", "where", "maximum", "minimum", "erf", "sin", "cos", "softmax", "log_softmax",
+        "cat", "stack", "flatten", "lgamma", "digamma", "expm1", "reciprocal", "sign", "gather",
+    )]
+    + [f"torch.nn.functional.{f}" for f in (
+        "relu", "leaky_relu", "gelu", "silu", "elu", "softplus", "logsigmoid", "sigmoid", "tanh", "softmax",
+        "log_softmax", "dropout", "normalize", "one_hot",
+    )]
+)
+ELEMENTWISE_METHODS: FrozenSet[str] = frozenset({
+    "exp", "log", "log1p", "log2", "abs", "pow", "sqrt", "rsqrt", "square", "sigmoid", "tanh", "relu", "clamp",
+    "clip", "neg", "float", "double", "half", "to", "type_as", "clone", "contiguous", "squeeze", "unsqueeze",
+    "view", "reshape", "flatten", "softmax", "log_softmax", "gather", "expm1", "reciprocal", "detach", "cpu",
+    "cuda", "masked_fill", "lgamma", "sign", "sub", "add", "mul", "div",
+})
+# a torch layer's forward keeps the samples of its input apart (a loss class of MEAN_LOSSES does not)
+TORCH_LAYER_PREFIX = "torch.nn."
+# mixed precision's loss scaler: ``scaler.scale(loss)`` multiplies the loss by a constant
+GRAD_SCALERS: FrozenSet[str] = frozenset({
+    "torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.amp.grad_scaler.GradScaler",
+    "torch.cpu.amp.GradScaler",
+})
+
 # methods of a torch.distributions object that draw from torch's global generator (they take no
 # generator=): a policy's `Categorical(probs).sample()` picks the actions that make an RL rollout,
 # the data the policy then trains on (distify.training.distribution_draw)

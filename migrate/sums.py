@@ -316,6 +316,8 @@ def training_sums(a: "Anatomy", loop: cst.For, scope: Scope) -> List[LoopSum]:
     local = loop_locals(loop)
     found: dict = {}
     bad: Set[str] = set()
+    lines = {id(small): line for line in all_nodes(loop.body, skip_nested=True)
+             if isinstance(line, cst.SimpleStatementLine) for small in line.body}
     for node in all_nodes(loop.body, skip_nested=True):
         if not isinstance(node, cst.AugAssign) or not isinstance(node.target, cst.Name):
             continue
@@ -331,7 +333,7 @@ def training_sums(a: "Anatomy", loop: cst.For, scope: Scope) -> List[LoopSum]:
             elif batch_mean(a, node.value, loop, scope):
                 kind = "batch"
             else:
-                kind = UNKNOWN
+                kind = _loss_kind(a, node.value, scope, lines.get(id(node)))
         prior = found.get(name)
         if kind is None:
             bad.add(name)
@@ -350,6 +352,18 @@ def training_sums(a: "Anatomy", loop: cst.For, scope: Scope) -> List[LoopSum]:
         if read is not None and not reduces(a, read):
             out.append(s)
     return out
+
+
+def _loss_kind(a: "Anatomy", e: cst.BaseExpression, scope: Scope, line: Optional[cst.CSTNode]) -> str:
+    """`loss.item()` of a training loss (``distify.loss_scale``): a sum over the batch's samples is
+    a per-sample sum, a mean over them a batch mean; ``UNKNOWN`` otherwise."""
+    from distify.loss_scale import MEAN, SAMPLE, LossScale  # here: most loops' terms are told apart above
+
+    if line is None:
+        return UNKNOWN
+    reader = a.facts.memo(("loss_scale",), lambda: LossScale(a))
+    kind = reader.kind(_converted(a, e), scope, line).kind
+    return "sample" if kind == SAMPLE else "batch" if kind == MEAN else UNKNOWN
 
 
 def list_sums(a: "Anatomy", loop: cst.For, scope: Scope) -> List[LoopSum]:

@@ -43,6 +43,7 @@ _TABLE: Tuple[Tuple[str, str, Tuple[str, ...]], ...] = (
     ("DST910", "dst910_iterable_dataset", _EVERY),
     ("DST208", "dst208_shared_split_seed", _EVERY),  # after DST201 and DST901, whose shards it makes alike
     ("DST206", "dst206_reduce_train_sums", _EVERY),
+    ("DST131", "dst131_scale_sum_loss", _EVERY),  # after DST201, DST901, DST910: reads the plan's shards
     ("DST207", "dst207_agree_early_stop", _EVERY),
     ("DST307", "dst307_full_state_dict", ('fsdp',)),
     ("DST301", "dst301_rank0_save", _EVERY),

@@ -40,6 +40,7 @@ SHAPES = (
     "DST206/weighted_sampler_epoch", "DST206/loss_from_own_function",
     "DST302/console_writes",
     "DST104/early_return_forward",
+    "DST131/sparse_autoencoder", "DST131/trainer_sum_criterion",
 )
 
 # (case, backend) with a golden that no end-to-end test runs, and why

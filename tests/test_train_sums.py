@@ -21,6 +21,10 @@ def own_loss(out, y):
     return ((out - y) ** 2).mean()
 
 
+def per_row_loss(out, y):
+    return ((out - y) ** 2).sum(dim=1).mean()
+
+
 def compute_loss(model, x, y):
     out = model(x)
     loss = F.mse_loss(out, y)
@@ -63,9 +67,12 @@ CASES = {
                                "reduce_mean"),
     "own-function-sum-criterion": ({"criterion": 'nn.MSELoss(reduction="sum")', "loss": "criterion(model(x), y)",
                                     "add": "total += loss_with(criterion, model(x), y).item()"}, None),
+    # a per-element loss averaged by hand is a batch mean (distify.loss_scale); summed, a per-sample sum
+    "own-loss": ({"loss": "own_loss(model(x), y)"}, "reduce_mean"),
+    "no-reduction": ({"criterion": 'nn.MSELoss(reduction="none")', "loss": "criterion(model(x), y).mean()"}, "reduce_mean"),
+    "no-reduction-sum": ({"criterion": 'nn.MSELoss(reduction="none")', "loss": "criterion(model(x), y).sum()"}, "all_reduce_sum"),
     # what distify cannot tell is a mean or a sum stays as it is
-    "own-loss": ({"loss": "own_loss(model(x), y)"}, None),
-    "no-reduction": ({"criterion": 'nn.MSELoss(reduction="none")', "loss": "criterion(model(x), y).mean()"}, None),
+    "own-loss-dim": ({"loss": "per_row_loss(model(x), y)"}, None),  # along a dim: the layout decides
     # a running value printed and reset inside the loop is per rank by design
     "reset-in-loop": ({"add": "total += loss.item()\n        if total > 9:\n            total = 0.0"}, None),
     # a total over every epoch: reducing it after each pass would count the earlier passes N times
@@ -130,7 +137,7 @@ def test_reduce_each_in_one_process_returns_the_list():
 @pytest.mark.parametrize(
     "parts,warned",
     [
-        ({"loss": "own_loss(model(x), y)"}, True),  # a mean computed by hand: neither kind distify can tell
+        ({"loss": "per_row_loss(model(x), y)"}, True),  # reduced along a dim: neither kind distify can tell
         ({"add": "total += loss.item() + y.size(0)"}, True),  # terms of different kinds
         ({}, False),  # control: a sum of batch means, reduced
         ({"add": "total += 1"}, False),  # control: a count of batches, the same on every rank
