@@ -202,6 +202,7 @@ ELEMENTWISE_FUNCTIONS: FrozenSet[str] = frozenset(
         "exp", "log", "log1p", "log2", "abs", "pow", "sqrt", "rsqrt", "square", "sigmoid", "tanh", "relu",
         "clamp", "clip", "neg", "where", "maximum", "minimum", "erf", "sin", "cos", "softmax", "log_softmax",
         "cat", "stack", "flatten", "lgamma", "digamma", "expm1", "reciprocal", "sign", "gather",
+        "randn_like", "rand_like", "zeros_like", "ones_like",
     )]
     + [f"torch.nn.functional.{f}" for f in (
         "relu", "leaky_relu", "gelu", "silu", "elu", "softplus", "logsigmoid", "sigmoid", "tanh", "softmax",
@@ -212,8 +213,15 @@ ELEMENTWISE_METHODS: FrozenSet[str] = frozenset({
     "exp", "log", "log1p", "log2", "abs", "pow", "sqrt", "rsqrt", "square", "sigmoid", "tanh", "relu", "clamp",
     "clip", "neg", "float", "double", "half", "to", "type_as", "clone", "contiguous", "squeeze", "unsqueeze",
     "view", "reshape", "flatten", "softmax", "log_softmax", "gather", "expm1", "reciprocal", "detach", "cpu",
-    "cuda", "masked_fill", "lgamma", "sign", "sub", "add", "mul", "div",
+    "cuda", "masked_fill", "lgamma", "sign", "sub", "add", "mul", "div", "t", "transpose", "permute", "flip",
 })
+# products that pair every sample of one batch with every sample of another (a similarity matrix
+# ``z @ z.T``, distances): a loss over them compares the batch's samples with each other, as
+# contrastive losses (SimCLR's NT-Xent, CLIP's InfoNCE) do with their negatives
+PAIRWISE_FUNCTIONS: FrozenSet[str] = frozenset({
+    "torch.mm", "torch.matmul", "torch.cdist", "torch.inner", "torch.outer", "torch.bmm",
+})
+PAIRWISE_METHODS: FrozenSet[str] = frozenset({"mm", "matmul", "inner", "outer"})
 # a torch layer's forward keeps the samples of its input apart (a loss class of MEAN_LOSSES does not)
 TORCH_LAYER_PREFIX = "torch.nn."
 # mixed precision's loss scaler: ``scaler.scale(loss)`` multiplies the loss by a constant

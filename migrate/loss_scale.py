@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 import libcst as cst
 
 from distify.library import (
-    ELEMENTWISE_FUNCTIONS, ELEMENTWISE_METHODS, GRAD_SCALERS, MEAN_LOSSES, MODULE_METHODS, TORCH_LAYER_PREFIX, WORLD_SIZE,
+    ELEMENTWISE_FUNCTIONS, ELEMENTWISE_METHODS, GRAD_SCALERS, MEAN_LOSSES, MODULE_METHODS, PAIRWISE_FUNCTIONS, PAIRWISE_METHODS, TORCH_LAYER_PREFIX, WORLD_SIZE,
 )
 from distify.syntax import all_nodes, dotted
 
@@ -50,7 +50,8 @@ _MEANS = {"mean", "nanmean"}
 
 
 class Kind(tuple):
-    """(kind, has_sum): what an expression is, and whether a known per-sample sum is part of it."""
+    """(kind, has_sum, pairs): what an expression is, whether a known per-sample sum is part of it,
+    and the first product that pairs the batch's samples with each other in it (``z @ z.T``)."""
 
     @property
     def kind(self) -> str:
@@ -60,9 +61,18 @@ class Kind(tuple):
     def has_sum(self) -> bool:
         return self[1]
 
+    @property
+    def pairs(self) -> Optional[cst.CSTNode]:
+        return self[2]
 
-def _k(kind: str, has_sum: bool = False) -> Kind:
-    return Kind((kind, has_sum or kind == SAMPLE))
+
+def _k(kind: str, *parts: Kind, sums: Optional[bool] = None, pairs: Optional[cst.CSTNode] = None) -> Kind:
+    """A kind made of `parts`: it holds a known sum when one of them does (or `sums` says), and the
+    first pairing product of theirs (or `pairs`)."""
+    has = (kind == SAMPLE or any(p.has_sum for p in parts)) if sums is None else sums
+    if pairs is None:
+        pairs = next((p.pairs for p in parts if p.pairs is not None), None)
+    return Kind((kind, has, pairs))
 
 
 _UNKNOWN = _k(UNKNOWN)
@@ -112,7 +122,7 @@ class LossScale:
     def kind(self, e: cst.BaseExpression, scope: Scope, at: cst.CSTNode) -> Kind:
         """The kind of `e`, read in `scope` at the statement `at`."""
         k = self._kind(e, scope, at, {}, 0)
-        return _UNKNOWN if k.kind == ELEM else k  # a backward needs one number: not per sample
+        return _k(UNKNOWN, k) if k.kind == ELEM else k  # a backward needs one number: not per sample
 
     # -------------------------------------------------------------------------------- reading
     def _kind(self, e: cst.BaseExpression, scope: Scope, at: cst.CSTNode, env: Dict[str, Kind], depth: int) -> Kind:
@@ -130,6 +140,8 @@ class LossScale:
             return self._subscript(e, scope, at, env, depth)
         if isinstance(e, cst.Call):
             return self._call(e, scope, at, env, depth)
+        if isinstance(e, (cst.List, cst.Tuple)):  # the batches `torch.cat([z1, z2])` joins
+            return _elementwise([self._kind(el.value, scope, at, env, depth) for el in e.elements])
         if isinstance(e, cst.Comparison):  # `y != pad`: a mask, one entry per sample
             parts = [e.left, *(c.comparator for c in e.comparisons)]
             return _elementwise([self._kind(p, scope, at, env, depth) for p in parts])
@@ -154,38 +166,41 @@ class LossScale:
     def _binary(self, e: cst.BinaryOperation, scope, at, env, depth) -> Kind:
         left = self._kind(e.left, scope, at, env, depth)
         right = self._kind(e.right, scope, at, env, depth)
-        has = left.has_sum or right.has_sum
+        parts = (left, right)
         l, r = left.kind, right.kind
         op = e.operator
         if isinstance(op, (cst.Add, cst.Subtract)):
             if l == CONST or r == CONST:
-                return _k(r if l == CONST else l, has)
+                return _k(r if l == CONST else l, *parts)
             if l == r and l != COUNT:
-                return _k(l, has)
+                return _k(l, *parts)
             if {l, r} <= {SAMPLE, MEAN, MIXED}:
-                return _k(MIXED, has)
-            return _k(UNKNOWN, has)
+                return _k(MIXED, *parts)
+            return _k(UNKNOWN, *parts)
         if isinstance(op, cst.Multiply):
             if l == CONST or r == CONST:
-                return _k(r if l == CONST else l, has)
+                return _k(r if l == CONST else l, *parts)
             if {l, r} == {MEAN, COUNT}:
-                return _k(SAMPLE, True)  # a batch mean times the batch size
+                return _k(SAMPLE, *parts)  # a batch mean times the batch size
             if l == r == ELEM:
-                return _ELEM
-            return _k(UNKNOWN, has)
+                return _k(ELEM, *parts)
+            return _k(UNKNOWN, *parts)
         if isinstance(op, (cst.Divide, cst.FloorDivide)):
             if r == CONST:
                 if l == SAMPLE and not isinstance(e.right, (cst.Integer, cst.Float)):
-                    return _k(MEAN) if self._batch_size(e.right, scope) else _k(UNKNOWN, True)
-                return _k(l, has)
+                    return _k(MEAN, *parts, sums=False) if self._batch_size(e.right, scope) else _k(UNKNOWN, *parts)
+                return _k(l, *parts)
             if l in (SAMPLE, COUNT) and r in (SAMPLE, COUNT):
-                return _k(MEAN if l == SAMPLE else CONST)  # a sum over a count of the same samples
+                # a sum over a count of the same samples
+                return _k(MEAN if l == SAMPLE else CONST, *parts, sums=False)
             if l == r == ELEM:
-                return _ELEM
-            return _k(UNKNOWN, has)
+                return _k(ELEM, *parts)
+            return _k(UNKNOWN, *parts)
         if isinstance(op, cst.Power) and r == CONST:
-            return _ELEM if l == ELEM else _k(CONST if l == CONST else UNKNOWN, has)
-        return _k(UNKNOWN, has)
+            return _k(l if l in (ELEM, CONST) else UNKNOWN, *parts)
+        if isinstance(op, cst.MatrixMultiply) and l == r == ELEM:
+            return _k(ELEM, *parts, pairs=e)  # row i of one batch against every row of the other
+        return _k(UNKNOWN, *parts)
 
     def _batch_size(self, e: cst.BaseExpression, scope: Scope) -> bool:
         """`e` spells the batch size a loader of the script is built with (``args.batch_size``)."""
@@ -252,7 +267,7 @@ class LossScale:
             if self._module_call(value, scope, at):
                 return _ELEM if self._elem_args(value, scope, at, env, depth) else _UNKNOWN
         whole = self._kind(value, scope, at, env, depth)
-        return _ELEM if whole.kind == ELEM else _UNKNOWN
+        return _k(ELEM if whole.kind == ELEM else UNKNOWN, whole)
 
     def _param(self, name: str, fn: cst.FunctionDef, depth: int) -> Kind:
         if self.facts.instance(fn) is not None and self.facts.params(fn)[:1] == [name]:
@@ -273,7 +288,7 @@ class LossScale:
     def _attribute(self, e: cst.Attribute, scope, at, env, depth) -> Kind:
         inner = self._kind(e.value, scope, at, env, depth)
         if inner.kind == ELEM:
-            return _ELEM if e.attr.value in ("data", "T", "mT") else _UNKNOWN
+            return _k(ELEM if e.attr.value in ("data", "T", "mT") else UNKNOWN, inner)
         if inner.kind != CONST:
             return _UNKNOWN
         value = self._attribute_value(e, scope)
@@ -301,7 +316,7 @@ class LossScale:
     def _subscript(self, e: cst.Subscript, scope, at, env, depth) -> Kind:
         inner = self._kind(e.value, scope, at, env, depth)
         if inner.kind == ELEM:
-            return _ELEM
+            return _k(ELEM, inner)
         if (isinstance(e.value, cst.Attribute) and e.value.attr.value == "shape" and len(e.slice) == 1
                 and isinstance(e.slice[0].slice, cst.Index)):
             return self._size(e.value.value, e.slice[0].slice.value, scope, at, env, depth)
@@ -327,7 +342,12 @@ class LossScale:
         if q in WORLD_SIZE:
             return _CONST
         if q in MEAN_LOSSES and q.startswith("torch.nn.functional."):
-            return _reduction(e)
+            return self._loss(_reduction(e), e, scope, at, env, depth)
+        if q in PAIRWISE_FUNCTIONS:
+            kinds = [self._kind(x.value, scope, at, env, depth) for x in e.args if x.keyword is None]
+            if sum(k.kind == ELEM for k in kinds) >= 2:
+                return _k(ELEM, *kinds, pairs=e)
+            return _elementwise(kinds)
         if self._builtin(e.func, "sum") and len(e.args) == 1:
             return self._generator(e.args[0].value, scope, at, env, depth)
         if self._builtin(e.func, "len") and len(e.args) == 1:
@@ -354,11 +374,17 @@ class LossScale:
             if method in ELEMENTWISE_METHODS:
                 inner = self._kind(func.value, scope, at, env, depth)
                 if inner.kind in (ELEM, CONST, SAMPLE, MEAN):
-                    return _k(inner.kind, inner.has_sum) if method in _KEEPS_REDUCED or inner.kind in (ELEM, CONST) else _UNKNOWN
-                return _k(UNKNOWN, inner.has_sum)
+                    keeps = method in _KEEPS_REDUCED or inner.kind in (ELEM, CONST)
+                    return _k(inner.kind if keeps else UNKNOWN, inner)
+                return _k(UNKNOWN, inner)
+            if method in PAIRWISE_METHODS and len(e.args) == 1:
+                inner = self._kind(func.value, scope, at, env, depth)
+                other = self._kind(e.args[0].value, scope, at, env, depth)
+                if inner.kind == other.kind == ELEM:
+                    return _k(ELEM, inner, other, pairs=e)
         criterion = self._criterion(e.func, scope, at, depth)
         if criterion is not None:
-            return criterion
+            return self._loss(criterion, e, scope, at, env, depth)
         fn = self._function_of(e, scope)
         if fn is not None:
             if depth >= _DEPTH:
@@ -377,6 +403,12 @@ class LossScale:
         """`func` is the builtin `name`, which the script does not bind itself."""
         return (isinstance(func, cst.Name) and func.value == name and self.a.qualname(func) in (None, f"builtins.{name}")
                 and not self.facts.bindings(self.a.module).get(name))
+
+    def _loss(self, reduced: Kind, call: cst.Call, scope, at, env, depth) -> Kind:
+        """A library loss's kind (`reduced`, by its reduction) with the pairing products of its inputs
+        (``F.cross_entropy(z @ z.T / t, labels)``, the contrastive recipe)."""
+        kinds = [self._kind(x.value, scope, at, env, depth) for x in call.args]
+        return _k(reduced.kind, *kinds, sums=reduced.has_sum)
 
     def _criterion(self, func: cst.BaseExpression, scope, at, depth: int) -> Optional[Kind]:
         """The reduction of the loss module `func` calls, by its construction (``criterion =
@@ -467,6 +499,10 @@ class LossScale:
             else:
                 continue
             out[name] = self._kind(x.value, scope, at, env, depth)
+        for p in fn.params.params + fn.params.kwonly_params:
+            name = p.name.value
+            if name not in out:
+                out[name] = _k(CONST) if isinstance(p.default, (cst.Integer, cst.Float, cst.Name)) else _UNKNOWN
         for p in params:
             out.setdefault(p, _UNKNOWN)
         return out
@@ -486,8 +522,8 @@ class LossScale:
             kinds.append(self._slot(r.value, slot, fn, at, env, depth) if slot is not None
                          else self._kind(r.value, fn, at, env, depth))
         if not kinds or any(k.kind != kinds[0].kind for k in kinds):
-            return _k(UNKNOWN, any(k.has_sum for k in kinds))
-        return _k(kinds[0].kind, any(k.has_sum for k in kinds))
+            return _k(UNKNOWN, *kinds)
+        return _k(kinds[0].kind, *kinds)
 
 
 # the methods that keep a reduced number what it is (a sum stays a sum as a float)
@@ -536,20 +572,20 @@ def _reduce(inner: Kind, how: str, args) -> Kind:
     """``x.sum()`` / ``x.mean()`` (or ``torch.sum(x)``) of a value of kind `inner`. Along a dim, the
     batch's place in the tensor decides, and distify does not know the layout: unknown."""
     if any(x.keyword is None or x.keyword.value in ("dim", "axis") for x in args):
-        return _k(UNKNOWN, inner.has_sum)
+        return _k(UNKNOWN, inner)
     if inner.kind == ELEM:
-        return _k(SAMPLE) if how in _SUMS else _k(MEAN)
+        return _k(SAMPLE, inner) if how in _SUMS else _k(MEAN, inner)
     if inner.kind in (SAMPLE, MEAN, MIXED, CONST, COUNT):
         return inner
-    return _k(UNKNOWN, inner.has_sum)
+    return _k(UNKNOWN, inner)
 
 
 def _elementwise(kinds: List[Kind]) -> Kind:
     if not kinds:
         return _UNKNOWN
     if all(k.kind in (ELEM, CONST) for k in kinds):
-        return _ELEM if any(k.kind == ELEM for k in kinds) else _CONST
-    return _k(UNKNOWN, any(k.has_sum for k in kinds))
+        return _k(ELEM if any(k.kind == ELEM for k in kinds) else CONST, *kinds)
+    return _k(UNKNOWN, *kinds)
 
 
 def backward_kind(a: "Anatomy", site) -> Tuple[Optional[cst.BaseExpression], Kind]:

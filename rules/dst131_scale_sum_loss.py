@@ -22,7 +22,10 @@ class ScaleSumLoss(Rule):
         ``hvd.size()`` under Horovod), with a comment saying why. The loss the script prints or
         adds up is left as it was. A loss that adds a sum to a mean (``F.cross_entropy(out, y) +
         kld.sum()``), or a sum divided by a value distify cannot tell for the batch's size, is
-        reported instead: no one factor is right for it.
+        reported instead: no one factor is right for it. So is a loss that compares the batch's
+        samples with each other (a similarity matrix ``z @ z.T``, the negatives of SimCLR's
+        NT-Xent or CLIP's InfoNCE): each rank's batch holds only its shard, and distify does not
+        gather the embeddings for it.
 
     Why:
         DDP, FSDP and Horovod average the ranks' gradients. A mean loss at B samples per rank
@@ -49,14 +52,27 @@ class ScaleSumLoss(Rule):
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
         sites = [(site, *backward_kind(a, site)) for site in a.calls]
-        sites = [(site, loss, k) for site, loss, k in sites if loss is not None and k.has_sum]
+        sites = [(site, loss, k) for site, loss, k in sites if loss is not None and (k.has_sum or k.pairs is not None)]
         if not sites:
             return
         sharded = [*ctx.plan.samplers, *ctx.plan.shared]
         training = [bl for bl in a.batch_loops if bl.trains]
         own_shards = bool(training) and all(fed_only_by(a, bl, sharded) for bl in training)
         size = f"{ctx.hvd}.size()" if ctx.backend == HOROVOD_BACKEND else f"{ctx.dist}.get_world_size()"
+        said = set()
         for site, loss, k in sites:
+            if k.pairs is not None and own_shards and id(k.pairs) not in said:
+                said.add(id(k.pairs))
+                ctx.warn(
+                    self.code, k.pairs,
+                    f"this loss compares the batch's samples with each other (`{ctx.code(k.pairs)}`, as a contrastive "
+                    "loss's negatives do): each rank now compares only the samples of its own shard, not the whole "
+                    "batch one process held, so the loss and its gradient differ from the single process's at N times "
+                    "the batch; to keep them, gather the embeddings from every rank before the product "
+                    "(torch.distributed.nn.functional.all_gather keeps their gradients)",
+                )
+            if not k.has_sum:
+                continue
             if scaled_by_world(a, loss):
                 continue
             if k.kind == SAMPLE and own_shards:

@@ -65,3 +65,35 @@ def test_a_summed_loss_trains_like_the_original(tmp_path, case, backend, origina
         drifted, _ = _run(control, tmp_path / "control", two, 8)
         with pytest.raises(AssertionError, match="weights differ"):
             assert_same_weights(drifted, want_weights, atol=1e-5, label="control")
+
+
+CONTRASTIVE = "DST131/contrastive_negatives"
+
+
+@pytest.mark.runs(CONTRASTIVE, "ddp")
+def test_a_contrastive_loss_is_warned_about_because_it_differs(tmp_path):
+    """What DST131 warns about is real: the NT-Xent loss of fixtures/DST131/contrastive_negatives,
+    each rank comparing only its own shard's samples, ends away from the original at twice the
+    batch. Control: the same migration with a loss that pairs no samples (each with its own other
+    view) ends with the original's weights, so the difference is the negatives, not the migration."""
+    source = REPO_ROOT / "fixtures" / f"{CONTRASTIVE}.in.py"
+    script = tmp_path / "train.py"
+    result = migrate(source, script, backend="ddp")
+    assert "DST131" in result.stderr and "compares the batch's samples with each other" in result.stderr
+    two = lambda s, a, cwd: run_torchrun(s, a, nproc=2, cwd=cwd)  # noqa: E731
+    one = lambda s, a, cwd: run_python(s, a, cwd=cwd)  # noqa: E731
+    want, _ = _run(source, tmp_path / "orig", one, 16)
+    got, _ = _run(script, tmp_path / "run", two, 8)
+    with pytest.raises(AssertionError, match="weights differ"):
+        assert_same_weights(got, want, atol=1e-5, label="contrastive")
+    own_view = "    return (first - second).pow(2).mean()\n"
+    body = "    embeddings = F.normalize(torch.cat([first, second]), dim=1)\n"
+    for path in (source, script):
+        text = path.read_text() if path is script else source.read_text()
+        assert body in text
+        start = text.index(body)
+        end = text.index("    return F.cross_entropy(similarity, positives)\n") + len("    return F.cross_entropy(similarity, positives)\n")
+        (tmp_path / f"paired_{path.name}").write_text(text[:start] + own_view + text[end:])
+    want, _ = _run(tmp_path / f"paired_{source.name}", tmp_path / "orig2", one, 16)
+    got, _ = _run(tmp_path / "paired_train.py", tmp_path / "run2", two, 8)
+    assert_same_weights(got, want, atol=1e-5, label="a loss of each sample alone")

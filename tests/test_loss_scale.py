@@ -225,3 +225,63 @@ def test_renaming_changes_nothing():
     assert kinds(renamed) == kinds(VAE) == [("sample", True)]
     commented = VAE.replace("        loss.backward()", "        # the mean loss, averaged\n        loss.backward()")
     assert kinds(commented) == kinds(VAE)
+
+
+def pairs(src: str):
+    a = analyse(cst.parse_module(src), text=src)
+    out = []
+    for site in a.calls:
+        loss, k = backward_kind(a, site)
+        if loss is not None:
+            out.append(None if k.pairs is None else cst.Module([]).code_for_node(k.pairs))
+    return out
+
+
+SIMCLR = HEAD + '''
+def nt_xent(z1, z2, temperature=0.5):
+    z = F.normalize(torch.cat([z1, z2]), dim=1)
+    sim = z @ z.T / temperature
+    sim.fill_diagonal_(-1e9)
+    n = z1.size(0)
+    targets = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)])
+    return F.cross_entropy(sim, targets)
+
+
+encoder = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
+optimizer = torch.optim.Adam(encoder.parameters(), lr=1e-3)
+for epoch in range(2):
+    for x, _ in loader:
+        view1, view2 = x + 0.1 * torch.randn_like(x), x.flip(1)
+        loss = nt_xent(encoder(view1), encoder(view2))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
+
+def test_contrastive_loss_pairs_the_batch():
+    """SimCLR's NT-Xent: a similarity matrix of the batch with itself, found in the loss function,
+    whatever it is called; the kind of the loss itself is still a mean."""
+    assert pairs(SIMCLR) == ["z @ z.T"]
+    assert kinds(SIMCLR) == [("mean", False)]
+    renamed = SIMCLR.replace("nt_xent", "mse").replace("sim", "dist").replace("z @ z.T", "z @ z.T")
+    assert pairs(renamed) == ["z @ z.T"]
+
+
+def test_clip_loss_pairs_the_batch():
+    src = loop("""\
+        image, text = model(x), model(x.flip(1))
+        logits = torch.matmul(image, text.t()) * 10.0
+        labels = torch.arange(x.size(0))
+        loss = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2
+        loss.backward()""")
+    assert pairs(src) == ["torch.matmul(image, text.t())"]
+
+
+def test_row_wise_similarity_pairs_nothing():
+    """Controls: BYOL's cosine similarity of each sample with its own view, a plain classifier, a
+    penalty with a matrix product of parameters: nothing pairs one sample with another."""
+    byol = loop("loss = 2 - 2 * F.cosine_similarity(out, y.detach(), dim=-1).mean()\nloss.backward()")
+    plain = loop("loss = F.mse_loss(out, y)\nloss.backward()")
+    weights = loop("w = model[0].weight\nloss = F.mse_loss(out, y) + (w @ w.T).pow(2).sum()\nloss.backward()")
+    assert pairs(byol) == pairs(plain) == pairs(weights) == [None]
