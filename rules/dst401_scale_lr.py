@@ -6,6 +6,7 @@ import libcst as cst
 
 from distify.syntax import arg, contains_node
 from distify.library import WORLD_SIZE
+from distify.loss_scale import SAMPLE, backward_kind
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule
 
 
@@ -15,7 +16,9 @@ class ScaleLearningRate(Rule):
     What it does:
         ``lr=args.lr`` becomes ``lr=args.lr * dist.get_world_size()`` (``hvd.size()`` with
         Horovod), with a comment saying why. Only when the flag is given; an optimizer without an
-        explicit ``lr`` is reported instead.
+        explicit ``lr`` is reported instead, and so is a script whose loss sums over the batch
+        (``distify.loss_scale``): its gradient already grows with the batch, and DST131 keeps
+        that across the ranks, so the learning rate is left alone.
 
     Why:
         With N processes each step averages N batches: the effective batch is N times larger.
@@ -41,6 +44,12 @@ class ScaleLearningRate(Rule):
         if not ctx.options.scale_lr:
             return
         size = f"{ctx.hvd}.size()" if ctx.backend == HOROVOD_BACKEND else f"{ctx.dist}.get_world_size()"
+        summed = next((s for s in ctx.anatomy.calls if backward_kind(ctx.anatomy, s)[1].kind == SAMPLE), None)
+        if summed is not None:
+            ctx.warn(self.code, summed.call, "--scale-lr: this loss sums over the batch, so its gradient already grows "
+                     "with the batch (DST131 keeps that across the ranks): scaling the learning rate too would make the "
+                     "step N times the single process's at the whole batch; the learning rate is left alone")
+            return
         for opt in ctx.anatomy.optimizers:
             lr = arg(opt.call.call, 1, "lr")
             if lr is None:
