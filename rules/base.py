@@ -18,6 +18,7 @@ from distify.edits import EditSet, parse_stmts
 from distify.syntax import all_nodes
 from distify.model_build import batch_norm
 from distify.model_state import last_within
+from distify.instance_reach import attribute_reach, built_in_init
 
 from distify.findings import Finding  # import-light, so that a cached run can report without libcst
 from distify.plan import Plan
@@ -457,6 +458,12 @@ def reaching_scopes(ctx: Context, model, anchor) -> dict:
             there = a.facts.respell(model.name, model.scope, fn) if fn is not model.scope else None
             if there is not None:
                 out[(id(fn), there)] = (None, "module")
+        # and code outside the class, through an instance (`trainer.model` after `trainer = Trainer(...)`):
+        # wrapped once the instance exists when its __init__ always wraps it, maybe otherwise
+        cls = a.facts.instance(model.scope)[1]
+        every = built_in_init(a, model.scope, anchor, cls)
+        for scope, name, since, sure in attribute_reach(a, cls, a.facts.instance_attr(model.scope, model.name)):
+            out.setdefault((id(scope), name), (since, "module" if every and sure else "unwrap"))
         return out
     if isinstance(model.scope, cst.Module):
         for fn in list(a.functions.values()) + list(a.methods):
@@ -479,6 +486,10 @@ def reaching_scopes(ctx: Context, model, anchor) -> dict:
     if a.flow_from is not None:
         for scope, name in a.flow_from(model.scope, model.name):
             out.setdefault((id(scope), name), (None, "unwrap"))
+            attr = a.facts.instance_attr(scope, name)
+            if attr is not None:  # kept on an instance (`self.model = model`): reached through it outside
+                for s, n, _since, _sure in attribute_reach(a, a.facts.instance(scope)[1], attr):
+                    out.setdefault((id(s), n), (None, "unwrap"))
     return out
 
 

@@ -9,7 +9,8 @@ import libcst as cst
 from distify.anatomy import Anatomy
 from distify.records import DDP, FULLY_SHARD, SAVE
 from distify.syntax import arg, dotted, all_nodes
-from distify.parallel import assigned_to, sharded_models
+from distify.instance_reach import attribute_reach
+from distify.parallel import assigned_to, sharded_models, sharded_root
 from distify.rules.base import AuditCheck, Context
 
 
@@ -60,7 +61,11 @@ class WrapperPrefix(AuditCheck):
             if name is None:
                 continue
             if a.facts.instance_attr(c.scope, name) is not None:  # an attribute of the instance
-                classes.add((id(a.facts.instance(c.scope)[1]), a.facts.canonical(c.scope, name)))
+                cls = a.facts.instance(c.scope)[1]
+                classes.add((id(cls), a.facts.canonical(c.scope, name)))
+                # and outside the class, through an instance of it (`trainer.model`)
+                for scope, there, _since, _sure in attribute_reach(a, cls, a.facts.instance_attr(c.scope, name)):
+                    wrappers.setdefault((id(scope), there), True)
             else:
                 wrappers[(id(c.scope), name)] = True
                 if isinstance(c.scope, cst.Module):
@@ -99,10 +104,11 @@ class WrapperPrefix(AuditCheck):
         if not a.calls_to(FULLY_SHARD):
             return  # FSDP1's state_dict() gathers a full dict by default
         sharded = sharded_models(a)
+        outside = _sharded_outside(a)
         for c in a.calls_to(SAVE):
             for n in _state_dict_calls(a, c):
                 who = dotted(n.func.value)
-                if who in sharded:
+                if who in sharded or (id(c.scope), who) in outside:
                     ctx.warn(
                         self.code,
                         n,
@@ -110,6 +116,19 @@ class WrapperPrefix(AuditCheck):
                         f"not the model; save get_model_state_dict({who}, options=StateDictOptions(full_state_dict=True, "
                         "cpu_offload=True)), called on every rank, from rank 0",
                     )
+
+
+def _sharded_outside(a: Anatomy) -> Set[Tuple[int, str]]:
+    """(scope, name) outside a class that reach a module its methods shard in place
+    (``fully_shard(self.model)``) through an instance: ``trainer.model`` after
+    ``trainer = Trainer(...)`` (``distify.instance_reach``)."""
+    out: Set[Tuple[int, str]] = set()
+    for c in a.calls_to(FULLY_SHARD):
+        root = sharded_root(a, c)
+        attr = a.facts.instance_attr(c.scope, root) if root else None
+        if attr is not None:
+            out |= {(id(s), n) for s, n, _since, _sure in attribute_reach(a, a.facts.instance(c.scope)[1], attr)}
+    return out
 
 
 def _state_dict_calls(a: Anatomy, c) -> List[cst.Call]:

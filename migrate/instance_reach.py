@@ -1,0 +1,119 @@
+"""Where code outside a class reaches an attribute of its instances (``trainer.model``).
+
+A class that builds its model itself (``self.model = nn.Sequential(...)`` in ``__init__``) is
+reached from outside through its instances: ``trainer = Trainer(loader, lr=1e-3)`` and then
+``torch.save(trainer.model.state_dict(), path)``. Inside the class every method spells the
+attribute on its own instance parameter (``distify.instance``); outside, the attribute is spelled
+on whatever name holds an instance: the name a construction of the class is bound to, a function's
+parameter that name is handed to, an alias, an attribute of another class's instance it is kept
+in (``self.trainer = trainer``), a global read by a function. The attribute's own value flows on
+from there as any value does (``net = trainer.model``, ``evaluate(trainer.model)``).
+
+Decided by what the names are (a call the module's class table resolves to the class, the
+anatomy's data flow), never by how they are spelled. Read-only, over the anatomy; ``rules.base``'s
+``reaching_scopes`` asks it, so every rule that follows the wrapped model follows it here too.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import libcst as cst
+
+from distify.facts import keeps_object
+from distify.records import assigned_name
+from distify.syntax import Scope, dotted
+
+# (scope, dotted name, the statement uses must follow or None, sure): `sure` when the name holds an
+# instance of the class built by a construction of it on every path from that statement on
+Reach = Tuple[Scope, str, Optional[cst.CSTNode], bool]
+
+_BRANCHING = (cst.If, cst.For, cst.While, cst.Try)
+
+
+def built_in_init(a, scope: Scope, stmt: cst.CSTNode, cls: cst.ClassDef) -> bool:
+    """`stmt` runs on every construction of `cls`: it sits in the class's own ``__init__``, under
+    no ``if``, loop or ``try`` there."""
+    return (
+        isinstance(scope, cst.FunctionDef)
+        and a.methods.get(scope) is cls
+        and scope.name.value == "__init__"
+        and not any(isinstance(p, _BRANCHING) for p in a.stmt_parent.get(stmt, ()))
+    )
+
+
+def constructs(a, call: cst.Call, cls: cst.ClassDef) -> bool:
+    """`call` builds an instance of `cls` (the module's own class the callee names)."""
+    return a.classes.named(dotted(call.func)) is cls
+
+
+def _holds_only(a, scope: Scope, name: str, cls: cst.ClassDef, attr: str) -> bool:
+    """Every binding of `name` in `scope` builds an instance of `cls`, and `scope` never rebinds
+    the attribute `name.attr` to another object."""
+    for stmt in a.rebindings(scope, name):
+        small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+        if not (
+            isinstance(small, cst.Assign) and len(small.targets) == 1
+            and isinstance(small.value, cst.Call) and constructs(a, small.value, cls)
+        ):
+            return False
+    return all(keeps_object(s, f"{name}.{attr}") for s in a.rebindings(scope, f"{name}.{attr}"))
+
+
+def holders(a, cls: cst.ClassDef, attr: str) -> List[Reach]:
+    """The names outside `cls`'s own methods that may hold an instance of `cls`, with where they
+    start to hold it (see ``Reach``; `attr` only decides `sure`)."""
+    facts, flow = a.facts, getattr(a, "flow_from", None)
+    out: List[Reach] = []
+    seen = set()
+
+    def add(scope, name, since, sure) -> None:
+        if (id(scope), name) in seen:
+            return
+        seen.add((id(scope), name))
+        inst = facts.instance(scope)
+        if inst is not None and inst[1] is cls and name.split(".")[0] == inst[0]:
+            return  # the class's own instance: its methods' spellings are the class's own facts
+        out.append((scope, name, since, sure))
+
+    for c in a.calls:
+        if not constructs(a, c.call, cls):
+            continue
+        name = assigned_name(c.stmt, c.call)
+        if name is None:
+            continue
+        if facts.instance_attr(c.scope, name) is not None:
+            # `self.trainer = Trainer(...)` in a method of another class: every method of it
+            for m in a.methods:
+                there = facts.respell(name, c.scope, m)
+                if there is not None:
+                    add(m, there, c.stmt if m is c.scope else None, False)
+            continue
+        add(c.scope, name, c.stmt, _holds_only(a, c.scope, name, cls, attr))
+        if isinstance(c.scope, cst.Module):  # a global: the functions that read it
+            for fn in a.all_functions():
+                if not facts.local_to(fn, name):
+                    add(fn, name, None, False)
+        if flow is not None:  # handed to a function, aliased, kept on another instance, returned
+            for scope, there in flow(c.scope, name):
+                add(scope, there, None, False)
+    return out
+
+
+def attribute_reach(a, cls: cst.ClassDef, attr: str) -> List[Reach]:
+    """Where code outside `cls` reaches the attribute `attr` (dotted, on the instance: ``model``)
+    of an instance of `cls`: ``<holder>.<attr>`` for every holder (see `holders`), and the names
+    that value flows to from there (an alias ``net = trainer.model``, a parameter it is handed to),
+    which are never `sure`."""
+    flow = getattr(a, "flow_from", None)
+    out: List[Reach] = []
+    seen = set()
+    for scope, holder, since, sure in holders(a, cls, attr):
+        name = f"{holder}.{attr}"
+        for s, n, at, ok in [(scope, name, since, sure)] + [
+            (s, n, None, False) for s, n in (flow(scope, name) if flow is not None else ())
+        ]:
+            if (id(s), n) not in seen:
+                seen.add((id(s), n))
+                out.append((s, n, at, ok))
+    return out

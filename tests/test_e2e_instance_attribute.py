@@ -1,0 +1,186 @@
+"""Executed: the model a class builds and wraps itself, reached from outside through an instance.
+
+A ``Trainer`` whose ``__init__`` builds ``self.model`` (which distify wraps there: ``runtime.DDP``,
+``fully_shard``) is used from ``main()`` as ``trainer.model``: loaded into, saved
+(``torch.save(trainer.model.state_dict(), ...)``), handed to a helper in the instance
+(``save_weights(trainer, path)``), aliased (``net = trainer.model``), copied (``copy.deepcopy``),
+asked for its own method and attribute. Each launch below runs on 2 ranks (torchrun for ddp and
+fsdp, horovodrun for horovod; gloo, CPU), and asserts:
+
+- every file saved holds the original's keys and loads, strictly, into the bare model in a plain
+  process (a fresh interpreter, ``torch.load`` with its safe default), with the weights the original
+  script ends with at twice the batch (one process: deterministic, shuffling off, plain SGD);
+- every rank ends with the same parameters;
+- control: the old output (``trainer.model.state_dict()`` of the DDP wrapper, or of the FSDP shards,
+  as distify wrote it before the instance fact) is rejected by the same check.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from e2e_support import (  # noqa: E402
+    REPO_ROOT,
+    assert_same_weights,
+    executed,
+    load_state,
+    migrate,
+    rank_parameters,
+    run_python,
+    same_on_every_rank,
+)
+
+pytestmark = pytest.mark.e2e
+
+SAVES = REPO_ROOT / "fixtures" / "DST307" / "instance_attribute_outside.in.py"
+USES = REPO_ROOT / "fixtures" / "DST102" / "instance_attribute_outside.in.py"
+B, NPROC = 8, 2
+
+# A fresh interpreter: builds the ORIGINAL script's bare model (its class, imported from the
+# unmigrated file: no process group, no wrapper) and loads each file into it strictly, with
+# torch.load's default (weights_only: a DTensor shard does not load).
+CHECKER = '''\
+import importlib.util, json, sys
+import torch
+spec = importlib.util.spec_from_file_location("original", sys.argv[1])
+original = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(original)
+out = {}
+for path in sys.argv[3:]:
+    model = original.Trainer([], lr=0.1).model
+    try:
+        state = torch.load(path)
+        model.load_state_dict(state)
+        out[path] = {"keys": sorted(state), "loaded": True}
+    except Exception as e:
+        out[path] = {"loaded": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+with open(sys.argv[2], "w") as f:
+    json.dump(out, f)
+'''
+
+
+def _init(workdir: Path) -> Path:
+    """The starting weights the runs load (``--init``), drawn from their own generator."""
+    import torch
+
+    g = torch.Generator().manual_seed(5)
+    shapes = {"0.weight": (16, 8), "0.bias": (16,), "2.weight": (1, 16), "2.bias": (1,)}
+    path = workdir / "init.pt"
+    torch.save({k: torch.randn(*s, generator=g) * 0.3 for k, s in shapes.items()}, path)
+    return path
+
+
+def _bare_loads(source: Path, workdir: Path, files) -> dict:
+    """{file: {"loaded": bool, "keys": [...]}} from the checker, run as a plain process."""
+    checker = workdir / "checker.py"
+    checker.write_text(CHECKER)
+    report = workdir / "loaded.json"
+    run_python(checker, [source, report, *[workdir / f for f in files]], cwd=workdir)
+    return {Path(k).name: v for k, v in json.loads(report.read_text()).items()}
+
+
+def _original(tmp_path: Path, source: Path, args) -> dict:
+    """The unmigrated script at batch NPROC * B in one plain process: the files it saves."""
+    work = tmp_path / "original"
+    work.mkdir()
+    init = _init(work)
+    extra = ["--init", init] if "--init" in source.read_text() else []
+    run_python(source, ["--batch-size", NPROC * B, *args, *extra], cwd=work)
+    return {f.name: load_state(f) for f in work.glob("*.pt") if f.name != "init.pt"}
+
+
+def _ranks(script: Path, workdir: Path, backend: str, source: Path, args):
+    workdir.mkdir(parents=True)
+    init = _init(workdir)
+    extra = ["--init", init] if "--init" in source.read_text() else []
+    result, ranks = rank_parameters(script, ["--batch-size", B, *args, *extra], workdir, backend)
+    return result, ranks
+
+
+def _checked(source: Path, files, original: dict, workdir: Path) -> None:
+    loads = _bare_loads(source, workdir, files)
+    for name in files:
+        got = loads[name]
+        assert got["loaded"], f"{name} does not load into the bare model: {got.get('error')}"
+        assert got["keys"] == sorted(original[name]), (name, got["keys"])
+        assert_same_weights(original[name], load_state(workdir / name), atol=1e-5,
+                            label=f"{name}: {NPROC} ranks x {B} vs batch {NPROC * B}")
+
+
+# the old output, as distify wrote it before it followed the instance out of the class: the state of
+# the wrapper (`module.` keys) or of the shards, saved as it is
+OLD = {
+    "ddp": [("trainer.model.module.state_dict()", "trainer.model.state_dict()"),
+            ("runtime.unwrap(t.model).state_dict()", "t.model.state_dict()"),
+            ("runtime.unwrap(net).state_dict()", "net.state_dict()")],
+    "fsdp": [("torch.save(model_state, ", "torch.save(t.model.state_dict(), "),
+             ("torch.save(model_state_2, ", "torch.save(trainer.model.state_dict(), "),
+             ("torch.save(net_state, ", "torch.save(net.state_dict(), ")],
+}
+
+
+@pytest.mark.parametrize("backend", [
+    executed("DST307/instance_attribute_outside", "ddp", "ddp", id="ddp"),
+    executed("DST307/instance_attribute_outside", "fsdp", "fsdp", id="fsdp"),
+    executed("DST307/instance_attribute_outside", "horovod", "horovod", id="horovod"),
+])
+def test_state_saved_and_loaded_through_the_instance(backend, tmp_path):
+    script = tmp_path / "script" / "train.py"
+    migrate(SAVES, script, backend=backend)
+    text = script.read_text()
+    files = ["final.pt", "helper.pt", "alias.pt"]
+    original = _original(tmp_path, SAVES, [])
+    assert sorted(original) == sorted(files), sorted(original)
+
+    result, ranks = _ranks(script, tmp_path / "run", backend, SAVES, [])
+    assert same_on_every_rank(ranks), "the ranks ended with different parameters"
+    _checked(SAVES, files, original, tmp_path / "run")
+    assert result.stdout.count("epoch 1 loss") == 1, result.stdout
+
+    if backend == "horovod":
+        assert "model.state_dict()" in text and "model.module" not in text and "unwrap(" not in text  # no wrapper
+        return
+    control = tmp_path / "script" / "old.py"
+    old = text
+    for new, was in OLD[backend]:
+        assert new in old, (new, text)
+        old = old.replace(new, was)
+    control.write_text(old)
+    _ranks(control, tmp_path / "control", backend, SAVES, [])
+    loads = _bare_loads(SAVES, tmp_path / "control", files)
+    assert not any(loads[f]["loaded"] for f in files), f"control: the old output's files load: {loads}"
+
+
+@pytest.mark.parametrize("backend", [
+    executed("DST102/instance_attribute_outside", "ddp", "ddp", id="ddp"),
+    executed("DST102/instance_attribute_outside", "horovod", "horovod", id="horovod"),
+])
+def test_bare_module_used_through_the_instance(backend, tmp_path):
+    """The model's own method and attribute, a deepcopy and a save, all through `trainer.model`:
+    under DDP each through `.module` (the wrapper forwards none: AttributeError, a copy of the
+    wrapper, `module.` keys). Control: without `.module` the run dies on the attribute."""
+    script = tmp_path / "script" / "train.py"
+    migrate(USES, script, backend=backend)
+    text = script.read_text()
+    files = ["final.pt", "average.pt"]
+    original = _original(tmp_path, USES, [])
+    result, ranks = _ranks(script, tmp_path / "run", backend, USES, [])
+    assert same_on_every_rank(ranks), "the ranks ended with different parameters"
+    _checked(USES, files, original, tmp_path / "run")
+    assert result.stdout.count("parameters width 16") == 1, result.stdout
+    if backend == "horovod":
+        assert "model.module" not in text and "unwrap(" not in text  # no wrapper: nothing to reach through
+        return
+    assert "copy.deepcopy(trainer.model.module)" in text, text
+    control = tmp_path / "script" / "old.py"
+    control.write_text(text.replace("trainer.model.module", "trainer.model"))
+    (tmp_path / "control").mkdir()
+    from e2e_support import RunFailed, run_torchrun
+
+    with pytest.raises(RunFailed, match="has no attribute 'describe'"):
+        run_torchrun(control, ["--batch-size", B], nproc=NPROC, cwd=tmp_path / "control")
