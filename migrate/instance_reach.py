@@ -20,7 +20,7 @@ from typing import List, Optional, Tuple
 
 import libcst as cst
 
-from distify.facts import keeps_object
+from distify.facts import SELF_RETURNING, keeps_object
 from distify.records import assigned_name
 from distify.syntax import Scope, dotted
 
@@ -117,3 +117,35 @@ def attribute_reach(a, cls: cst.ClassDef, attr: str) -> List[Reach]:
                 seen.add((id(s), n))
                 out.append((s, n, at, ok))
     return out
+
+
+def handed_in(a, init: Scope, value: Optional[cst.BaseExpression], cls: cst.ClassDef) -> List[Reach]:
+    """The callers' names for the module `cls`'s ``__init__`` is handed and keeps as the model
+    (``self.model = model``, also ``model.to(device)``): the same object, so a wrap in place there
+    (``fully_shard(self.model)``) shards what ``model`` names in ``main()`` too, from the
+    construction on (``trainer = Trainer(model, loader)``). `value`: what ``__init__`` (`init`)
+    binds the attribute to. A wrapper that returns a new module (DDP) leaves the caller's name the
+    plain module: only an in-place wrap asks this."""
+    if not (isinstance(init, cst.FunctionDef) and a.methods.get(init) is cls and init.name.value == "__init__"):
+        return []
+    v = value
+    while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and v.func.attr.value in SELF_RETURNING:
+        v = v.func.value
+    param = v.value if isinstance(v, cst.Name) else None
+    if param is None or param not in a.facts.params(init) or a.rebindings(init, param):
+        return []
+    out: List[Reach] = []
+    for c in a.calls:
+        if constructs(a, c.call, cls):
+            name = dotted(a.facts.bound_value(c.call, init, param))
+            if name is not None:
+                out.append((c.scope, name, c.stmt, False))
+    return out
+
+
+def bound_to(a, scope: Scope, name: str) -> Optional[cst.BaseExpression]:
+    """The value of the one assignment ``name = <value>`` in `scope` (None for none or several)."""
+    found = [small.value for stmt in a.rebindings(scope, name) if isinstance(stmt, cst.SimpleStatementLine)
+             for small in stmt.body if isinstance(small, cst.Assign) and len(small.targets) == 1
+             and dotted(small.targets[0].target) == name]
+    return found[0] if len(found) == 1 else None

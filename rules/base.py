@@ -18,7 +18,7 @@ from distify.edits import EditSet, parse_stmts
 from distify.syntax import all_nodes
 from distify.model_build import batch_norm
 from distify.model_state import last_within
-from distify.instance_reach import attribute_reach, built_in_init
+from distify.instance_reach import attribute_reach, built_in_init, handed_in
 
 from distify.findings import Finding  # import-light, so that a cached run can report without libcst
 from distify.plan import Plan
@@ -464,6 +464,9 @@ def reaching_scopes(ctx: Context, model, anchor) -> dict:
         every = built_in_init(a, model.scope, anchor, cls)
         for scope, name, since, sure in attribute_reach(a, cls, a.facts.instance_attr(model.scope, model.name)):
             out.setdefault((id(scope), name), (since, "module" if every and sure else "unwrap"))
+        if ctx.plan.sharding:  # fully_shard shards in place: the module handed to the class is the one sharded
+            for scope, name, since, _sure in handed_in(a, model.scope, getattr(model, "value", None), cls):
+                out.setdefault((id(scope), name), (since, "module"))
         return out
     if isinstance(model.scope, cst.Module):
         for fn in list(a.functions.values()) + list(a.methods):

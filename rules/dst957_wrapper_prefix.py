@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
 from distify.anatomy import Anatomy
 from distify.records import DDP, FULLY_SHARD, SAVE
 from distify.syntax import arg, dotted, all_nodes
-from distify.instance_reach import attribute_reach
+from distify.instance_reach import attribute_reach, bound_to, handed_in
 from distify.parallel import assigned_to, sharded_models, sharded_root
 from distify.rules.base import AuditCheck, Context
 
@@ -108,7 +108,8 @@ class WrapperPrefix(AuditCheck):
         for c in a.calls_to(SAVE):
             for n in _state_dict_calls(a, c):
                 who = dotted(n.func.value)
-                if who in sharded or (id(c.scope), who) in outside:
+                since = outside.get((id(c.scope), who), False)
+                if who in sharded or since is None or (since is not False and a.is_before(since, c.stmt)):
                     ctx.warn(
                         self.code,
                         n,
@@ -118,16 +119,19 @@ class WrapperPrefix(AuditCheck):
                     )
 
 
-def _sharded_outside(a: Anatomy) -> Set[Tuple[int, str]]:
+def _sharded_outside(a: Anatomy) -> Dict[Tuple[int, str], Optional[cst.CSTNode]]:
     """(scope, name) outside a class that reach a module its methods shard in place
-    (``fully_shard(self.model)``) through an instance: ``trainer.model`` after
-    ``trainer = Trainer(...)`` (``distify.instance_reach``)."""
-    out: Set[Tuple[int, str]] = set()
+    (``fully_shard(self.model)``) through an instance (``trainer.model`` after ``trainer =
+    Trainer(...)``), or that name the module handed to the class to keep (``Trainer(model, ...)``):
+    -> the statement they hold it from (None: anywhere). See ``distify.instance_reach``."""
+    out: Dict[Tuple[int, str], Optional[cst.CSTNode]] = {}
     for c in a.calls_to(FULLY_SHARD):
         root = sharded_root(a, c)
         attr = a.facts.instance_attr(c.scope, root) if root else None
         if attr is not None:
-            out |= {(id(s), n) for s, n, _since, _sure in attribute_reach(a, a.facts.instance(c.scope)[1], attr)}
+            cls = a.facts.instance(c.scope)[1]
+            for s, n, since, _sure in attribute_reach(a, cls, attr) + handed_in(a, c.scope, bound_to(a, c.scope, root), cls):
+                out.setdefault((id(s), n), since)
     return out
 
 

@@ -52,7 +52,7 @@ original = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(original)
 out = {}
 for path in sys.argv[3:]:
-    model = original.Trainer([], lr=0.1).model
+    model = original.build_model() if hasattr(original, "build_model") else original.Trainer([], lr=0.1).model
     try:
         state = torch.load(path)
         model.load_state_dict(state)
@@ -112,34 +112,40 @@ def _checked(source: Path, files, original: dict, workdir: Path) -> None:
                             label=f"{name}: {NPROC} ranks x {B} vs batch {NPROC * B}")
 
 
-# the old output, as distify wrote it before it followed the instance out of the class: the state of
-# the wrapper (`module.` keys) or of the shards, saved as it is
+HANDED = REPO_ROOT / "fixtures" / "DST307" / "model_handed_to_class.in.py"
+FILES = {SAVES: ["final.pt", "helper.pt", "alias.pt"], HANDED: ["final.pt", "trainer.pt"]}
+
+# the old output, as distify wrote it before it followed the model out of the class: the state of
+# the wrapper (`module.` keys) or of the shards, saved as it is; and the files that then fail to load
 OLD = {
-    "ddp": [("trainer.model.module.state_dict()", "trainer.model.state_dict()"),
-            ("runtime.unwrap(t.model).state_dict()", "t.model.state_dict()"),
-            ("runtime.unwrap(net).state_dict()", "net.state_dict()")],
-    "fsdp": [("torch.save(model_state, ", "torch.save(t.model.state_dict(), "),
-             ("torch.save(model_state_2, ", "torch.save(trainer.model.state_dict(), "),
-             ("torch.save(net_state, ", "torch.save(net.state_dict(), ")],
+    (SAVES, "ddp"): ([("trainer.model.module.state_dict()", "trainer.model.state_dict()"),
+                      ("runtime.unwrap(t.model).state_dict()", "t.model.state_dict()"),
+                      ("runtime.unwrap(net).state_dict()", "net.state_dict()")], FILES[SAVES]),
+    (SAVES, "fsdp"): ([("torch.save(model_state, ", "torch.save(t.model.state_dict(), "),
+                       ("torch.save(model_state_2, ", "torch.save(trainer.model.state_dict(), "),
+                       ("torch.save(net_state, ", "torch.save(net.state_dict(), ")], FILES[SAVES]),
+    # DDP's wrapper is a new object: `model` in main() stays the plain module, only trainer.model is wrapped
+    (HANDED, "ddp"): ([("trainer.model.module.state_dict()", "trainer.model.state_dict()")], ["trainer.pt"]),
+    # fully_shard shards the object main() handed in: `model` there holds the shards
+    (HANDED, "fsdp"): ([("torch.save(model_state, ", "torch.save(model.state_dict(), ")], ["final.pt"]),
 }
 
 
-@pytest.mark.parametrize("backend", [
-    executed("DST307/instance_attribute_outside", "ddp", "ddp", id="ddp"),
-    executed("DST307/instance_attribute_outside", "fsdp", "fsdp", id="fsdp"),
-    executed("DST307/instance_attribute_outside", "horovod", "horovod", id="horovod"),
+@pytest.mark.parametrize("source, backend", [
+    executed(f"DST307/{src.name[:-len('.in.py')]}", backend, src, backend, id=f"{src.name.split('.')[0]}-{backend}")
+    for src in (SAVES, HANDED) for backend in ("ddp", "fsdp", "horovod")
 ])
-def test_state_saved_and_loaded_through_the_instance(backend, tmp_path):
+def test_state_saved_and_loaded_through_the_instance(source, backend, tmp_path):
     script = tmp_path / "script" / "train.py"
-    migrate(SAVES, script, backend=backend)
+    migrate(source, script, backend=backend)
     text = script.read_text()
-    files = ["final.pt", "helper.pt", "alias.pt"]
-    original = _original(tmp_path, SAVES, [])
+    files = FILES[source]
+    original = _original(tmp_path, source, [])
     assert sorted(original) == sorted(files), sorted(original)
 
-    result, ranks = _ranks(script, tmp_path / "run", backend, SAVES, [])
+    result, ranks = _ranks(script, tmp_path / "run", backend, source, [])
     assert same_on_every_rank(ranks), "the ranks ended with different parameters"
-    _checked(SAVES, files, original, tmp_path / "run")
+    _checked(source, files, original, tmp_path / "run")
     assert result.stdout.count("epoch 1 loss") == 1, result.stdout
 
     if backend == "horovod":
@@ -147,13 +153,14 @@ def test_state_saved_and_loaded_through_the_instance(backend, tmp_path):
         return
     control = tmp_path / "script" / "old.py"
     old = text
-    for new, was in OLD[backend]:
+    replacements, broken = OLD[source, backend]
+    for new, was in replacements:
         assert new in old, (new, text)
         old = old.replace(new, was)
     control.write_text(old)
-    _ranks(control, tmp_path / "control", backend, SAVES, [])
-    loads = _bare_loads(SAVES, tmp_path / "control", files)
-    assert not any(loads[f]["loaded"] for f in files), f"control: the old output's files load: {loads}"
+    _ranks(control, tmp_path / "control", backend, source, [])
+    loads = _bare_loads(source, tmp_path / "control", files)
+    assert not any(loads[f]["loaded"] for f in broken), f"control: the old output's files load: {loads}"
 
 
 @pytest.mark.parametrize("backend", [

@@ -221,3 +221,52 @@ def main():
     cls = a.classes.named("Trainer")
     got = {(getattr(s, "name", None) and s.name.value, n, sure) for s, n, _since, sure in instance_reach.holders(a, cls, "model")}
     assert got == {("main", "trainer", True), ("save", "t", False)}, got
+
+
+HANDED = """
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Trainer:
+    def __init__(self, net, loader):
+        self.model = net.to("cpu")
+        self.loader = loader
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    def fit(self):
+        for x, y in self.loader:
+            self.opt.zero_grad()
+            nn.functional.mse_loss(self.model(x), y).backward()
+            self.opt.step()
+
+
+def main():
+    loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=2)
+    model = nn.Linear(4, 1)
+    torch.save(model.state_dict(), "before.pt")
+    trainer = Trainer(model, loader)
+    trainer.fit()
+    torch.save(model.state_dict(), "after.pt")
+
+main()
+"""
+
+
+def test_a_module_handed_to_the_class_is_sharded_in_place(monkeypatch):
+    """fully_shard(self.model) in __init__ shards the object main() handed in: `model` there holds
+    the shards after the construction (gathered for the save), not before it (a plain save). DDP's
+    wrapper is a new object: main()'s `model` stays the plain module. Control: without the fact
+    (handed_in answering nothing) the save after the construction writes the shards, and the audit
+    says so."""
+    out = _out(HANDED, "fsdp")
+    assert 'torch.save(model.state_dict(), "before.pt")' in out, out
+    assert "get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))" in out, out
+    assert 'torch.save(model.state_dict(), "after.pt")' not in out, out
+    ddp = _out(HANDED, "ddp")
+    assert 'torch.save(model.state_dict(), "after.pt")' in ddp and "unwrap(model)" not in ddp, ddp
+    monkeypatch.setattr(rules_base, "handed_in", lambda a, init, value, cls: [])
+    broken = migrate_source(textwrap.dedent(HANDED).encode(), Options(backend="fsdp"))
+    assert 'torch.save(model.state_dict(), "after.pt")' in broken.output.decode()
+    assert any(f.code == "DST957" for f in broken.findings), broken.findings
