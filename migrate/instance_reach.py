@@ -20,7 +20,9 @@ from typing import List, Optional, Tuple
 
 import libcst as cst
 
+from distify.dataflow import return_slot
 from distify.facts import SELF_RETURNING, keeps_object
+from distify.instance import instance_name
 from distify.records import assigned_name
 from distify.syntax import Scope, dotted
 
@@ -108,14 +110,42 @@ def attribute_reach(a, cls: cst.ClassDef, attr: str) -> List[Reach]:
     flow = getattr(a, "flow_from", None)
     out: List[Reach] = []
     seen = set()
-    for scope, holder, since, sure in holders(a, cls, attr):
-        name = f"{holder}.{attr}"
+    found = holders(a, cls, attr)
+    reached = [(scope, f"{holder}.{attr}", since, sure) for scope, holder, since, sure in found]
+    reached += _got_from_methods(a, cls, attr, found)
+    for scope, name, since, sure in reached:
         for s, n, at, ok in [(scope, name, since, sure)] + [
             (s, n, None, False) for s, n in (flow(scope, name) if flow is not None else ())
         ]:
             if (id(s), n) not in seen:
                 seen.add((id(s), n))
                 out.append((s, n, at, ok))
+    return out
+
+
+def _got_from_methods(a, cls: cst.ClassDef, attr: str, found: List[Reach]) -> List[Reach]:
+    """``m = trainer.get_model()`` where the method returns the attribute itself (``return
+    self.model``, whatever the instance is called): the name the caller binds, called on a holder
+    of an instance (`found`) or, in a method of the class, on its own instance."""
+    getters = set()
+    for m, k in a.methods.items():
+        inst = instance_name(m) if k is cls else None
+        if inst is not None and return_slot(m, lambda e, want=f"{inst}.{attr}": dotted(e) == want) == ("whole",):
+            getters.add(m.name.value)
+    if not getters:
+        return []
+    held = {(id(s), h) for s, h, _since, _sure in found}
+    out: List[Reach] = []
+    for c in a.calls:
+        func = c.call.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value in getters):
+            continue
+        recv = dotted(func.value)
+        inst = a.facts.instance(c.scope)
+        mine = inst is not None and inst[1] is cls and recv == inst[0]
+        name = assigned_name(c.stmt, c.call)
+        if name is not None and (mine or (id(c.scope), recv) in held):
+            out.append((c.scope, name, c.stmt, False))
     return out
 
 

@@ -113,17 +113,19 @@ def _checked(source: Path, files, original: dict, workdir: Path) -> None:
 
 
 HANDED = REPO_ROOT / "fixtures" / "DST307" / "model_handed_to_class.in.py"
-FILES = {SAVES: ["final.pt", "helper.pt", "alias.pt"], HANDED: ["final.pt", "trainer.pt"]}
+FILES = {SAVES: ["final.pt", "helper.pt", "alias.pt", "served.pt"], HANDED: ["final.pt", "trainer.pt"]}
 
 # the old output, as distify wrote it before it followed the model out of the class: the state of
 # the wrapper (`module.` keys) or of the shards, saved as it is; and the files that then fail to load
 OLD = {
     (SAVES, "ddp"): ([("trainer.model.module.state_dict()", "trainer.model.state_dict()"),
                       ("runtime.unwrap(t.model).state_dict()", "t.model.state_dict()"),
-                      ("runtime.unwrap(net).state_dict()", "net.state_dict()")], FILES[SAVES]),
+                      ("runtime.unwrap(net).state_dict()", "net.state_dict()"),
+                      ("runtime.unwrap(served).state_dict()", "served.state_dict()")], FILES[SAVES]),
     (SAVES, "fsdp"): ([("torch.save(model_state, ", "torch.save(t.model.state_dict(), "),
                        ("torch.save(model_state_2, ", "torch.save(trainer.model.state_dict(), "),
-                       ("torch.save(net_state, ", "torch.save(net.state_dict(), ")], FILES[SAVES]),
+                       ("torch.save(net_state, ", "torch.save(net.state_dict(), "),
+                       ("torch.save(served_state, ", "torch.save(served.state_dict(), ")], FILES[SAVES]),
     # DDP's wrapper is a new object: `model` in main() stays the plain module, only trainer.model is wrapped
     (HANDED, "ddp"): ([("trainer.model.module.state_dict()", "trainer.model.state_dict()")], ["trainer.pt"]),
     # fully_shard shards the object main() handed in: `model` there holds the shards

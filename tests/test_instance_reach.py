@@ -270,3 +270,30 @@ def test_a_module_handed_to_the_class_is_sharded_in_place(monkeypatch):
     broken = migrate_source(textwrap.dedent(HANDED).encode(), Options(backend="fsdp"))
     assert 'torch.save(model.state_dict(), "after.pt")' in broken.output.decode()
     assert any(f.code == "DST957" for f in broken.findings), broken.findings
+
+
+def test_what_a_method_returns(monkeypatch):
+    """`served = trainer.trained_model()` (and `m = self.trained_model()` inside the class) where the
+    method returns the wrapped attribute: the wrapper, reached through runtime.unwrap. Control: the
+    method's result not followed (`_got_from_methods` answering nothing) saves the wrapper's state."""
+    src = HEAD.replace("    def fit(self):\n", "    def trained_model(me):\n        return me.model\n\n"
+                       "    def export(self):\n        m = self.trained_model()\n        torch.save(m.state_dict(), \"e.pt\")\n\n"
+                       "    def fit(self):\n") + """
+def main():
+    trainer = Trainer(data())
+    trainer.fit()
+    served = trainer.trained_model()
+    torch.save(served.state_dict(), "s.pt")
+    other = Other()
+    plain = other.model
+    torch.save(plain.state_dict(), "o.pt")
+
+main()
+"""
+    out = _out(src)
+    assert "torch.save(runtime.unwrap(served).state_dict()" in out, out
+    assert "torch.save(runtime.unwrap(m).state_dict()" in out, out
+    assert "torch.save(plain.state_dict()" in out, out
+    monkeypatch.setattr(instance_reach, "_got_from_methods", lambda a, cls, attr, found: [])
+    broken = _out(src)
+    assert "torch.save(served.state_dict()" in broken and "torch.save(m.state_dict()" in broken, broken
