@@ -36,7 +36,11 @@ def init(self, *a, **kw):
 DistributedDataParallel.__init__ = init
 
 real_step = torch.optim.Optimizer.step if hasattr(torch.optim.Optimizer, "step") else None
+# each class's own step() once: AdamW inherits Adam's on some torch versions, and patching it twice
+# counted every AdamW step twice
 for cls in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW):
+    if "step" not in vars(cls):
+        continue
     original = cls.step
 
     def step(self, *a, _original=original, **kw):

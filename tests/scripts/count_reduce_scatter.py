@@ -24,7 +24,11 @@ def reduce_scatter_single(*a, **kw):
 
 dist.reduce_scatter_single = reduce_scatter_single
 
+# each class's own step() once: AdamW inherits Adam's on some torch versions, and patching it twice
+# counted every AdamW step twice
 for cls in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW):
+    if "step" not in vars(cls):
+        continue
     original = cls.step
 
     def step(self, *a, _original=original, **kw):
