@@ -164,6 +164,11 @@ TABLE: Dict[str, Known] = {
 # every progress bar (DST303 turns them off on ranks other than 0)
 PROGRESS_BARS: FrozenSet[str] = frozenset(_TQDM + _TRANGE + ("tqdm.contrib.tzip",))
 
+# iterables of consecutive integers whose last item is their stop minus one (`range(n)`, `range(a, b)`,
+# tqdm's trange): a loop over one of them can tell its last iteration from its variable (DST402's
+# micro-step loops, distify.micro_steps)
+COUNTING_RANGES: FrozenSet[str] = frozenset(("builtins.range",) + _TRANGE)
+
 # functions that read or rescale the gradients of the parameters (or tensors) they are handed: with
 # Horovod they must see the averaged gradients, so the optimizer synchronizes before them (DST113)
 GRADIENT_READERS: FrozenSet[str] = frozenset({

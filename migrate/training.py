@@ -316,8 +316,11 @@ def global_draws(anatomy: "Anatomy") -> List[GlobalDraw]:
         direct = [c for c in loose if c.scope is scope and loop in c.loops]
         if through_call:
             direct = [c for c in direct if what[id(c)].startswith(DISTRIBUTIONS)]
+        # the loop runs again on every iteration of a `while` around it (nanoGPT's `while True:`
+        # around the micro-step loop): the first statement that draws is that `while`
+        repeated = next((p for p in a.stmt_parent.get(loop, ()) if isinstance(p, cst.While)), loop)
         if direct:
-            out.append(GlobalDraw(loop, scope, direct[0], None, loop, what[id(direct[0])]))
+            out.append(GlobalDraw(loop, scope, direct[0], None, repeated, what[id(direct[0])]))
             continue
         for c in a.calls:
             if c.scope is scope and loop in c.loops:
@@ -326,7 +329,7 @@ def global_draws(anatomy: "Anatomy") -> List[GlobalDraw]:
                     continue
                 if fn is not None:
                     # a prefetch before the loop (`X, Y = get_batch("train")`) draws first
-                    first = loop
+                    first = repeated
                     for p in a.calls:
                         if p.scope is scope and dotted(p.call.func) == fn.name.value and not p.loops:
                             top = (*a.stmt_parent.get(p.stmt, ()), p.stmt)[0]

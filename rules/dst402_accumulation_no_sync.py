@@ -7,12 +7,14 @@ from typing import List, Optional, Tuple
 import libcst as cst
 
 from distify.syntax import dotted, all_nodes
+from distify.micro_steps import micro_step_loops
 from distify.names import row_of
 from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, Context, Rule, method_calls_in, names_in, reaching_scopes
 from distify.walk import walk
 
-# the methods by which a loop controls gradient sync itself: DDP's no_sync(), FSDP2's switch
-SYNC_CONTROLS = frozenset({"no_sync", "set_requires_gradient_sync"})
+# the ways a loop controls gradient sync itself: DDP's no_sync() and the flag it sets (nanoGPT assigns
+# model.require_backward_grad_sync itself), FSDP2's switch
+SYNC_CONTROLS = frozenset({"no_sync", "require_backward_grad_sync", "set_requires_gradient_sync"})
 
 
 class AccumulationNoSync(Rule):
@@ -30,6 +32,19 @@ class AccumulationNoSync(Rule):
         remainder micro-batch that never steps would otherwise leak into the next pass's first
         step. A loop whose last micro-batch cannot be told keeps reducing on every micro-batch.
         (With Horovod the same idiom becomes ``backward_passes_per_step``, see DST111.)
+
+        Accumulation written as an inner loop of micro-steps (nanoGPT: ``for micro_step in
+        range(n):`` running ``backward()`` on every iteration, the step after the loop;
+        ``distify.micro_steps``) gets ``with model.no_sync() if micro_step != n - 1 else
+        contextlib.nullcontext():`` around each micro-step up to its backward (FSDP:
+        ``model.set_requires_gradient_sync(micro_step == n - 1)`` first in the loop): the last
+        iteration always runs and reduces what all of them accumulated. A loop that can skip a
+        backward or end early, a backward under a condition, a count the loop can change, a loop
+        that is not over ``range`` or reads the gradients keeps reducing on every micro-step (an
+        info line says why). ``no_sync()`` rather than nanoGPT's
+        ``model.require_backward_grad_sync = ...``: a context that restores the flag, reached
+        through a compiled wrapper as well, and the one-process ``runtime.DDP`` has it too. (With
+        Horovod, DST111 averages the gradients once, before the step.)
 
     Why:
         DDP all-reduces every gradient at every ``backward()``. With accumulation only the last
@@ -61,6 +76,23 @@ class AccumulationNoSync(Rule):
             model.set_requires_gradient_sync((step + 1) % accum == 0 or step + 1 == len(loader))
             loss = criterion(model(x), y) / accum
             ...
+
+        and, micro-steps in an inner loop,
+
+        for micro_step in range(n):
+            X, Y = get_batch("train")
+            loss = model(X, Y) / n
+            loss.backward()
+        optimizer.step()
+
+        becomes
+
+        for micro_step in range(n):
+            with model.no_sync() if micro_step != n - 1 else contextlib.nullcontext():
+                X, Y = get_batch("train")
+                loss = model(X, Y) / n
+                loss.backward()
+        optimizer.step()
     """
 
     code = "DST402"
@@ -80,11 +112,51 @@ class AccumulationNoSync(Rule):
                     continue
                 done.add(bl.loop)
                 self._loop(ctx, bl, wrapped)
+        # a loop over range() whose iterations all feed the step after it; never one of the loops
+        # above, which step inside (a loop fed by next(it) is both a batch loop and this)
+        for ms in micro_step_loops(a):
+            self._micro_steps(ctx, ms, wrapped)
+
+    def _micro_steps(self, ctx: Context, ms, wrapped) -> None:
+        """An inner loop whose iterations all feed the one step after it (distify.micro_steps):
+        only its last iteration's backward reduces."""
+        body = list(ms.loop.body.body)
+        if _controls_sync(ms.loop.body):
+            return
+        models = self._models_here(ctx, ms.loop, ms.scope, wrapped)
+        if len(models) != 1:
+            return
+        model = models[0]
+        last = ms.last_test(ctx.code)
+        why_not = ms.why_not
+        if last is not None and any(_calls(s, model) for s in body[ms.upto + 1:]):
+            # DDP prepares a reduction in the forward: one after the backward would escape the switch
+            last, why_not = None, f"it calls {model} after its backward()"
+        if last is None:
+            ctx.report(
+                self.code, ms.loop,
+                f"gradients reduced on every micro-step of this loop (correct, slower): {why_not}",
+                kind="info",
+            )
+            return
+        if ctx.backend == FSDP_BACKEND:
+            # the last micro-step always runs and syncs: nothing unsynced is left for the next step
+            ctx.edits.insert_before(body[0], ctx.stmts(f"{model}.set_requires_gradient_sync({last})"))
+            ctx.report(self.code, ms.loop, f"gradients reduced once per optimizer step, on the last micro-step ({model}.set_requires_gradient_sync({last}))")
+            return
+        contextlib = ctx.imported("contextlib", None, "contextlib")
+        item = f"{model}.no_sync() if {ms.last_test(ctx.code, '!=')} else {contextlib}.nullcontext()"
+
+        def make(stmts: List[cst.CSTNode], item=item) -> cst.CSTNode:
+            return cst.With(items=[cst.WithItem(cst.parse_expression(item))], body=cst.IndentedBlock(body=stmts))
+
+        ctx.edits.wrap(body[0], body[ms.upto], make)
+        ctx.report(self.code, ms.loop, f"gradients all-reduced once per optimizer step, on the last micro-step ({model}.no_sync() on the others)")
 
     def _loop(self, ctx: Context, bl, wrapped) -> None:
         body = list(bl.loop.body.body)
-        if any(isinstance(n, cst.Attribute) and n.attr.value in SYNC_CONTROLS for n in all_nodes(bl.loop.body)):
-            return  # the loop already controls gradient sync (code, not a comment that says so)
+        if _controls_sync(bl.loop.body):
+            return
         found = _accumulation_if(ctx, body)
         if found is None:
             return
@@ -102,7 +174,7 @@ class AccumulationNoSync(Rule):
                 "gradients are reduced on every micro-batch (correct, slower)",
             )
             return
-        models = self._models_here(ctx, bl, wrapped)
+        models = self._models_here(ctx, bl.loop, bl.scope, wrapped)
         if len(models) != 1:
             return
         model = models[0]
@@ -141,7 +213,7 @@ class AccumulationNoSync(Rule):
         ctx.edits.wrap(body[0], body[k], make)
         ctx.report(self.code, bl.loop, f"gradients all-reduced once per optimizer step ({model}.no_sync() on the other micro-batches)")
 
-    def _models_here(self, ctx: Context, bl, wrapped) -> List[str]:
+    def _models_here(self, ctx: Context, loop, scope, wrapped) -> List[str]:
         """Names of wrapped models the loop calls, in the loop's own scope."""
         called = set()
 
@@ -151,13 +223,23 @@ class AccumulationNoSync(Rule):
                 if d:
                     called.add(d)
 
-        walk(bl.loop.body, V())
+        walk(loop.body, V())
         out = []
         for model, anchor in wrapped:
             for (scope_id, name), _ in reaching_scopes(ctx, model, anchor).items():
-                if scope_id == id(bl.scope) and name in called and name not in out:
+                if scope_id == id(scope) and name in called and name not in out:
                     out.append(name)
         return out
+
+
+def _calls(node: cst.CSTNode, name: str) -> bool:
+    """`node` calls `name(...)` (the model's forward)."""
+    return any(isinstance(n, cst.Call) and dotted(n.func) == name for n in all_nodes(node))
+
+
+def _controls_sync(body) -> bool:
+    """The loop already controls gradient sync (in code, not a comment that says so)."""
+    return any(isinstance(n, cst.Attribute) and n.attr.value in SYNC_CONTROLS for n in all_nodes(body))
 
 
 def _last_micro_batch(ctx: Context, loop: cst.For) -> Optional[str]:
