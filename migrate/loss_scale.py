@@ -270,8 +270,6 @@ class LossScale:
         return _k(ELEM if whole.kind == ELEM else UNKNOWN, whole)
 
     def _param(self, name: str, fn: cst.FunctionDef, depth: int) -> Kind:
-        if self.facts.instance(fn) is not None and self.facts.params(fn)[:1] == [name]:
-            return _CONST  # the instance
         if depth >= _DEPTH:
             return _UNKNOWN
         kinds = []
@@ -431,21 +429,50 @@ class LossScale:
             return _reduction(value)
         return None
 
-    def _constructed(self, func: cst.BaseExpression, scope, at) -> Optional[cst.BaseExpression]:
+    def _constructed(self, func: cst.BaseExpression, scope, at, depth: int = 0) -> Optional[cst.BaseExpression]:
+        """The value a callable was made from: its one assignment (``criterion = nn.MSELoss()``, at
+        module level too), what the class assigns an attribute of the instance, and, for a
+        parameter (``self.model = model`` in ``__init__``), what every call passes for it when
+        they all build the same thing."""
+        value: Optional[cst.BaseExpression] = None
         if isinstance(func, cst.Name):
+            if (isinstance(scope, cst.FunctionDef) and func.value in self.facts.params(scope)
+                    and self.facts.reaching_binding(scope, func.value, at) is None):
+                return self._passed(func.value, scope, depth)
             b = self.facts.reaching_binding(scope, func.value, at)
+            where = scope
             if b is None and scope is not self.a.module:
-                b = next(iter(self.facts.bindings(self.a.module).get(func.value, [])[:1]), None)
-                if len(self.facts.bindings(self.a.module).get(func.value, [])) != 1:
-                    b = None
+                module_binds = self.facts.bindings(self.a.module).get(func.value, [])
+                b, where = (module_binds[0], self.a.module) if len(module_binds) == 1 else (None, scope)
             small = b.stmt.body[0] if b is not None and isinstance(b.stmt, cst.SimpleStatementLine) and len(b.stmt.body) == 1 else None
             if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
-                return small.value
-            return None
+                value = small.value
+                if isinstance(value, cst.Name) and depth < _DEPTH:
+                    return self._constructed(value, where, b.stmt, depth + 1)
+            return value
         if isinstance(func, cst.Attribute):
-            value = self._attribute_value(func, scope)
-            return value[0] if value is not None else None
+            found = self._attribute_value(func, scope)
+            if found is None:
+                return None
+            value, fn, stmt = found
+            if isinstance(value, cst.Name) and depth < _DEPTH:
+                return self._constructed(value, fn, stmt, depth + 1)
+            return value
         return None
+
+    def _passed(self, name: str, fn: cst.FunctionDef, depth: int) -> Optional[cst.BaseExpression]:
+        if depth >= _DEPTH:
+            return None
+        built = []
+        for site in self.facts.callers(fn):
+            value = self.facts.bound_value(site.call, fn, name)
+            if isinstance(value, cst.Name):
+                value = self._constructed(value, site.scope, site.stmt, depth + 1)
+            if not isinstance(value, cst.Call):
+                return None
+            built.append(value)
+        names = {self.a.qualname(v.func) or dotted(v.func) for v in built}
+        return built[0] if len(names) == 1 and None not in names else None
 
     def _module_call(self, e: cst.Call, scope, at) -> bool:
         """A call of a model the script trains, of one of its module classes, or of a torch layer:
@@ -482,20 +509,22 @@ class LossScale:
         return None
 
     def _env(self, fn: cst.FunctionDef, call: cst.Call, scope, at, env, depth) -> Dict[str, Kind]:
+        """The kinds `call` hands `fn`'s parameters (``facts.params`` leaves a method's instance out:
+        it is the script's object, no batch)."""
         params = self.facts.params(fn)
         out: Dict[str, Kind] = {}
-        if self.facts.instance(fn) is not None and params:
-            out[params[0]] = _CONST
-            offset = 1 if fn.name.value == "forward" or isinstance(call.func, cst.Attribute) else 0
-        else:
-            offset = 0
-        for i, x in enumerate(call.args):
+        every = [p.name.value for p in (*fn.params.posonly_params, *fn.params.params)]
+        if every[: len(every) - len(params)]:
+            out[every[0]] = _CONST
+        positional = 0
+        for x in call.args:
             if x.star:
                 return out
             if x.keyword is not None:
                 name = x.keyword.value
-            elif i + offset < len(params):
-                name = params[i + offset]
+            elif positional < len(params):
+                name = params[positional]
+                positional += 1
             else:
                 continue
             out[name] = self._kind(x.value, scope, at, env, depth)

@@ -536,7 +536,9 @@ def test_an_output_that_trains_under_a_rank_guard_is_refused(monkeypatch) -> Non
     """fixtures/DST966/print_computes_by_training: `print(epoch, self.train_epoch())` is guarded for
     rank 0 only after the epoch's value is computed on every rank (Context.guard_statement counts a
     call that trains as a hazard under every backend). Control: with that hazard not seen, the guard
-    takes the training with it, and DST966 refuses the output instead of writing it."""
+    takes the training with it, and DST966 refuses the output instead of writing it. (The epoch's
+    loss the method returns is reduced over the ranks, DST206, which also keeps the call off the
+    guard as a collective: the control leaves DST206 out.)"""
     from distify.rules.base import Context
 
     case = (FIXTURES / "DST966" / "print_computes_by_training.in.py").read_bytes()
@@ -544,6 +546,9 @@ def test_an_output_that_trains_under_a_rank_guard_is_refused(monkeypatch) -> Non
         result = migrate_source(case, Options(backend=backend))
         assert result.changed and "DST966" not in codes(result.findings), backend
     monkeypatch.setattr(Context, "training_in", lambda self, stmt: None)
+    from distify.rules import dst206_reduce_train_sums
+
+    monkeypatch.setattr(dst206_reduce_train_sums.RULE, "apply", lambda ctx: None)
     for backend in ("ddp", "fsdp"):
         result = migrate_source(case, Options(backend=backend))
         assert not result.changed and "DST966" in codes(result.findings), backend

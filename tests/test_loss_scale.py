@@ -285,3 +285,15 @@ def test_row_wise_similarity_pairs_nothing():
     plain = loop("loss = F.mse_loss(out, y)\nloss.backward()")
     weights = loop("w = model[0].weight\nloss = F.mse_loss(out, y) + (w @ w.T).pow(2).sum()\nloss.backward()")
     assert pairs(byol) == pairs(plain) == pairs(weights) == [None]
+
+
+def test_method_helper_gets_its_arguments():
+    """A method's arguments bind its parameters after the instance (`self.energy(out)` hands `out`
+    to `out_`, not to the instance), and the model's forward reads the batch it is called with."""
+    src = TRAINER.replace(
+        "loss = self.criterion(self.model(x), y)", "loss = self.energy(self.model(x))"
+    ).replace("    def train_epoch(self):", "    def energy(self, out_):\n        return out_.pow(2).sum()\n\n    def train_epoch(self):")
+    assert kinds(src) == [("sample", True)]
+    assert kinds(src.replace("out_.pow(2).sum()", "out_.pow(2).mean()")) == [("mean", False)]
+    vae_kl_only = VAE.replace("return bce + kld", "return kld")
+    assert kinds(vae_kl_only) == [("sample", True)]
