@@ -232,7 +232,7 @@ TORCH_LAYER_PREFIX = "torch.nn."
 # mixed precision's loss scaler: ``scaler.scale(loss)`` multiplies the loss by a constant
 GRAD_SCALERS: FrozenSet[str] = frozenset({
     "torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.amp.grad_scaler.GradScaler",
-    "torch.cpu.amp.GradScaler",
+    "torch.cpu.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler",
 })
 
 # methods of a torch.distributions object that draw from torch's global generator (they take no

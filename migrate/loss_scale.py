@@ -36,7 +36,8 @@ import libcst as cst
 from distify.library import (
     ELEMENTWISE_FUNCTIONS, ELEMENTWISE_METHODS, GRAD_SCALERS, MEAN_LOSSES, MODULE_METHODS, PAIRWISE_FUNCTIONS, PAIRWISE_METHODS, TORCH_LAYER_PREFIX, WORLD_SIZE,
 )
-from distify.syntax import all_nodes, dotted
+from distify.constructed import made_by
+from distify.syntax import all_nodes, dotted, sole_statement
 
 if TYPE_CHECKING:  # pragma: no cover
     from distify.anatomy import Anatomy
@@ -80,9 +81,10 @@ _CONST = _k(CONST)
 _ELEM = _k(ELEM)
 
 
-def backward_loss(a: "Anatomy", call: cst.Call) -> Optional[cst.BaseExpression]:
-    """The tensor a backward call runs from: `loss` in ``loss.backward()``, ``scaler.scale(loss)
-    .backward()`` (a GradScaler's scale only multiplies) and ``torch.autograd.backward(loss)``."""
+def backward_loss(a: "Anatomy", call: cst.Call, scope: Scope) -> Optional[cst.BaseExpression]:
+    """The tensor a backward call in `scope` runs from: `loss` in ``loss.backward()``,
+    ``scaler.scale(loss).backward()`` (a GradScaler's scale only multiplies) and
+    ``torch.autograd.backward(loss)``."""
     func = call.func
     if isinstance(func, cst.Attribute) and func.attr.value == "backward" and a.qualname(func) is None:
         e = func.value
@@ -91,23 +93,9 @@ def backward_loss(a: "Anatomy", call: cst.Call) -> Optional[cst.BaseExpression]:
     else:
         return None
     if isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and e.func.attr.value == "scale" and len(e.args) == 1:
-        if _is_scaler(a, e.func.value):
+        if made_by(a.facts, scope, e.func.value, GRAD_SCALERS) is not None:
             return e.args[0].value
     return e
-
-
-def _is_scaler(a: "Anatomy", e: cst.BaseExpression) -> bool:
-    name = dotted(e)
-    return name is not None and any(
-        c.qualname in GRAD_SCALERS and _assigned_to(c.stmt, c.call) == name for c in a.calls
-    )
-
-
-def _assigned_to(stmt: cst.CSTNode, call: cst.Call) -> Optional[str]:
-    small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
-    if isinstance(small, cst.Assign) and len(small.targets) == 1 and small.value is call:
-        return dotted(small.targets[0].target)
-    return None
 
 
 class LossScale:
@@ -243,7 +231,7 @@ class LossScale:
             if isinstance(stmt.iter, cst.Call) and self.a.qualname(stmt.iter.func) in ("range", "builtins.range"):
                 return _CONST
             return _UNKNOWN
-        small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+        small = sole_statement(stmt)
         if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
             return _UNKNOWN
         target = small.targets[0].target
@@ -300,16 +288,20 @@ class LossScale:
         key = self.facts.key(scope, dotted(e))
         if key[0] == 0:
             return None
-        found = []
-        for fn, cls in self.facts.methods.items():
-            if id(cls) != key[0]:
-                continue
-            for stmt in self.facts.statements(fn):
-                small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
-                if isinstance(small, cst.Assign) and len(small.targets) == 1:
-                    if self.facts.key(fn, dotted(small.targets[0].target)) == key:
-                        found.append((small.value, fn, stmt))
-        return found[0] if len(found) == 1 else None
+
+        def scan():  # once per attribute: every read of it asks the same
+            found = []
+            for fn, cls in self.facts.methods.items():
+                if id(cls) != key[0]:
+                    continue
+                for stmt in self.facts.statements(fn):
+                    small = sole_statement(stmt)
+                    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+                        if self.facts.key(fn, dotted(small.targets[0].target)) == key:
+                            found.append((small.value, fn, stmt))
+            return found[0] if len(found) == 1 else None
+
+        return self.facts.memo(("attribute_value", *key), scan)
 
     def _subscript(self, e: cst.Subscript, scope, at, env, depth) -> Kind:
         inner = self._kind(e.value, scope, at, env, depth)
@@ -444,7 +436,7 @@ class LossScale:
             if b is None and scope is not self.a.module:
                 module_binds = self.facts.bindings(self.a.module).get(func.value, [])
                 b, where = (module_binds[0], self.a.module) if len(module_binds) == 1 else (None, scope)
-            small = b.stmt.body[0] if b is not None and isinstance(b.stmt, cst.SimpleStatementLine) and len(b.stmt.body) == 1 else None
+            small = sole_statement(b.stmt) if b is not None else None
             if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
                 value = small.value
                 if isinstance(value, cst.Name) and depth < _DEPTH:
@@ -619,7 +611,7 @@ def _elementwise(kinds: List[Kind]) -> Kind:
 
 def backward_kind(a: "Anatomy", site) -> Tuple[Optional[cst.BaseExpression], Kind]:
     """The loss a backward call site runs from, and its kind (see the module's docstring)."""
-    loss = backward_loss(a, site.call)
+    loss = backward_loss(a, site.call, site.scope)
     if loss is None:
         return None, _UNKNOWN
     reader = a.facts.memo(("loss_scale",), lambda: LossScale(a))

@@ -62,6 +62,14 @@ def call_statement(stmt: cst.CSTNode, call: cst.Call) -> bool:
     )
 
 
+def sole_statement(stmt: Optional[cst.CSTNode]) -> Optional[cst.BaseSmallStatement]:
+    """The one small statement a line holds (`x = f()`), None for a line of several (`a = 1; b = 2`)
+    or anything that is not a simple statement line."""
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        return stmt.body[0]
+    return None
+
+
 def contains_node(tree: cst.CSTNode, target: cst.CSTNode) -> bool:
     found = []
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.syntax import dotted
+from distify.constructed import made_by
 from distify.gradients import gradient_reads_before, reads_gradients
+from distify.library import GRAD_SCALERS
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, call_statement
-
-GRAD_SCALER = {"torch.cuda.amp.GradScaler", "torch.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler"}
 
 
 class HorovodAmp(Rule):
@@ -66,27 +66,21 @@ class HorovodAmp(Rule):
 
     def apply(self, ctx: Context) -> None:
         a = ctx.anatomy
-        optimizers = {o.target for o in ctx.plan.hvd_optimizers if o.target}
+        facts = a.facts
+        # by key: the step in a method reads the optimizer its __init__ built, however each spells `self`
+        optimizers = {facts.key(o.call.scope, o.target) for o in ctx.plan.hvd_optimizers if o.target}
         self._reads_before_step(ctx, optimizers)
         if ctx.blocked:
-            return
-        scalers = set()
-        for site in a.calls:
-            if site.qualname in GRAD_SCALER and isinstance(site.stmt, cst.SimpleStatementLine):
-                small = site.stmt.body[0]
-                if isinstance(small, cst.Assign) and small.value is site.call:
-                    scalers.add(dotted(small.targets[0].target))
-        if not scalers:
             return
         synced = set()
         for site in a.calls:
             func = site.call.func
-            if not isinstance(func, cst.Attribute) or dotted(func.value) not in scalers:
+            if not isinstance(func, cst.Attribute) or made_by(facts, site.scope, func.value, GRAD_SCALERS) is None:
                 continue
             if func.attr.value not in ("step", "unscale_") or not site.call.args:
                 continue
             opt = dotted(site.call.args[0].value)
-            if opt not in optimizers or not call_statement(site.stmt, site.call):
+            if facts.key(site.scope, opt) not in optimizers or not call_statement(site.stmt, site.call):
                 continue
             parents = a.stmt_parent.get(site.stmt, ())
             key = (opt, parents[-1] if parents else None)
@@ -104,7 +98,7 @@ class HorovodAmp(Rule):
             if not (isinstance(func, cst.Attribute) and func.attr.value == "step" and not site.call.args):
                 continue
             opt = dotted(func.value)
-            if opt not in optimizers or not call_statement(site.stmt, site.call) or not a.loops_around(site.stmt):
+            if a.facts.key(site.scope, opt) not in optimizers or not call_statement(site.stmt, site.call) or not a.loops_around(site.stmt):
                 continue
             inner, outer = gradient_reads_before(a, site.stmt)
             if outer is not None:

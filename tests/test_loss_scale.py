@@ -227,6 +227,40 @@ def test_renaming_changes_nothing():
     assert kinds(commented) == kinds(VAE)
 
 
+SCALED = HEAD + '''
+class Trainer:
+    def __init__(self, model):
+        self.model = model
+        self.crit = nn.MSELoss(reduction="sum")
+        self.opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        self.scaler = torch.amp.GradScaler(enabled=False)
+
+    def fit(self):
+        for x, y in loader:
+            self.opt.zero_grad()
+            loss = self.crit(self.model(x), y)
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+
+
+Trainer(nn.Linear(16, 4)).fit()
+'''
+
+
+def test_scaled_backward_whatever_the_instance_is_called():
+    """``self.scaler.scale(loss).backward()`` runs from `loss` (a GradScaler only multiplies), also
+    where the step's method names its instance otherwise than the __init__ that built the scaler
+    (the metamorphic sweep's renaming; the fact once compared the two spellings). Control: a
+    `scale` of an object that is no GradScaler is not seen through."""
+    assert kinds(SCALED) == [("sample", True)]
+    fit = SCALED.index("    def fit(self):")
+    renamed = SCALED[:fit] + SCALED[fit:].replace("self", "trainer")
+    assert renamed != SCALED and kinds(renamed) == [("sample", True)]
+    control = SCALED.replace("torch.amp.GradScaler(enabled=False)", "Scaler()").replace("class Trainer:", "class Scaler:\n    def scale(self, t):\n        return t\n\n\nclass Trainer:")
+    assert kinds(control) == [("unknown", False)]
+
+
 def pairs(src: str):
     a = analyse(cst.parse_module(src), text=src)
     out = []
