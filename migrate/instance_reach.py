@@ -124,18 +124,30 @@ def attribute_reach(a, cls: cst.ClassDef, attr: str) -> List[Reach]:
 
 
 def _got_from_methods(a, cls: cst.ClassDef, attr: str, found: List[Reach]) -> List[Reach]:
-    """``m = trainer.get_model()`` where the method returns the attribute itself (``return
-    self.model``, whatever the instance is called): the name the caller binds, called on a holder
-    of an instance (`found`) or, in a method of the class, on its own instance."""
-    getters = set()
+    """What a method of `cls` that returns the attribute itself (``return self.model``, whatever
+    the instance is called) hands its callers: called on a holder of an instance (`found`) or, in a
+    method of the class, on its own instance, the name the caller binds (``m =
+    trainer.get_model()``) and the call itself, read in place (``trainer.get_model().state_dict()``,
+    named ``trainer.get_model()``: ``syntax.held_name``); for a ``@property``, the attribute it
+    reads as (``trainer.model``)."""
+    getters, properties = set(), set()
     for m, k in a.methods.items():
         inst = instance_name(m) if k is cls else None
         if inst is not None and return_slot(m, lambda e, want=f"{inst}.{attr}": dotted(e) == want) == ("whole",):
-            getters.add(m.name.value)
-    if not getters:
+            if any(dotted(d.decorator) in ("property", "functools.cached_property", "cached_property") for d in m.decorators):
+                properties.add(m.name.value)
+            else:
+                getters.add(m.name.value)
+    if not getters and not properties:
         return []
     held = {(id(s), h) for s, h, _since, _sure in found}
     out: List[Reach] = []
+    for scope, holder, since, _sure in found:
+        out += [(scope, f"{holder}.{p}", since, False) for p in sorted(properties)]
+    for m, k in a.methods.items():
+        inst = instance_name(m) if k is cls else None
+        if inst is not None:
+            out += [(m, f"{inst}.{p}", None, False) for p in sorted(properties)]
     for c in a.calls:
         func = c.call.func
         if not (isinstance(func, cst.Attribute) and func.attr.value in getters):
@@ -143,9 +155,13 @@ def _got_from_methods(a, cls: cst.ClassDef, attr: str, found: List[Reach]) -> Li
         recv = dotted(func.value)
         inst = a.facts.instance(c.scope)
         mine = inst is not None and inst[1] is cls and recv == inst[0]
+        if not (mine or (id(c.scope), recv) in held):
+            continue
         name = assigned_name(c.stmt, c.call)
-        if name is not None and (mine or (id(c.scope), recv) in held):
+        if name is not None:
             out.append((c.scope, name, c.stmt, False))
+        if not c.call.args:  # read in place: ``held_name``'s spelling of the call
+            out.append((c.scope, f"{recv}.{func.attr.value}()", None, False))
     return out
 
 

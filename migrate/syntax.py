@@ -40,6 +40,16 @@ def dotted(expr: Optional[cst.CSTNode]) -> Optional[str]:
     return None
 
 
+def held_name(expr: Optional[cst.CSTNode]) -> Optional[str]:
+    """`dotted(expr)`, and for a method called with no argument on a dotted receiver its dotted
+    name with ``()`` (``trainer.get_model()``): how the reach facts (distify.instance_reach) name
+    what a getter returns, read in place rather than bound to a name first."""
+    if type(expr) is cst.Call and not expr.args and type(expr.func) is _ATTRIBUTE:
+        base = dotted(expr.func)
+        return f"{base}()" if base else None
+    return dotted(expr)
+
+
 def arg(call: cst.Call, pos: Optional[int], kw: Optional[str]) -> Optional[cst.Arg]:
     if kw is not None:
         for a in call.args:

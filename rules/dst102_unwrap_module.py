@@ -6,7 +6,7 @@ import libcst as cst
 
 from distify.facts import SELF_RETURNING
 from distify.records import MODULE_API, STATE_API
-from distify.syntax import dotted
+from distify.syntax import dotted, held_name
 from distify.meaning import copies_argument
 from distify.pickled import handed, pickled, pickled_elsewhere
 from distify.rules.base import DDP_BACKEND, Context, Rule, reaching_scopes
@@ -51,7 +51,7 @@ class UnwrapModule(Rule):
             foreign = a.class_methods(model_cls)[1] if model_cls is not None else True
             called = {id(c.call.func): c for c in a.calls if isinstance(c.call.func, cst.Attribute)}
             for attr, scope, cls, stmt in a.attr_uses:
-                name = dotted(attr.value)
+                name = held_name(attr.value)
                 if name is None or attr.attr.value in MODULE_API:
                     continue
                 how = targets.get((id(scope), name))
@@ -98,14 +98,14 @@ class UnwrapModule(Rule):
         for site in a.calls:
             how = None
             for i, x in enumerate(site.call.args):
-                if x.keyword is None and not x.star and dotted(x.value) is not None:
-                    how = targets.get((id(site.scope), dotted(x.value)))
+                if x.keyword is None and not x.star and held_name(x.value) is not None:
+                    how = targets.get((id(site.scope), held_name(x.value)))
                     if how is None:
                         continue
                     after, mode = how
                     if after is not None and not a.is_before(after, site.stmt):
                         continue
-                    mode = _still_wrapped(a, model, anchor, site.scope, dotted(x.value), site.stmt, mode)
+                    mode = _still_wrapped(a, model, anchor, site.scope, held_name(x.value), site.stmt, mode)
                     if mode is None:
                         continue
                     said = f"{dotted(site.call.func)}() gets the unwrapped model: it only reads or copies it"
@@ -119,7 +119,7 @@ class UnwrapModule(Rule):
                             params = a.facts.params(fn)
                             if i >= len(params) or not _only_reads(a, fn, params[i]):
                                 continue
-                    name = dotted(x.value)
+                    name = held_name(x.value)
                     if mode == "module":
                         new_value = lambda n: cst.Attribute(value=n, attr=cst.Name("module"))
                     else:

@@ -75,12 +75,12 @@ class Rank0Save(Rule):
 
 def _hands_model(site, held) -> bool:
     """`site` passes a wrapped or sharded model itself (not its ``state_dict()``) to the helper."""
-    from distify.syntax import all_nodes, dotted
+    from distify.syntax import all_nodes, held_name
 
     nodes = [n for x in site.call.args for n in all_nodes(x.value)]
     read = {id(n.value) for n in nodes if isinstance(n, cst.Attribute) and n.attr.value == "state_dict"}
-    return any(isinstance(n, (cst.Name, cst.Attribute)) and id(n) not in read and (id(site.scope), dotted(n)) in held
-               for n in nodes)
+    return any(isinstance(n, (cst.Name, cst.Attribute, cst.Call)) and id(n) not in read
+               and (id(site.scope), held_name(n)) in held for n in nodes)
 
 
 def _calls(expr: cst.BaseExpression):

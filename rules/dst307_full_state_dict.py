@@ -9,7 +9,7 @@ import libcst as cst
 
 from distify.model_build import COMPILE
 from distify.records import LOAD, SAVE, assigned_name
-from distify.syntax import dotted
+from distify.syntax import dotted, held_name
 from distify.edits import Put
 from distify.rules.base import FSDP_BACKEND, Context, Rule, kwarg_value, reaching_scopes
 from distify.facts import optimizer_keeps_tensors
@@ -101,7 +101,7 @@ class FullStateDict(Rule):
             func = site.call.func
             if not isinstance(func, cst.Attribute) or func.attr.value not in ("state_dict", "load_state_dict"):
                 continue
-            recv = dotted(func.value)
+            recv = held_name(func.value)  # `trainer.get_model().state_dict()` too
             if recv is None:
                 continue
             if recv.endswith(".module") and (id(site.scope), recv[: -len(".module")]) in model_names:
@@ -156,7 +156,7 @@ class FullStateDict(Rule):
         stmt = site.stmt
         guards = a.rank_guards(stmt)
         anchor = guards[0][0] if guards else stmt
-        name = ctx.fresh(f"{recv.split('.')[-1]}_state")
+        name = ctx.fresh(f"{recv.split('.')[-1].removesuffix('()')}_state")  # `get_model()`: get_model_state
         lines = f"{name} = {expr}"
         if kind == "model" and _compiled(a, recv):
             # get_model_state_dict names a compiled module's parameters without `_orig_mod.`; the

@@ -8,7 +8,7 @@ import libcst as cst
 
 from distify.model_build import data_parallel_module
 from distify.records import DATA_PARALLEL, Model
-from distify.syntax import dotted
+from distify.syntax import dotted, held_name
 from distify.rules.base import DDP_BACKEND, FSDP_BACKEND, HOROVOD_BACKEND, Context, Rule, reaching_scopes
 from distify.walk import children
 from distify.library import LOGGER_FACTORIES, LOGGING_MODULES
@@ -373,7 +373,7 @@ def _drop_module(ctx: Context, plans: List[_Plan], everywhere: bool) -> None:
         for attr, scope, cls, stmt in a.attr_uses:
             if attr.attr.value != "module" or id(attr) in done:
                 continue
-            name = dotted(attr.value)
+            name = held_name(attr.value)
             how = targets.get((id(scope), name))
             if how is None:
                 continue

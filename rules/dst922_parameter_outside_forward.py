@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.syntax import dotted
+from distify.syntax import dotted, held_name
 from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
 
 PARAMETER_ATTRS = frozenset({"weight", "bias"})
@@ -117,7 +117,7 @@ def _called_first(call: cst.Call, attr: cst.Attribute, stmt) -> bool:
 def _model_prefix(expr: cst.BaseExpression, scope, targets):
     node = expr
     while True:
-        d = dotted(node)
+        d = held_name(node)  # `trainer.get_model()` too
         if d is not None and (id(scope), d) in targets:
             return d
         if isinstance(node, (cst.Attribute, cst.Subscript)):

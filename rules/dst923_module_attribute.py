@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.instance import instance_name, is_attribute_of
-from distify.syntax import all_nodes, dotted, flatten_target
+from distify.syntax import all_nodes, dotted, flatten_target, held_name
 from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
 
 
@@ -47,7 +47,7 @@ class ShardedModule(Rule):
             for attr, scope, _cls, stmt in a.attr_uses:
                 if attr.attr.value != "module" or attr in replaced or attr.value in replaced:
                     continue
-                name = dotted(attr.value)
+                name = held_name(attr.value)
                 if name is None or (id(scope), name) not in targets:
                     continue
                 if _has_module_attribute(a, model) or _tested(ctx, stmt, name):

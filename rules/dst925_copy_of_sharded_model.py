@@ -6,7 +6,7 @@ from typing import Optional
 
 import libcst as cst
 
-from distify.syntax import dotted, all_nodes
+from distify.syntax import dotted, all_nodes, held_name
 from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
 from distify.meaning import copies_argument
 from distify.pickled import handed, pickled, pickled_elsewhere, saved_whole
@@ -47,17 +47,17 @@ class CopyOfShardedModel(Rule):
             targets = reaching_scopes(ctx, model, anchor)
             for site in a.calls:
                 found = pickled(a, site)
-                if not found and any((id(site.scope), dotted(v)) in targets for v in handed(a, site)):
+                if not found and any((id(site.scope), held_name(v)) in targets for v in handed(a, site)):
                     found = pickled_elsewhere(a, site, ctx.plan.script_path, ctx.options)
                 for p in found:
                     member = p.expr
-                    how = targets.get((id(site.scope), dotted(member)))
+                    how = targets.get((id(site.scope), held_name(member)))
                     # fully_shard changes the module in place: a dict built before it holds it sharded too
                     if how is not None and (how[0] is None or a.is_before(how[0], site.stmt)):
                         ctx.block(
                             self.code,
                             member,
-                            f"torch.save() pickles the sharded model {dotted(member)} whole: its parameters are "
+                            f"torch.save() pickles the sharded model {held_name(member)} whole: its parameters are "
                             "this rank's shards, so the file would hold one rank's part of the weights; file not "
                             "migrated. Save get_model_state_dict(model, options=StateDictOptions("
                             "full_state_dict=True)) instead",
@@ -66,7 +66,7 @@ class CopyOfShardedModel(Rule):
                 for i, x in enumerate(site.call.args):
                     if x.keyword is not None or x.star:
                         continue
-                    how = targets.get((id(site.scope), dotted(x.value)))
+                    how = targets.get((id(site.scope), held_name(x.value)))
                     if how is None:
                         continue
                     after, _ = how
@@ -83,7 +83,7 @@ class CopyOfShardedModel(Rule):
                     ctx.block(
                         self.code,
                         site.call,
-                        f"{what} of the sharded model {dotted(x.value)}: {why}; file not migrated. Keep the copy "
+                        f"{what} of the sharded model {held_name(x.value)}: {why}; file not migrated. Keep the copy "
                         "from get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)) or "
                         "shard it by hand",
                     )

@@ -8,7 +8,7 @@ import libcst as cst
 
 from distify.anatomy import Anatomy
 from distify.records import DDP, FULLY_SHARD, SAVE
-from distify.syntax import arg, dotted, all_nodes
+from distify.syntax import arg, dotted, all_nodes, held_name
 from distify.instance_reach import attribute_reach, bound_to, handed_in
 from distify.parallel import assigned_to, sharded_models, sharded_root
 from distify.rules.base import AuditCheck, Context
@@ -89,7 +89,7 @@ class WrapperPrefix(AuditCheck):
 
         for c in a.calls_to(SAVE):
             for n in _state_dict_calls(a, c):
-                who = dotted(n.func.value)
+                who = held_name(n.func.value)
                 if is_wrapper(c.scope, c.cls, who):
                     ctx.warn(
                         self.code,
@@ -107,7 +107,7 @@ class WrapperPrefix(AuditCheck):
         outside = _sharded_outside(a)
         for c in a.calls_to(SAVE):
             for n in _state_dict_calls(a, c):
-                who = dotted(n.func.value)
+                who = held_name(n.func.value)
                 since = outside.get((id(c.scope), who), False)
                 if who in sharded or since is None or (since is not False and a.is_before(since, c.stmt)):
                     ctx.warn(
@@ -151,7 +151,7 @@ def _state_dict_calls(a: Anatomy, c) -> List[cst.Call]:
         for e in exprs
         for n in all_nodes(e)
         if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value == "state_dict"
-        and dotted(n.func.value)
+        and held_name(n.func.value)
     ]
 
 

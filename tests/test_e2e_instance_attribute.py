@@ -113,7 +113,10 @@ def _checked(source: Path, files, original: dict, workdir: Path) -> None:
 
 
 HANDED = REPO_ROOT / "fixtures" / "DST307" / "model_handed_to_class.in.py"
-FILES = {SAVES: ["final.pt", "helper.pt", "alias.pt", "served.pt"], HANDED: ["final.pt", "trainer.pt"]}
+# the model handed out by a getter and a property, read in place (`trainer.get_model().state_dict()`)
+GETTER = REPO_ROOT / "fixtures" / "DST307" / "getter_in_place.in.py"
+FILES = {SAVES: ["final.pt", "helper.pt", "alias.pt", "served.pt"], HANDED: ["final.pt", "trainer.pt"],
+         GETTER: ["final.pt", "property.pt", "method.pt"]}
 
 # the old output, as distify wrote it before it followed the model out of the class: the state of
 # the wrapper (`module.` keys) or of the shards, saved as it is; and the files that then fail to load
@@ -130,12 +133,21 @@ OLD = {
     (HANDED, "ddp"): ([("trainer.model.module.state_dict()", "trainer.model.state_dict()")], ["trainer.pt"]),
     # fully_shard shards the object main() handed in: `model` there holds the shards
     (HANDED, "fsdp"): ([("torch.save(model_state, ", "torch.save(model.state_dict(), ")], ["final.pt"]),
+    # before the reach facts named a getter's call (syntax.held_name): the wrapper's state, saved
+    (GETTER, "ddp"): ([("runtime.unwrap(trainer.get_model()).state_dict()", "trainer.get_model().state_dict()"),
+                       ("runtime.unwrap(trainer.model).state_dict()", "trainer.model.state_dict()"),
+                       ("runtime.unwrap(self.get_model()).state_dict()", "self.get_model().state_dict()")],
+                      FILES[GETTER]),
+    (GETTER, "fsdp"): ([("torch.save(get_model_state_2, ", "torch.save(trainer.get_model().state_dict(), "),
+                        ("torch.save(model_state, ", "torch.save(trainer.model.state_dict(), "),
+                        ("torch.save(get_model_state, ", "torch.save(self.get_model().state_dict(), ")],
+                       FILES[GETTER]),
 }
 
 
 @pytest.mark.parametrize("source, backend", [
     executed(f"DST307/{src.name[:-len('.in.py')]}", backend, src, backend, id=f"{src.name.split('.')[0]}-{backend}")
-    for src in (SAVES, HANDED) for backend in ("ddp", "fsdp", "horovod")
+    for src in (SAVES, HANDED, GETTER) for backend in ("ddp", "fsdp", "horovod")
 ])
 def test_state_saved_and_loaded_through_the_instance(source, backend, tmp_path):
     script = tmp_path / "script" / "train.py"
@@ -193,3 +205,46 @@ def test_bare_module_used_through_the_instance(backend, tmp_path):
 
     with pytest.raises(RunFailed, match="has no attribute 'describe'"):
         run_torchrun(control, ["--batch-size", B], nproc=NPROC, cwd=tmp_path / "control")
+
+
+GETTER_USES = REPO_ROOT / "fixtures" / "DST102" / "getter_in_place.in.py"
+
+
+@pytest.mark.parametrize("backend", [
+    executed("DST102/getter_in_place", "ddp", "ddp", id="ddp"),
+    executed("DST102/getter_in_place", "horovod", "horovod", id="horovod"),
+])
+def test_bare_module_used_through_a_getter_in_place(backend, tmp_path):
+    """What a getter returns, used where it is called: the model's own method
+    (``trainer.get_model().describe()``), a deep copy kept as the best model, a save of its state.
+    Under DDP each goes through ``runtime.unwrap(...)``: both files hold the original's keys and
+    weights. Control: the old output (the calls left as they were) saves the wrapper's copy, whose
+    file does not load into the bare model, and dies on the model's own method."""
+    script = tmp_path / "script" / "train.py"
+    migrate(GETTER_USES, script, backend=backend)
+    text = script.read_text()
+    files = ["final.pt", "average.pt"]
+    original = _original(tmp_path, GETTER_USES, [])
+    result, ranks = _ranks(script, tmp_path / "run", backend, GETTER_USES, [])
+    assert same_on_every_rank(ranks), "the ranks ended with different parameters"
+    _checked(GETTER_USES, files, original, tmp_path / "run")
+    assert result.stdout.count(" parameters") == 1, result.stdout
+    if backend == "horovod":
+        assert "unwrap(" not in text  # no wrapper: nothing to reach through
+        return
+    assert "copy.deepcopy(runtime.unwrap(trainer.get_model()))" in text, text
+    control = tmp_path / "script" / "old.py"
+    old = text.replace("print(runtime.unwrap(trainer.get_model()).describe())", "print(trainer.get_model().describe())")
+    old = old.replace("runtime.unwrap(trainer.get_model())", "trainer.get_model()")
+    assert "unwrap(" not in old
+    control.write_text(old)
+    (tmp_path / "control").mkdir()
+    from e2e_support import RunFailed, run_torchrun
+
+    with pytest.raises(RunFailed, match="has no attribute 'describe'"):
+        run_torchrun(control, ["--batch-size", B], nproc=NPROC, cwd=tmp_path / "control")
+    # and without the method call, the saves the old output wrote: `module.` keys, refused by the bare model
+    control.write_text(old.replace("print(trainer.get_model().describe())", "print('0 parameters')"))
+    _ranks(control, tmp_path / "control2", backend, GETTER_USES, [])
+    loads = _bare_loads(GETTER_USES, tmp_path / "control2", files)
+    assert not any(loads[f]["loaded"] for f in files), f"control: the old output's files load: {loads}"
