@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Dict, FrozenSet, List, Optional
 
 import libcst as cst
 
+from distify.constructed import constructor
 from distify.facts import training_call
 from distify.instance import instance_name
 from distify.syntax import NESTED, Scope, dotted
@@ -270,12 +271,14 @@ def calls_handing(facts: "Facts", fn: cst.FunctionDef, param: str, holds) -> lis
 
 def passed_in_place(facts: "Facts", site):
     """(call, function, parameter) when the call `site` (a DataLoader built in place) is an argument
-    of a call of a function of this module, which knows it by that parameter; None otherwise."""
+    of a call of a function of this module (or of a construction of one of its classes, whose
+    ``__init__`` binds it), which knows it by that parameter; None otherwise."""
     for c in facts.calls:
         if c.stmt is not site.stmt or c is site:
             continue
         a_node = next((x for x in c.call.args if x.value is site.call), None)
-        fn = facts.callee(c.call, c.scope) if a_node is not None else None
+        # a function, a method, or the __init__ of a class it builds (`Trainer(model, DataLoader(...))`)
+        fn = (facts.callee(c.call, c.scope) or constructor(facts, c.call)) if a_node is not None else None
         pname = facts.param_for(fn, c.call, a_node) if fn is not None else None
         if pname is not None:
             return c, fn, pname

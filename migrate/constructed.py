@@ -1,10 +1,12 @@
 """Which call built a value, and which ``__init__`` a construction runs.
 
-A fact over one analysed module (``distify.facts.Facts``), decided by what names are (the
-instance keys of ``Facts.key``), never by their spelling:
+Two facts over one analysed module (``distify.facts.Facts``), each decided by what names are (the
+instance keys of ``Facts.key``, the module's class table), never by their spelling:
 
 - ``made_by``: the call of a library constructor a name or an attribute of the instance holds
-  (``self.scaler = torch.amp.GradScaler(...)`` in ``__init__``, read as ``this.scaler`` in a step).
+  (``self.scaler = torch.amp.GradScaler(...)`` in ``__init__``, read as ``this.scaler`` in a step);
+- ``constructor``: the ``__init__`` of the module's own class a call builds (``Trainer(model,
+  DataLoader(...))``), for the facts that follow arguments into the function they bind.
 """
 
 from __future__ import annotations
@@ -38,3 +40,14 @@ def made_by(facts: "Facts", scope: Scope, e: Optional[cst.BaseExpression], qualn
         return made
 
     return next((c for c in facts.memo(("made_by",), index).get(key, ()) if c.qualname in qualnames), None)
+
+
+def constructor(facts: "Facts", call: cst.Call) -> Optional[cst.FunctionDef]:
+    """The ``__init__`` that `call` runs when it builds an instance of a class of this module (the
+    class the module's class table resolves the callee to, not its spelling); None otherwise, also
+    for a class without an ``__init__`` of its own."""
+    classes = facts.classes
+    cls = classes.named(dotted(call.func)) if classes is not None else None
+    if cls is None:
+        return None
+    return next((m for m, k in facts.methods.items() if k is cls and m.name.value == "__init__"), None)

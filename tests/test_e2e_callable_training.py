@@ -13,7 +13,10 @@ Each runs migrated for ddp, horovod and fsdp (the parameters compared between ra
 Horovod; FSDP's are shards), and so does fixtures/DST201/loader_in_place: a loader built in place as
 the argument of the script's training function every epoch, inside a print distify guards. Its five
 loaders (one an epoch) must each give the ranks disjoint shards covering the dataset, in a new order
-each epoch (the set_epoch DST202 adds before the statement); control: the sampler taken out.
+each epoch (the set_epoch DST202 adds before the statement); control: the sampler taken out. And
+fixtures/DST201/loader_in_constructor: a loader built in place as a trainer class's constructor
+argument, kept on the instance and read by its own epoch loop (disjoint shards, a new order each
+epoch); control the same.
 """
 from __future__ import annotations
 
@@ -65,14 +68,20 @@ class Case:
     """A shape: its input, arguments, the loader spy's expectations, the sampler distify names, the
     epochs it prints, and whether each epoch builds its own loader."""
 
-    def __init__(self, source, args, spec, sampler, epochs, per_epoch_loader=False):
+    def __init__(self, source, args, spec, sampler, epochs, per_epoch_loader=False, set_epoch=None):
         self.source, self.args, self.spec, self.sampler = source, args, spec, sampler
         self.epochs, self.per_epoch_loader = epochs, per_epoch_loader
+        self.set_epoch = set_epoch or f"{sampler}.set_epoch(epoch)"  # where the epoch reaches the sampler
 
 
 CASES = {
     "scenarios/annotated_transformer": Case(SCRIPT, ARGS, SPEC, "train_iter_sampler", 2),
     "DST201/loader_in_place": Case(IN_PLACE, [], IN_PLACE_SPEC, "loader_sampler", 5, per_epoch_loader=True),
+    # built in place as a class's constructor argument, kept as self.loader, looped over by a method:
+    # shuffled, so a pass in the same order as the one before means the epoch never reached the sampler
+    "DST201/loader_in_constructor": Case(SCENARIOS.parent / "DST201" / "loader_in_constructor.in.py", [],
+                                         dict(train=[0], shuffled=[0], whole=[]), "loader_sampler", 3,
+                                         set_epoch="self.loader.sampler.set_epoch(epoch)"),
 }
 
 
@@ -83,7 +92,7 @@ def test_the_loader_the_training_call_hands_in_is_sharded(tmp_path, case, backen
     script.parent.mkdir()
     migrate(shape.source, script, backend=backend)
     text = script.read_text()
-    assert f"sampler={shape.sampler})" in text and f"{shape.sampler}.set_epoch(epoch)" in text, text
+    assert f"sampler={shape.sampler})" in text and shape.set_epoch in text, text
     loaders, params, result = _launch(script, tmp_path / "migrated", backend, args=shape.args)
     check_shards(case, loaders, shape.spec)
     if shape.per_epoch_loader:  # a new order each epoch: the sampler is told the epoch
@@ -98,7 +107,10 @@ def test_the_loader_the_training_call_hands_in_is_sharded(tmp_path, case, backen
 
     # control: the sampler taken out again (as distify left it before), both ranks read the same samples
     broken = script.with_name("unsharded.py")
-    broken.write_text(text.replace(f"sampler={shape.sampler})", "shuffle=True)"))
+    unsharded = text.replace(f"sampler={shape.sampler})", "shuffle=True)")
+    if ".sampler.set_epoch(" in shape.set_epoch:  # told through the loader: a RandomSampler has no set_epoch
+        unsharded = unsharded.replace(shape.set_epoch, "pass")
+    broken.write_text(unsharded)
     assert broken.read_text() != text
     loaders, _, _ = _launch(broken, tmp_path / "control", backend, args=shape.args)
     with pytest.raises(AssertionError, match="the loader is not sharded"):
