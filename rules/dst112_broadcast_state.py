@@ -19,13 +19,15 @@ class BroadcastState(Rule):
         model (``load_state_dict``, ``.apply(init_fn)``), also under a condition (``if
         args.resume:``) or inside a function of the script that is handed the model
         (``load_checkpoint(path, model, optimizer)``), so a resumed checkpoint is what gets
-        broadcast. When the optimizer's state is loaded there too,
-        ``hvd.broadcast_optimizer_state(optimizer, root_rank=0)`` comes first (under the load's own
-        ``if``, when that condition reads only values that are the same on every rank; otherwise
-        when rank 0's optimizer holds a state), then the parameters: a rank that loaded nothing gets
-        Horovod's zero-gradient step, whose weight decay changes its weights. A fresh optimizer's
-        state is not broadcast: it is identical everywhere, and Horovod would create it with a
-        zero-gradient step that shifts Adam's step count and applies weight decay once.
+        broadcast. When the optimizer's state is loaded there too, rank 0's whole state dict
+        follows (``optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))``:
+        under the load's own ``if`` when that condition reads only values that are the same on
+        every rank, otherwise always), before the parameters. Not
+        ``hvd.broadcast_optimizer_state``: it gives an optimizer without state (a fresh one, and
+        plain SGD even once loaded) a zero-gradient step, which applies weight decay and shifts
+        Adam's step count, and it leaves the param groups, where plain SGD keeps the resumed
+        learning rate, as each rank has them. A fresh optimizer is not broadcast: it is identical
+        everywhere.
         The values the load binds and the script reads later – the epoch or step to resume from,
         the best metric (``start_epoch = checkpoint["epoch"] + 1``) – follow in one
         ``runtime.broadcast_object``, so a rank that cannot read the checkpoint resumes where rank 0
@@ -94,18 +96,16 @@ class BroadcastState(Rule):
                          "before training, or the ranks start from different weights")
                 continue
             if loads_optimizer:
-                # only a loaded state needs broadcasting: on a fresh optimizer Horovod creates the
-                # state with a zero-gradient step, which shifts Adam's step count and applies weight
-                # decay once – the run would no longer match the single-process one. A load under
-                # `if args.resume:` is broadcast under the same condition (the same on every rank)
-                line = f"{hvd}.broadcast_optimizer_state({opt.target}, root_rank=0)"
-                if loads_optimizer is ON_RANK0:
-                    # whether the load ran may differ between hosts: rank 0's optimizer holds a state
-                    # when it loaded one, and every rank takes that answer from it
-                    loads_optimizer = f"{ctx.runtime}.broadcast_object(len({opt.target}.state) > 0)"
-                # before the parameters: on a rank whose optimizer is empty (it did not load) Horovod's
-                # zero-gradient step applies weight decay to its weights, which rank 0's then replace
-                lines.insert(0, line if loads_optimizer is True else f"if {loads_optimizer}:\n    {line}")
+                # rank 0's whole state dict, param groups included: hvd.broadcast_optimizer_state
+                # first gives an optimizer without state (a fresh one; plain SGD even once loaded) a
+                # zero-gradient step, which applies weight decay and shifts Adam's step count, and
+                # then sends only the state: rank 0's resumed learning rate never reached a rank
+                # whose SGD had no momentum. Loading a fresh state dict changes nothing, so a load
+                # that may have run on some ranks only (ON_RANK0) is followed by it unconditionally;
+                # one under `if args.resume:` (the same on every rank) under that condition
+                line = state_from_rank0(ctx.runtime, opt.target)
+                lines.insert(0, line if loads_optimizer is True or loads_optimizer is ON_RANK0
+                             else f"if {loads_optimizer}:\n    {line}")
             schedulers = schedulers_loaded(a, loaded) if loaded is not None and id(loaded) not in resumed else []
             # a rank that skipped the load would count its epochs from 0 and decay elsewhere
             lines += [state_from_rank0(ctx.runtime, s) for s in schedulers]
@@ -130,9 +130,8 @@ def _when_loaded(ctx: Context, stmt: cst.CSTNode, load: cst.CSTNode):
     on every rank (``args.resume``); otherwise ON_RANK0: a load under a test that may differ between
     hosts (``os.path.isfile(path)``) or a rank condition, in a ``try``, an ``else`` branch, or in a
     function of the script the statement calls (whose own tests distify does not follow) may have
-    run on some ranks only or on none (a resume path found nowhere): rank 0 says whether its
-    optimizer holds a state. Horovod's broadcast_optimizer_state gives an empty optimizer a
-    zero-gradient step first, which shifts Adam's step count: it must run only when rank 0 loaded."""
+    run on some ranks only or on none (a resume path found nowhere): rank 0's state then goes to
+    every rank, loaded or fresh."""
     direct = isinstance(load, cst.Call) and isinstance(load.func, cst.Attribute) and load.func.attr.value in LOAD_METHODS
     tests = sure_under(ctx.anatomy, stmt, load) if direct else None
     if tests is None:

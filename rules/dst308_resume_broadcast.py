@@ -24,8 +24,8 @@ class ResumeBroadcast(Rule):
         (``if os.path.isfile(args.resume):``), inserts right after it:
         ``runtime.broadcast_module(model)`` for each model it loads (rank 0's parameters and
         buffers, in place), ``optimizer.load_state_dict(runtime.broadcast_object(
-        optimizer.state_dict()))`` under ``if runtime.broadcast_object(len(optimizer.state) > 0):``
-        for an optimizer it loads (only when rank 0 has a state to give),
+        optimizer.state_dict()))`` for an optimizer it loads (its param groups too: plain SGD keeps
+        the resumed learning rate there and no state),
         ``scheduler.load_state_dict(runtime.broadcast_object(scheduler.state_dict()))`` for an LR
         scheduler it restores (DST112 does the same under Horovod), and one
         ``runtime.broadcast_object`` of the values the load binds and the script reads later
@@ -55,8 +55,7 @@ class ResumeBroadcast(Rule):
         is followed by
 
         runtime.broadcast_module(model)
-        if runtime.broadcast_object(len(optimizer.state) > 0):
-            optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))
+        optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))
         start_epoch = runtime.broadcast_object(start_epoch)
 
         Under FSDP the load is ``set_model_state_dict`` on the sharded model (DST307), which each
@@ -105,9 +104,9 @@ class ResumeBroadcast(Rule):
             done.add(id(loaded))
             lines = [f"{rt}.broadcast_module({m})" for m in opt.models if any(c.root == m for c in found)]
             if opt.target and any(c.root == opt.target for c in found):
-                lines.append(
-                    f"if {rt}.broadcast_object(len({opt.target}.state) > 0):\n    {state_from_rank0(rt, opt.target)}"
-                )
+                # the whole state dict, whatever rank 0 holds: plain SGD has no state even once
+                # loaded, but its param groups carry the resumed learning rate
+                lines.append(state_from_rank0(rt, opt.target))
             schedulers = schedulers_loaded(a, loaded)
             lines += [state_from_rank0(rt, s) for s in schedulers]
             values = resumed_values(a, loaded, roots)

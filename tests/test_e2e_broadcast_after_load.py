@@ -106,8 +106,7 @@ def _epoch_checkpoint(path: Path) -> None:
     torch.save({"epoch": 1, "best_loss": 0.5, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
 
 
-STATE = ("    if runtime.broadcast_object(len(optimizer.state) > 0):\n"
-         "        hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n")
+STATE = "    optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n"
 
 
 def _resume(script: Path, work: Path, run, **kw):
@@ -153,8 +152,7 @@ def test_rank_that_cannot_read_the_checkpoint_resumes_at_its_epoch(tmp_path, rem
 # DDP (DST308): the wrap broadcast the fresh weights before the load, so rank 0's loaded weights,
 # momentum and epoch are broadcast after it
 DDP_STATE = ("    runtime.broadcast_module(model)\n"
-             "    if runtime.broadcast_object(len(optimizer.state) > 0):\n"
-             "        optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n")
+             "    optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n")
 
 
 @pytest.mark.runs("DST112/resume_epoch", "ddp")
@@ -185,17 +183,17 @@ def test_ddp_rank_that_cannot_read_the_checkpoint_gets_rank0s_state(tmp_path, re
 # Both are seeded and do not shuffle: on 2 ranks of batch 8 each ends with the weights of the original
 # (which loads: its one process is rank 0) at batch 16. Control: without the broadcasts (DDP: the wrap before
 # the load) rank 1 trains on from its fresh weights and momentum and the ranks differ. Its SGD has
-# weight decay: under Horovod the optimizer state is broadcast before the parameters, because
-# broadcast_optimizer_state gives rank 1's empty optimizer a zero-gradient step whose weight decay
-# changes rank 1's weights; control: in the other order (distify's before) the ranks end apart.
-HVD_STATE = ("if runtime.broadcast_object(len(optimizer.state) > 0):\n"
-             "    hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n")
+# weight decay: under Horovod rank 0's state dict is broadcast (not hvd.broadcast_optimizer_state,
+# which gives rank 1's empty optimizer a zero-gradient step whose weight decay changes rank 1's
+# weights); control: that call after the parameters, and the ranks end apart.
+HVD_STATE = "optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n"
+OLD_HVD_STATE = ("if runtime.broadcast_object(len(optimizer.state) > 0):\n"
+                 "    hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n")
 HVD_PARAMS = "hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n"
 RANK0_LOADS = {
     ("rank0_load_after_wrap", "ddp"): {
         "runtime.broadcast_module(model)\n"
-        "if runtime.broadcast_object(len(optimizer.state) > 0):\n"
-        "    optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n"
+        "optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n"
         "start_epoch = runtime.broadcast_object(start_epoch)\n":
         "start_epoch = runtime.broadcast_object(start_epoch)\n"},  # (the epoch kept: as many steps)
     ("rank0_load_after_wrap", "horovod"): {
@@ -263,7 +261,7 @@ def test_load_on_rank0_only_reaches_every_rank(tmp_path, case, backend):
     assert not _same(found[1], found[0]), "control: rank 1 kept its fresh weights and momentum and still agreed"
     if resume and backend == "horovod":
         assert HVD_STATE + HVD_PARAMS in text
-        control.write_text(text.replace(HVD_STATE + HVD_PARAMS, HVD_PARAMS + HVD_STATE))
+        control.write_text(text.replace(HVD_STATE + HVD_PARAMS, HVD_PARAMS + OLD_HVD_STATE))
         found = ranks(control, "control-order")
         assert not _same(found[1], found[0]), "control: rank 1's zero-gradient step left its weights as rank 0's"
 
@@ -358,3 +356,64 @@ def test_a_scheduler_resumed_on_rank0_only_reaches_every_rank(tmp_path, backend)
     control.write_text(text.replace(SCHEDULER_BROADCAST, ""))
     found = ranks(control, "control")
     assert not _same(found[1], found[0]), "control: rank 1's fresh scheduler still agreed with rank 0's"
+
+
+# Plain SGD (no momentum) keeps no state, loaded or not: the resumed learning rate is in its param
+# groups. fixtures/DST308/rank0_load_plain_sgd resumes on rank 0 only from a checkpoint whose StepLR
+# has decayed the rate (0.1 -> 0.05); StepLR scales the group's own rate, so a rank left with the
+# fresh groups trains at 0.1 for good. Migrated, rank 0's whole state dict reaches every rank: the
+# ranks end identical, with the weights of the original (which loads: its one process is rank 0) at
+# twice the batch. Control: the old output, which sent the optimizer only when rank 0's state was
+# not empty (DDP: load_state_dict under that test; Horovod: hvd.broadcast_optimizer_state, which
+# also leaves the groups alone), and the ranks part.
+PLAIN_SGD = {
+    "ddp": ("optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n",
+            "if runtime.broadcast_object(len(optimizer.state) > 0):\n"
+            "    optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n"),
+    "horovod": ("optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n", OLD_HVD_STATE),
+}
+
+
+@pytest.mark.parametrize("backend", [executed("DST308/rank0_load_plain_sgd", b, b) for b in ("ddp", "horovod")])
+def test_plain_sgd_resumed_on_rank0_only_takes_rank0s_learning_rate(tmp_path, backend):
+    import torch
+    import torch.nn as nn
+
+    source = REPO_ROOT / "fixtures" / "DST308" / "rank0_load_plain_sgd.in.py"
+    script = tmp_path / "train.py"
+    migrate(source, script, backend=backend)
+    text = script.read_text()
+    new, old = PLAIN_SGD[backend]
+    assert new in text, text
+
+    def checkpoint(work: Path) -> None:
+        work.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(7)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=1e-3)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+        for _ in range(3):
+            scheduler.step()
+        assert optimizer.param_groups[0]["lr"] == 0.05 and not optimizer.state
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "epoch": 0}, work / "ckpt.pt")
+
+    args = ["--resume", "ckpt.pt", "--epochs", 3]
+
+    def ranks(path: Path, name: str) -> list:
+        work = tmp_path / name
+        checkpoint(work)
+        return rank_parameters(path, args, work, backend)[1]
+
+    migrated = ranks(script, "migrated")
+    assert migrated[0] and _same(migrated[1], migrated[0]), "the ranks trained at different learning rates"
+    original = tmp_path / "original"
+    checkpoint(original)
+    (original / "train.py").write_text(source.read_text().replace("batch_size=8", "batch_size=16"))
+    run_python(original / "train.py", args, cwd=original)
+    last = lambda d: torch.load(d / "last.pt")["model"]  # noqa: E731
+    assert_same_weights(last(original), last(tmp_path / "migrated"), label=f"{backend}, 2 ranks x 8 vs batch 16")
+    control = tmp_path / "control.py"
+    control.write_text(text.replace(new, old))
+    found = ranks(control, "control")
+    assert not _same(found[1], found[0]), "control: rank 1's fresh learning rate still agreed with rank 0's"

@@ -97,10 +97,8 @@ def test_a_load_rank_0_alone_can_see_runs_on_every_rank(tmp_path):
 # what makes every rank hold rank 0's resumed state, per backend
 BROADCASTS = {
     "ddp": ("    runtime.broadcast_module(model)\n"
-            "    if runtime.broadcast_object(len(optimizer.state) > 0):\n"
-            "        optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n"),
-    "horovod": ("    if runtime.broadcast_object(len(optimizer.state) > 0):\n"
-                "        hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n"
+            "    optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n"),
+    "horovod": ("    optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n"
                 "    hvd.broadcast_parameters(model.state_dict(), root_rank=0)\n"),
 }
 
@@ -149,7 +147,9 @@ def test_a_resume_path_found_nowhere_trains_a_fresh_optimizer(tmp_path, backend)
 
     assert adam_steps(script, "run") == {steps_per_rank}
     if backend == "horovod":
-        decided = "    if runtime.broadcast_object(len(optimizer.state) > 0):\n        hvd.broadcast_optimizer_state("
+        # control: Horovod's own broadcast_optimizer_state (distify's output before) gives the fresh
+        # AdamW a zero-gradient step: one step more on every rank
+        decided = "    optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n"
         assert decided in text
-        script.write_text(text.replace(decided, "    if args.resume:\n        hvd.broadcast_optimizer_state("))
+        script.write_text(text.replace(decided, "    hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n"))
         assert adam_steps(script, "control") == {steps_per_rank + 1}, "control: Horovod's zero-gradient step"

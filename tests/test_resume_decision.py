@@ -83,22 +83,23 @@ def test_fsdp_broadcasts_a_load_on_rank0_only_before_the_shard():
     assert "model.load_state_dict(" in control and "runtime.broadcast_module(" not in control
 
 
+STATE = "optimizer.load_state_dict(runtime.broadcast_object(optimizer.state_dict()))\n"
+
+
 def test_ddp_and_horovod_hand_rank0s_load_to_every_rank():
     out = _run(RANK0, "ddp").output.decode()
     assert "\nruntime.broadcast_module(model)\n" in out and "start_epoch = runtime.broadcast_object(start_epoch)" in out
     assert "runtime.broadcast_module(" not in _run(_shared(RANK0), "ddp").output.decode()  # control
     out = _run(RANK0, "horovod").output.decode()
-    assert ("if runtime.broadcast_object(len(optimizer.state) > 0):\n"
-            "    hvd.broadcast_optimizer_state(optimizer, root_rank=0)") in out, out
+    assert f"\n{STATE}" in out, out
     control = _run(_shared(RANK0), "horovod").output.decode()
-    assert "if args.resume:\n    hvd.broadcast_optimizer_state(optimizer, root_rank=0)" in control, control
+    assert f"if args.resume:\n    {STATE}" in control, control
 
 
-# Horovod's broadcast_optimizer_state gives an empty optimizer a zero-gradient step (Adam's step
-# count one ahead, weight decay applied once): DST112 broadcasts a loaded state under the load's own
-# tests only when the load surely ran wherever they hold (distify.resume.sure_under), and otherwise
-# asks rank 0 whether its optimizer holds a state; and it broadcasts the state before the parameters
-# (the zero step's weight decay changes the weights of a rank that loaded nothing).
+# DST112 broadcasts rank 0's optimizer state dict under the load's own tests when the load surely ran
+# wherever they hold (distify.resume.sure_under), and otherwise always (a fresh state dict loaded
+# changes nothing; Horovod's broadcast_optimizer_state, which would give an empty optimizer a
+# zero-gradient step, is not used), before the parameters.
 LOADS = '''\
 import os
 import argparse
@@ -126,7 +127,7 @@ for epoch in range(2):
         model(x).sum().backward()
         optimizer.step()
 '''
-ASKED = "if runtime.broadcast_object(len(optimizer.state) > 0):\n    hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n"
+ASKED = "\n" + STATE  # unconditional: rank 0's state, loaded or fresh
 LOAD = 'ckpt = torch.load(args.resume)\n    model.load_state_dict(ckpt["model"])\n    optimizer.load_state_dict(ckpt["optimizer"])'
 
 
@@ -137,9 +138,9 @@ LOAD = 'ckpt = torch.load(args.resume)\n    model.load_state_dict(ckpt["model"])
     (f"try:\n    {LOAD}\nexcept FileNotFoundError:\n    pass", ASKED),
     ("if args.resume:\n    restore(args.resume, model, optimizer)", ASKED),
     # controls: tests every rank shares, the load on every path under them
-    (f"if args.resume:\n    {LOAD}", "if args.resume:\n    hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n"),
+    (f"if args.resume:\n    {LOAD}", "if args.resume:\n    " + STATE),
     (f"if args.resume:\n    if args.optim:\n        {LOAD.replace(chr(10), chr(10) + '    ')}",
-     "if args.resume and args.optim:\n    hvd.broadcast_optimizer_state(optimizer, root_rank=0)\n"),
+     "if args.resume and args.optim:\n    " + STATE),
 ], ids=["nested-isfile", "try", "helper", "control-shared-test", "control-two-shared-tests"])
 def test_horovod_broadcasts_a_loaded_optimizer_state_only_when_rank0_loaded_one(load, expected):
     out = _run(LOADS.replace("{load}", load), "horovod").output.decode()
