@@ -83,6 +83,32 @@ def runs_forward(classes: Dict[str, cst.ClassDef], qualname, cls: Optional[cst.C
     return False
 
 
+def runs_submodule(classes: Dict[str, cst.ClassDef], cls: Optional[cst.ClassDef], name: str) -> bool:
+    """``model.<name>(...)`` calls a part the model keeps (``self.encoder = nn.Sequential(...)`` in a
+    method of `cls`), not a method of the class: the submodule's own forward runs, not the model's
+    (``runs_forward`` says False for it: there is no method to register)."""
+    return cls is not None and class_method(classes, cls, name) is None and name in kept_attributes(classes, cls)
+
+
+def kept_attributes(classes: Dict[str, cst.ClassDef], cls: cst.ClassDef, depth: int = 0) -> Set[str]:
+    """The attributes the methods of `cls` (and its bases of this file) bind on their instance
+    (``self.encoder = nn.Sequential(...)``), whatever the value and the instance's name."""
+    out: Set[str] = set()
+    for fn in cls.body.body:
+        if not isinstance(fn, cst.FunctionDef) or not fn.params.params:
+            continue
+        me = fn.params.params[0].name.value
+        for node in all_nodes(fn.body):
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else (
+                [node.target] if isinstance(node, cst.AnnAssign) else [])
+            out |= {t.attr.value for t in targets if isinstance(t, cst.Attribute) and _is(t.value, me)}
+    for base in cls.bases:
+        base_cls = classes.get(dotted(base.value) or "")
+        if base_cls is not None and depth < 8:
+            out |= kept_attributes(classes, base_cls, depth + 1)
+    return out
+
+
 def own_parameters(classes: Dict[str, cst.ClassDef], qualname, cls: cst.ClassDef, depth: int = 0) -> Set[str]:
     """The attributes the methods of `cls` (and its bases of this file) bind to ``nn.Parameter(...)``."""
     out: Set[str] = set()
@@ -135,6 +161,14 @@ def takes_gradients(a, site) -> bool:
             if a.qualname(f) in NO_GRAD:
                 return False
     return a.facts.reaches_backward(scope, site.stmt) or _returned(a, site)
+
+
+def trains_inside(a, cls: Optional[cst.ClassDef], name: str) -> bool:
+    """Method `name` of the model's class `cls` trains in its own body (a Keras-style
+    ``model.fit(loader, optimizer, epochs)`` whose loop calls ``self(x)`` and steps): the model's
+    computation and its backward both run inside the method, whatever the call's value is."""
+    fn = class_method(a.classes, cls, name) if cls is not None else None
+    return fn is not None and fn in a.facts.trainers
 
 
 def _returned(a, site, depth: int = 0) -> bool:

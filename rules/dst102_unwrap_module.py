@@ -11,7 +11,7 @@ from distify.meaning import copies_argument
 from distify.pickled import handed, pickled, pickled_elsewhere
 from distify.rules.base import DDP_BACKEND, Context, Rule, reaching_scopes
 from distify.walk import walk
-from distify.forward_methods import runs_forward, takes_gradients
+from distify.forward_methods import runs_forward, runs_submodule, takes_gradients, trains_inside
 
 
 class UnwrapModule(Rule):
@@ -66,16 +66,20 @@ class UnwrapModule(Rule):
                 if mode is None:
                     continue
                 site = called.get(id(attr))
-                if site is not None and takes_gradients(a, site) and not _wrapper_ran_first(a, site, name) and runs_forward(
-                    a.classes, a.qualname, model_cls, attr.attr.value, foreign
-                ):
+                method = attr.attr.value
+                if site is not None and (takes_gradients(a, site) or trains_inside(a, model_cls, method)) \
+                        and not _wrapper_ran_first(a, site, name) and (
+                            runs_forward(a.classes, a.qualname, model_cls, method, foreign)
+                            or runs_submodule(a.classes, model_cls, method)):
+                    part = runs_submodule(a.classes, model_cls, method)
                     ctx.block(
                         self.code, attr,
-                        f"{name}.{attr.attr.value}() runs the model's computation outside forward where the loss "
-                        "is differentiated: DDP averages the gradients only of a forward called through the "
-                        f"wrapper, so through {name}.module each rank would keep its own and the replicas drift "
-                        f"apart: file not migrated; compute the loss in forward (call {name}(...)), or migrate "
-                        "with --backend horovod (its optimizer averages) or fsdp (it registers the method)",
+                        f"{name}.{method}() runs " + ("a submodule of the model on its own" if part else
+                        "the model's computation outside forward") + " where the loss is differentiated: DDP "
+                        "averages the gradients only of a forward called through the wrapper, so through "
+                        f"{name}.module each rank would keep its own and the replicas drift apart: file not "
+                        f"migrated; compute the loss in forward (call {name}(...)), or migrate with --backend "
+                        "horovod (its optimizer averages)" + ("" if part else " or fsdp (it registers the method)"),
                     )
                     return
                 if mode == "module":

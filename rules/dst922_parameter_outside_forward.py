@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.syntax import dotted, held_name
+from distify.forward_methods import runs_submodule, takes_gradients
 from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
 
 PARAMETER_ATTRS = frozenset({"weight", "bias"})
@@ -47,6 +48,8 @@ class ParameterOutsideForward(Rule):
         seen = set()
         for model, anchor in ctx.plan.sharded():
             targets = reaching_scopes(ctx, model, anchor)
+            if self._submodule_trained(ctx, model, targets):
+                return
             for attr, scope, _cls, stmt in a.attr_uses:
                 if attr.attr.value not in PARAMETER_ATTRS or id(attr) in seen:
                     continue
@@ -77,6 +80,37 @@ class ParameterOutsideForward(Rule):
                     "part of it; use .full_tensor() (a collective: on every rank) for the whole tensor, "
                     ".to_local() for this rank's part",
                 )
+
+
+    def _submodule_trained(self, ctx: Context, model, targets) -> bool:
+        """`model.encoder(x)` on the training path, its value differentiated, after the shard and
+        with no forward of the model before it in the step: refused (True)."""
+        a = ctx.anatomy
+        cls = a.model_class(model)
+        if cls is None:
+            return False
+        called = {id(c.call.func): c for c in a.calls if isinstance(c.call.func, cst.Attribute)}
+        for attr, scope, _cls, stmt in a.attr_uses:
+            site = called.get(id(attr))
+            method = attr.attr.value
+            if site is None or not runs_submodule(a.classes, cls, method):
+                continue
+            name = held_name(attr.value)
+            how = targets.get((id(scope), name)) if name is not None else None
+            if how is None or (how[0] is not None and not a.is_before(how[0], stmt)):
+                continue
+            if not takes_gradients(a, site) or _root_gathered(a, model, name, attr, scope, stmt):
+                continue
+            ctx.block(
+                self.code, attr,
+                f"{name}.{method}() runs a submodule of the sharded model on its own where the loss is "
+                "differentiated: FSDP gathers the parameters around the model's forward (or a unit's own), so "
+                "here they are DTensor shards and the step crashes ('mixed torch.Tensor and DTensor'); file not "
+                f"migrated. Run the submodules inside the model's forward (call {name}(...)), or migrate with "
+                "--backend horovod",
+            )
+            return True
+        return False
 
 
 def _root_gathered(a, model, name: str, attr: cst.Attribute, scope, stmt) -> bool:

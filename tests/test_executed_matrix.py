@@ -43,7 +43,7 @@ SHAPES = (
     "DST131/sparse_autoencoder", "DST131/trainer_sum_criterion",
     "DST307/instance_attribute_outside", "DST102/instance_attribute_outside", "DST307/model_handed_to_class",
     "DST307/getter_in_place", "DST102/getter_in_place", "DST201/loader_in_constructor",
-    "DST308/rank0_load_plain_sgd",
+    "DST308/rank0_load_plain_sgd", "DST102/fit_method_on_model", "DST102/submodules_in_training",
 )
 
 # (case, backend) with a golden that no end-to-end test runs, and why

@@ -151,3 +151,15 @@ def test_the_class_a_model_is_built_from_also_through_a_classmethod(expr, cls):
     a = analyse(cst.parse_module(BUILDERS))
     found = built_class(a.classes, a.qualname, cst.parse_expression(expr))
     assert (found.name.value if found is not None else None) == cls
+
+
+def test_a_submodule_called_on_its_own_is_told_from_a_method(anatomy):
+    """`model.enc(x)` runs a part the model keeps (DST102 and DST922 refuse it on the training path),
+    a method does not count as one, nor an attribute the class never binds."""
+    from distify.forward_methods import runs_submodule
+
+    a = anatomy
+    net = a.classes["Net"]
+    assert runs_submodule(a.classes, net, "enc") is True
+    assert runs_submodule(a.classes, net, "encode_batch") is False
+    assert runs_submodule(a.classes, net, "no_such_part") is False
