@@ -20,6 +20,7 @@ from libcst.metadata import CodeRange, MetadataWrapper
 from distify.blocks import RepeatedBlocks, repeated_blocks
 from distify.dataflow import (
     _loop_var, optimizer_parameter_roots, _returns, bound_from_return, iterated_refs, ref_text, return_slot,
+    unwrap_alias,
 )
 from distify.callable_training import calls_handing, passed_in_place, trains_at, trains_through_values, value_trainers
 from distify.facts import Binding, Facts
@@ -550,10 +551,11 @@ def analyse(module: cst.Module, project=None, joined=None, text: Optional[str] =
                     add((fn, pname, origin))
             for a_node in assigns_in.get(id(scope), ()):
                 if len(a_node.targets) == 1 and isinstance(a_node.targets[0].target, cst.Name):
-                    if ref_text(a_node.value) == name or (
+                    if ref_text(a_node.value) == name or unwrap_alias(a_node.value) == name or (
                         ref_text(a_node.value) is None and name in wrapped_refs(a_node.value)
                     ):
-                        # `loader = loaders["train"]`, `pbar = tqdm(loader)`, `batches = forever(loader)`
+                        # `loader = loaders["train"]`, `pbar = tqdm(loader)`, `batches = forever(loader)`,
+                        # `to_save = model.module if hasattr(model, "module") else model`
                         add((scope, a_node.targets[0].target.value, origin))
                 elif (
                     len(a_node.targets) == 1

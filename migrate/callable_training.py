@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Dict, FrozenSet, List, Optional
 
 import libcst as cst
 
-from distify.constructed import constructor
+from distify.constructed import init_of
 from distify.facts import training_call
 from distify.instance import instance_name
 from distify.syntax import NESTED, Scope, dotted
@@ -278,7 +278,7 @@ def passed_in_place(facts: "Facts", site):
             continue
         a_node = next((x for x in c.call.args if x.value is site.call), None)
         # a function, a method, or the __init__ of a class it builds (`Trainer(model, DataLoader(...))`)
-        fn = (facts.callee(c.call, c.scope) or constructor(facts, c.call)) if a_node is not None else None
+        fn = (facts.callee(c.call, c.scope) or init_of(facts, c.call)) if a_node is not None else None
         pname = facts.param_for(fn, c.call, a_node) if fn is not None else None
         if pname is not None:
             return c, fn, pname

@@ -5,7 +5,7 @@ instance keys of ``Facts.key``, the module's class table), never by their spelli
 
 - ``made_by``: the call of a library constructor a name or an attribute of the instance holds
   (``self.scaler = torch.amp.GradScaler(...)`` in ``__init__``, read as ``this.scaler`` in a step);
-- ``constructor``: the ``__init__`` of the module's own class a call builds (``Trainer(model,
+- ``init_of``: the ``__init__`` of the module's own class a call builds (``Trainer(model,
   DataLoader(...))``), for the facts that follow arguments into the function they bind.
 """
 
@@ -42,7 +42,7 @@ def made_by(facts: "Facts", scope: Scope, e: Optional[cst.BaseExpression], qualn
     return next((c for c in facts.memo(("made_by",), index).get(key, ()) if c.qualname in qualnames), None)
 
 
-def constructor(facts: "Facts", call: cst.Call) -> Optional[cst.FunctionDef]:
+def init_of(facts: "Facts", call: cst.Call) -> Optional[cst.FunctionDef]:
     """The ``__init__`` that `call` runs when it builds an instance of a class of this module (the
     class the module's class table resolves the callee to, not its spelling); None otherwise, also
     for a class without an ``__init__`` of its own."""

@@ -44,6 +44,27 @@ def ref_text(expr: Optional[cst.CSTNode]) -> Optional[str]:
     return None
 
 
+def unwrap_alias(expr: Optional[cst.CSTNode]) -> Optional[str]:
+    """The model `X` of a wrapper-agnostic unwrap, which holds `X` itself or the module a wrapper
+    keeps in it (``X.module if hasattr(X, "module") else X``, the branches either way round and under
+    any test; ``getattr(X, "module", X)``): under FSDP, which shards in place, the model itself."""
+    if isinstance(expr, cst.IfExp):
+        a, b = dotted(expr.body), dotted(expr.orelse)
+        if a is not None and b is not None:
+            if a == f"{b}.module":
+                return b
+            if b == f"{a}.module":
+                return a
+        return None
+    if (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name) and expr.func.value == "getattr"
+            and len(expr.args) == 3 and not any(x.keyword or x.star for x in expr.args)):
+        obj, attr, default = (x.value for x in expr.args)
+        if (isinstance(attr, cst.SimpleString) and attr.evaluated_value == "module"
+                and dotted(obj) is not None and dotted(obj) == dotted(default)):
+            return dotted(obj)
+    return None
+
+
 def _returns(fn: cst.FunctionDef) -> List[cst.Return]:
     """The return statements of `fn` itself (not of functions or classes nested in it)."""
     found: List[cst.Return] = []
@@ -192,6 +213,20 @@ def _loop_var(loop: cst.For) -> Optional[str]:
     return loop.target.value if isinstance(loop.target, cst.Name) else None
 
 
+def parameters_receiver(call: cst.CSTNode) -> Optional[str]:
+    """`X` (dotted) of ``X.parameters()`` / ``X.named_parameters()``, also where the module is reached
+    through ``runtime.unwrap(X)`` (distify's DDP output: the same parameters, the original's names);
+    None for any other call."""
+    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+            and call.func.attr.value in ("parameters", "named_parameters")):
+        return None
+    e = call.func.value
+    if (isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and e.func.attr.value == "unwrap"
+            and len(e.args) == 1 and e.args[0].keyword is None and not e.args[0].star):
+        return dotted(e.args[0].value)
+    return dotted(e)
+
+
 def _parameter_roots(expr: cst.BaseExpression, instance: Optional[str] = None) -> List[str]:
     """Dotted roots of `X.parameters()` / `X.sub.parameters()` calls in an optimizer's params; on the
     method's `instance` (whatever it is spelled), the attribute: `self.model` of `self.model.parameters()`."""
@@ -199,16 +234,12 @@ def _parameter_roots(expr: cst.BaseExpression, instance: Optional[str] = None) -
 
     class V(cst.CSTVisitor):
         def visit_Call(self, node: cst.Call) -> None:
-            if isinstance(node.func, cst.Attribute) and node.func.attr.value in (
-                "parameters",
-                "named_parameters",
-            ):
-                d = dotted(node.func.value)
-                if d:
-                    parts = d.split(".")
-                    root = ".".join(parts[:2]) if parts[0] == instance and len(parts) > 1 else parts[0]
-                    if root not in roots:
-                        roots.append(root)
+            d = parameters_receiver(node)
+            if d:
+                parts = d.split(".")
+                root = ".".join(parts[:2]) if parts[0] == instance and len(parts) > 1 else parts[0]
+                if root not in roots:
+                    roots.append(root)
 
     expr.visit(V())
     return roots

@@ -179,7 +179,8 @@ def _returned(a, site, depth: int = 0) -> bool:
     if not isinstance(fn, cst.FunctionDef) or depth > 3:
         return False
     bound = {
-        n.value for small in getattr(site.stmt, "body", ()) if isinstance(small, cst.Assign)
+        n.value for small in (site.stmt.body if isinstance(site.stmt, cst.SimpleStatementLine) else ())
+        if isinstance(small, cst.Assign)
         for t in small.targets for n in all_nodes(t.target) if isinstance(n, cst.Name)
     }
     leaves = any(

@@ -32,6 +32,7 @@ from typing import Dict, FrozenSet, List, Optional
 
 import libcst as cst
 
+from distify.dataflow import parameters_receiver
 from distify.instance import instance_name
 from distify.model_build import built_class, constructor
 from distify.records import DDP, Optimizer, assigned_name
@@ -176,7 +177,7 @@ def _sources(facts, fn, stmt, expr, local: Dict[str, Roots], shadowed: FrozenSet
     if isinstance(expr, cst.Call):
         f = expr.func
         if isinstance(f, cst.Attribute) and f.attr.value in ("parameters", "named_parameters"):
-            d = dotted(f.value)
+            d = parameters_receiver(expr)  # `runtime.unwrap(X).named_parameters()` too: X's own
             root = d.split(".")[0] if d else None
             if root is None or root in local or root in facts.bindings(fn):
                 return None  # a comprehension's variable, or a name the function rebinds: not followed

@@ -24,7 +24,7 @@ from distify.library import known
 from distify.names import resolve
 from distify.project_reach import ProjectReach
 from distify.project import MAX_BYTES, Project, ProjectModule, read_ast
-from distify.records import DIST_SAMPLER, MODULE_API, STATE_API, BatchLoop, CallSite, Scope
+from distify.records import DIST_SAMPLER, MODULE_API, NAMED_API, STATE_API, BatchLoop, CallSite, Scope
 
 _DEPTH = 6  # re-exports followed (`from .train import fit` in a package's __init__)
 
@@ -231,7 +231,7 @@ class Program:
         for attr, scope, _cls, _stmt in target.unit.anatomy.attr_uses:
             if scope is target.fn and isinstance(attr.value, cst.Name) and attr.value.value == param:
                 name = attr.attr.value
-                if name not in MODULE_API and name not in STATE_API:
+                if name not in MODULE_API and name not in STATE_API and name not in NAMED_API:
                     out.append((name, attr))
         return out
 

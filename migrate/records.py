@@ -96,8 +96,7 @@ NOT_OPTIMIZERS = ("torch.optim.lr_scheduler", "torch.optim.swa_utils", "torch.op
 
 # nn.Module API that works unchanged on a DistributedDataParallel wrapper.
 MODULE_API = {
-    "train", "eval", "parameters", "named_parameters", "buffers", "named_buffers", "children",
-    "named_children", "modules", "named_modules", "zero_grad", "to", "cuda", "cpu", "float",
+    "train", "eval", "parameters", "buffers", "children", "modules", "zero_grad", "to", "cuda", "cpu", "float",
     "double", "half", "bfloat16", "type", "apply", "requires_grad_", "training", "forward",
     "no_sync", "module", "register_forward_hook", "register_forward_pre_hook", "__call__",
     # DistributedDataParallel's own API
@@ -105,6 +104,11 @@ MODULE_API = {
 }
 # API of the wrapper that must reach the wrapped module to keep checkpoints free of `module.`.
 STATE_API = {"state_dict", "load_state_dict"}
+# nn.Module's API that names what it yields by its path in the module: on the DDP wrapper every name
+# gains `module.` (and named_children yields the wrapped module itself), so what the script saves,
+# logs or matches by name (`{n: p for n, p in model.named_parameters() if p.requires_grad}`) reaches
+# the wrapped module for the original's names
+NAMED_API = {"named_parameters", "named_buffers", "named_children", "named_modules"}
 
 
 class CallSite(Record):

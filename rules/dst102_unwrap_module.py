@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.facts import SELF_RETURNING
-from distify.records import MODULE_API, STATE_API
+from distify.records import MODULE_API, NAMED_API, STATE_API
 from distify.syntax import dotted, held_name
 from distify.meaning import copies_argument
 from distify.pickled import handed, pickled, pickled_elsewhere
@@ -67,10 +67,9 @@ class UnwrapModule(Rule):
                     continue
                 site = called.get(id(attr))
                 method = attr.attr.value
-                if site is not None and (takes_gradients(a, site) or trains_inside(a, model_cls, method)) \
-                        and not _wrapper_ran_first(a, site, name) and (
-                            runs_forward(a.classes, a.qualname, model_cls, method, foreign)
-                            or runs_submodule(a.classes, model_cls, method)):
+                if site is not None and (
+                    runs_forward(a.classes, a.qualname, model_cls, method, foreign) or runs_submodule(a.classes, model_cls, method)
+                ) and (takes_gradients(a, site) or trains_inside(a, model_cls, method)) and not _wrapper_ran_first(a, site, name):
                     part = runs_submodule(a.classes, model_cls, method)
                     ctx.block(
                         self.code, attr,
@@ -90,7 +89,8 @@ class UnwrapModule(Rule):
                         args=[cst.Arg(n.value)]
                     )
                 ctx.edits.replace(attr, lambda n, f=new_value: n.with_changes(value=f(n)))
-                what = "state" if attr.attr.value in STATE_API else f"attribute .{attr.attr.value}"
+                what = ("state" if attr.attr.value in STATE_API else "parameter names" if attr.attr.value in NAMED_API
+                        else f"attribute .{attr.attr.value}")
                 via = f"{name}.module" if mode == "module" else f"{ctx.runtime}.unwrap({name})"
                 ctx.report(self.code, attr, f"{what} of the wrapped model reached through {via}")
             self._arguments(ctx, model, anchor, targets, edited)

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import libcst as cst
 
-from distify.syntax import dotted, held_name
+from distify.records import SAVE
+from distify.syntax import all_nodes, dotted, held_name, sole_statement
 from distify.forward_methods import runs_submodule, takes_gradients
 from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
 
 PARAMETER_ATTRS = frozenset({"weight", "bias"})
+_CONTAINERS = frozenset({"dict", "list", "tuple"})  # builtins that hold what they are handed
+
+
+def _container(a, func: cst.BaseExpression) -> bool:
+    """`func` is the builtin dict / list / tuple (not rebound by the script) or collections.OrderedDict."""
+    q = a.qualname(func)
+    if q == "collections.OrderedDict":
+        return True
+    return isinstance(func, cst.Name) and func.value in _CONTAINERS and q in (None, f"builtins.{func.value}")
 
 
 class ParameterOutsideForward(Rule):
@@ -48,7 +58,7 @@ class ParameterOutsideForward(Rule):
         seen = set()
         for model, anchor in ctx.plan.sharded():
             targets = reaching_scopes(ctx, model, anchor)
-            if self._submodule_trained(ctx, model, targets):
+            if self._submodule_trained(ctx, model, targets) or self._parameters_saved(ctx, targets):
                 return
             for attr, scope, _cls, stmt in a.attr_uses:
                 if attr.attr.value not in PARAMETER_ATTRS or id(attr) in seen:
@@ -81,6 +91,45 @@ class ParameterOutsideForward(Rule):
                     ".to_local() for this rank's part",
                 )
 
+
+    def _parameters_saved(self, ctx: Context, targets) -> bool:
+        """``torch.save`` of what ``model.named_parameters()`` / ``parameters()`` yields after the
+        shard (in the save's arguments, or bound to a name the save reads: ``trained = {n: p for n, p
+        in model.named_parameters() if p.requires_grad}``): DTensor shards, refused (True)."""
+        a = ctx.anatomy
+        saves = [c for c in a.calls if c.qualname in SAVE]
+        if not saves:
+            return False
+        for attr, scope, _cls, stmt in a.attr_uses:
+            if attr.attr.value not in ("named_parameters", "parameters"):
+                continue
+            name = held_name(attr.value)
+            how = targets.get((id(scope), name)) if name is not None else None
+            if how is None or (how[0] is not None and not a.is_before(how[0], stmt)):
+                continue
+            small = sole_statement(stmt)
+            # the tensors themselves, gathered into a container (not handed to a constructor: an optimizer)
+            holds = isinstance(small, cst.Assign) and len(small.targets) == 1 and (
+                isinstance(small.value, (cst.DictComp, cst.ListComp, cst.SetComp, cst.GeneratorExp))
+                or (isinstance(small.value, cst.Call) and _container(a, small.value.func)
+                    and any(n is attr for n in all_nodes(small.value))))
+            bound = dotted(small.targets[0].target) if holds else None
+            for c in saves:
+                if c.scope is not scope:
+                    continue
+                held = c.stmt is stmt and any(n is attr for x in c.call.args for n in all_nodes(x.value))
+                read = bound is not None and a.is_before(stmt, c.stmt) and any(
+                    dotted(n) == bound for x in c.call.args for n in all_nodes(x.value))
+                if held or read:
+                    ctx.block(
+                        self.code, attr,
+                        f"{name}.{attr.attr.value}() yields DTensor shards after fully_shard, and torch.save "
+                        "writes them: the file would hold one rank's part of each tensor; file not migrated. "
+                        f"Gather get_model_state_dict({name}, options=StateDictOptions(full_state_dict=True, "
+                        "cpu_offload=True)) on every rank and keep the entries you save",
+                    )
+                    return True
+        return False
 
     def _submodule_trained(self, ctx: Context, model, targets) -> bool:
         """`model.encoder(x)` on the training path, its value differentiated, after the shard and
@@ -142,8 +191,6 @@ def _root_gathered(a, model, name: str, attr: cst.Attribute, scope, stmt) -> boo
 
 def _called_first(call: cst.Call, attr: cst.Attribute, stmt) -> bool:
     """The model call comes before the parameter read in the statement's evaluation (left to right)."""
-    from distify.syntax import all_nodes
-
     order = [n for n in all_nodes(stmt) if n is call or n is attr]
     return bool(order) and order[0] is call
 
