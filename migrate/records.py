@@ -56,7 +56,13 @@ DATA_PARALLEL = {
     "torch.nn.parallel.data_parallel.DataParallel",
 }
 DIST_SAMPLER = {"torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler"}
-MAKEDIRS = {"os.makedirs", "os.mkdir", "shutil.rmtree", "shutil.copy", "shutil.copyfile", "shutil.move"}
+# calls that create, move or delete files and directories: one process does it (DST304); on every
+# rank they race (`os.replace(tmp, path)` after a save rank 0 alone wrote: FileNotFoundError)
+MAKEDIRS = {
+    "os.makedirs", "os.mkdir", "shutil.rmtree", "shutil.copy", "shutil.copyfile", "shutil.move",
+    "shutil.copy2", "shutil.copytree", "os.remove", "os.unlink", "os.replace", "os.rename", "os.rmdir",
+    "os.removedirs", "os.symlink", "os.link",
+}
 SUMMARY_WRITER = {
     "torch.utils.tensorboard.SummaryWriter",
     "torch.utils.tensorboard.writer.SummaryWriter",
