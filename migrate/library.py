@@ -260,6 +260,15 @@ MEAN_LOSSES: FrozenSet[str] = frozenset(
     + [f"torch.nn.functional.{f}" for f in _LOSS_FUNCTIONS]
 )
 
+# calls that make a tensor to add up into (distify.sums): a name bound to one before a loop and
+# only added to in it (``correct = torch.zeros(())`` ... ``correct += (pred == y).sum()``) is a
+# counter, as one bound to ``0`` is. ZERO_TENSORS start from zeros whatever their arguments;
+# NUMBER_TENSORS hold the number literal they are handed first (``torch.tensor(0.0)``).
+ZERO_TENSORS: FrozenSet[str] = frozenset({"torch.zeros", "torch.zeros_like"})
+NUMBER_TENSORS: FrozenSet[str] = frozenset({"torch.tensor", "torch.as_tensor", "torch.scalar_tensor"})
+# methods that only move or convert a tensor (``torch.zeros(()).to(device)``): it holds the same number
+TENSOR_MOVES: FrozenSet[str] = frozenset({"to", "cuda", "cpu", "float", "double", "long", "int"})
+
 # loggers: calls of these modules, and the objects these factories return, write log records
 LOGGING_MODULES = ("logging.", "loguru.")
 LOGGER_FACTORIES: FrozenSet[str] = frozenset({"logging.getLogger", "logging.Logger", "logging.LoggerAdapter"})

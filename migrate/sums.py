@@ -11,19 +11,22 @@ A counter bound to a number literal before a loop and only added to inside it (`
   With every rank running as many batches as the others, the single process's sum of batch means
   at N times the batch is the mean over the ranks of their sums.
 
+A counter may also start from a tensor of zeros (``correct = torch.zeros(())``: the calls of
+``distify.library.ZERO_TENSORS`` and ``NUMBER_TENSORS``), for the training sums.
+
 Anything else is neither, and a rule that reduces metrics leaves it alone. The evaluation plans
 (``distify.rules.eval_plan``, DST203) and the training sums (DST206) ask these facts.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Collection, List, Optional, Set, Union
+from typing import TYPE_CHECKING, Collection, Dict, List, Optional, Set, Union
 
 import libcst as cst
 
-from distify.library import MEAN_LOSSES
+from distify.library import MEAN_LOSSES, NUMBER_TENSORS, TENSOR_MOVES, ZERO_TENSORS
 from distify.records import assigned_name
-from distify.syntax import all_nodes, dotted, header_names, names
+from distify.syntax import _number, all_nodes, arg, dotted, header_names, names
 from distify.values import Record
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -261,19 +264,61 @@ def count(e: cst.BaseExpression, local: Set[str]) -> bool:
     return False
 
 
-def initialised(a: "Anatomy", name: str, loop: cst.For, scope: Scope, what: str) -> Optional[str]:
-    """Why `name` is no counter of this loop alone (None when it is): it must start from a number
-    literal right before the loop, in the same block, and not keep adding up in another loop."""
-    at = a.order(loop)
-    init = a.reaching_binding(scope, name, loop)
-    if init is None or init.kind != "assign" or not init.literal:
-        return f"metric `{name}` does not start from a number literal right before the {what}"
-    outer = a.stmt_parent.get(init.stmt, ())
+def counter_start(a: "Anatomy", e: Optional[cst.BaseExpression]) -> bool:
+    """A value a sum starts from: a number literal, or a tensor the library makes of zeros or of
+    one number literal (``torch.zeros(())``, ``torch.tensor(0.0, device=device)``,
+    ``torch.zeros(1).to(device)``; ``distify.library.ZERO_TENSORS``, ``NUMBER_TENSORS``)."""
+    if e is None:
+        return False
+    if _number(e):
+        return True
+    while isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and e.func.attr.value in TENSOR_MOVES:
+        e = e.func.value
+    if not isinstance(e, cst.Call):
+        return False
+    q = a.qualname(e.func)
+    if q in ZERO_TENSORS:
+        return True
+    first = arg(e, 0, "data") if q in NUMBER_TENSORS else None
+    return first is not None and _number(first.value)
+
+
+def _bound_value(stmt: cst.CSTNode, name: str) -> Optional[cst.BaseExpression]:
+    """The value of a plain ``name = value`` (or ``name: T = value``) the statement is."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return None
+    small = stmt.body[0]
+    if isinstance(small, cst.Assign) and len(small.targets) == 1 and dotted(small.targets[0].target) == name:
+        return small.value
+    if isinstance(small, cst.AnnAssign) and dotted(small.target) == name:
+        return small.value
+    return None
+
+
+def _same_block(a: "Anatomy", init: cst.CSTNode, loop: cst.For, name: str, what: str) -> Optional[str]:
+    """Why `init` is not right before `loop` for a counter (None when it is): in the same block,
+    with no loop between that would keep adding up across its rounds."""
+    outer = a.stmt_parent.get(init, ())
     around = a.stmt_parent.get(loop, ())
     if around[: len(outer)] != outer:
         return f"metric `{name}` is set in another block than the {what}"
     if any(isinstance(p, (cst.For, cst.While)) for p in around[len(outer):]):
         return f"metric `{name}` is set outside a loop around the {what}, so it adds up across its rounds"
+    return None
+
+
+def initialised(a: "Anatomy", name: str, loop: cst.For, scope: Scope, what: str, tensors: bool = False) -> Optional[str]:
+    """Why `name` is no counter of this loop alone (None when it is): it must start from a number
+    literal (or, with `tensors`, a tensor of one: ``counter_start``) right before the loop, in the
+    same block, and not keep adding up in another loop."""
+    at = a.order(loop)
+    init = a.reaching_binding(scope, name, loop)
+    if init is None or init.kind != "assign" or not (
+            init.literal or (tensors and counter_start(a, _bound_value(init.stmt, name)))):
+        return f"metric `{name}` does not start from a number literal right before the {what}"
+    why = _same_block(a, init.stmt, loop, name, what)
+    if why is not None:
+        return why
     for b in a.bindings(scope).get(name, []):
         if a.order(b.stmt) <= at or loop in a.stmt_parent.get(b.stmt, ()):
             continue
@@ -316,24 +361,16 @@ def training_sums(a: "Anatomy", loop: cst.For, scope: Scope) -> List[LoopSum]:
     local = loop_locals(loop)
     found: dict = {}
     bad: Set[str] = set()
-    lines = {id(small): line for line in all_nodes(loop.body, skip_nested=True)
-             if isinstance(line, cst.SimpleStatementLine) for small in line.body}
+    lines = _lines(loop)
     for node in all_nodes(loop.body, skip_nested=True):
         if not isinstance(node, cst.AugAssign) or not isinstance(node.target, cst.Name):
             continue
         name = node.target.value
         if name in local:
             continue
-        kind = None
         if isinstance(node.operator, cst.AddAssign) and isinstance(node.value, (cst.Integer, cst.Float)):
             continue  # a count of batches (`steps += 1`): every rank runs as many
-        if isinstance(node.operator, cst.AddAssign):
-            if sample_sum(a, node.value, local) or bound_sample_sum(a, node.value, loop, local):
-                kind = "sample"
-            elif batch_mean(a, node.value, loop, scope):
-                kind = "batch"
-            else:
-                kind = _loss_kind(a, node.value, scope, lines.get(id(node)))
+        kind = _term_kind(a, node, loop, scope, local, lines)
         prior = found.get(name)
         if kind is None:
             bad.add(name)
@@ -346,12 +383,31 @@ def training_sums(a: "Anatomy", loop: cst.For, scope: Scope) -> List[LoopSum]:
             bad.add(n.value)
     out = []
     for s in found.values():
-        if s.name in bad or initialised(a, s.name, loop, scope, "training loop") is not None:
+        if s.name in bad or initialised(a, s.name, loop, scope, "training loop", tensors=True) is not None:
             continue
         read = first_read_after(a, s.name, loop, scope)
         if read is not None and not reduces(a, read):
             out.append(s)
     return out
+
+
+def _lines(loop: cst.For) -> Dict[int, cst.SimpleStatementLine]:
+    """The line of each small statement of the loop's body (by id)."""
+    return {id(small): line for line in all_nodes(loop.body, skip_nested=True)
+            if isinstance(line, cst.SimpleStatementLine) for small in line.body}
+
+
+def _term_kind(a: "Anatomy", node: cst.AugAssign, loop: cst.For, scope: Scope, local: Set[str],
+               lines: Dict[int, cst.SimpleStatementLine]) -> Optional[str]:
+    """What one ``+=`` of the loop adds: ``sample``, ``batch`` or ``UNKNOWN``; None for another
+    operator (the counter is then no sum)."""
+    if not isinstance(node.operator, cst.AddAssign):
+        return None
+    if sample_sum(a, node.value, local) or bound_sample_sum(a, node.value, loop, local):
+        return "sample"
+    if batch_mean(a, node.value, loop, scope):
+        return "batch"
+    return _loss_kind(a, node.value, scope, lines.get(id(node)))
 
 
 def _loss_kind(a: "Anatomy", e: cst.BaseExpression, scope: Scope, line: Optional[cst.CSTNode]) -> str:

@@ -15,9 +15,10 @@ class ReduceTrainSums(Rule):
 
     What it does:
         For a training loop over a loader DST201 shards (or DST901/DST910 share out), finds the counters started from a number
-        literal right before the loop, only added to inside it and read after it (an epoch's loss
-        or accuracy printed, logged, returned or saved), and inserts one reduction right after the
-        loop, by what each batch adds (``distify.sums``):
+        literal, or a tensor of one (``correct = torch.zeros(())``, ``torch.tensor(0.0)``), right
+        before the loop, only added to inside it and read after it (an epoch's loss or accuracy
+        printed, logged, returned or saved), and inserts one reduction right after the loop, by
+        what each batch adds (``distify.sums``):
 
         - a per-sample sum (``running_loss += loss.item() * x.size(0)``, ``correct +=
           (pred == y).sum().item()``, ``total += y.size(0)``) is summed over the ranks: divided by

@@ -196,3 +196,27 @@ def test_the_phase_loop_reports_the_whole_training_set(tmp_path, backend, reduce
         assert not close and all(
             abs(2 * g[0] - w[0]) <= 0.05 for g, w in zip(numbers(got)[::2], numbers(want)[::2])
         ), f"control: rank 0's own training sums are half the whole set's: {got} vs {want}"
+
+
+TENSORS = REPO_ROOT / "fixtures" / "DST206" / "tensor_counters.in.py"
+TENSOR_LINE = re.compile(r"^epoch \d+ loss \S+ accuracy \S+ batch-loss \S+$", re.M)
+
+
+@with_control("tensor_counters")
+def test_counters_kept_in_tensors_cover_every_rank(tmp_path, backend, reduced):
+    """fixtures/DST206/tensor_counters: the epoch's loss, hits and batch losses are added up in
+    tensors started as ``torch.zeros((), device=device)``, ``torch.zeros(1, ...)`` and
+    ``torch.tensor(0.0).to(device)``, read with ``.item()`` after the loop. 2 ranks at batch 8 must
+    print the single process's lines at batch 16. Before the fix DST206 took only counters started
+    from a number literal: the control's output, rank 0's half (an accuracy about half the real one)."""
+    want, script, text = _single_and_migrated(tmp_path, TENSORS, TENSOR_LINE, backend)
+    assert len(REDUCTIONS.findall(text)) == 2, "DST206 did not reduce the tensor counters"
+    if not reduced:
+        script.write_text(REDUCTIONS.sub("", text))
+    got = TENSOR_LINE.findall(launcher(backend)(script, ["--batch-size", "8"], nproc=2, cwd=tmp_path).stdout)
+    assert len(want) == 3, want
+    close = len(got) == 3 and all(
+        abs(a - b) <= 2e-6 for g, w in zip(_numbers(got), _numbers(want)) for a, b in zip(g, w)
+    )
+    assert close == reduced, f"2 ranks printed {got}, the single process {want} (reduced: {reduced})"
+

@@ -78,6 +78,15 @@ CASES = {
     # a total over every epoch: reducing it after each pass would count the earlier passes N times
     "across-epochs": ({"before": "total = 0.0", "init": "pass"}, None),
     "not-a-sum": ({"add": "total = max(total, loss.item())"}, None),
+    # a counter kept in a tensor (distify.library.ZERO_TENSORS, NUMBER_TENSORS) is one as a number is
+    "tensor-zeros": ({"init": "total = torch.zeros(())", "add": "total += loss.detach()"}, "reduce_mean"),
+    "tensor-number": ({"init": "total = torch.tensor(0.0)", "add": "total += loss.detach() * x.size(0)"}, "all_reduce_sum"),
+    "tensor-moved": ({"init": "total = torch.zeros(1).float()", "add": "total += y.size(0)"}, "all_reduce_sum"),
+    "tensor-as-module": ({"before": "import torch as T", "init": "total = T.zeros((), dtype=T.float64)"}, "reduce_mean"),
+    # controls: a tensor of ones or of a value read at run time, or one summed over every epoch
+    "tensor-ones": ({"init": "total = torch.ones(())", "add": "total += loss.detach()"}, None),
+    "tensor-of-a-value": ({"init": "total = torch.tensor(len(data))", "add": "total += y.size(0)"}, None),
+    "tensor-across-epochs": ({"before": "total = torch.zeros(())", "init": "pass"}, None),
 }
 
 
@@ -152,3 +161,4 @@ def test_an_unclassified_sum_read_after_the_loop_is_said_with_its_line(parts, wa
     if warned:
         read = next(i for i, line in enumerate(source.splitlines(), 1) if "print(epoch, total" in line)
         assert f"(line {read})" in found[0].message and "rank's" in found[0].message
+
