@@ -12,7 +12,9 @@ A counter bound to a number literal before a loop and only added to inside it (`
   at N times the batch is the mean over the ranks of their sums.
 
 A counter may also start from a tensor of zeros (``correct = torch.zeros(())``: the calls of
-``distify.library.ZERO_TENSORS`` and ``NUMBER_TENSORS``), for the training sums.
+``distify.library.ZERO_TENSORS`` and ``NUMBER_TENSORS``), for the training sums, and a dict
+literal of such starts may hold several (``stats = {"loss": 0.0, "correct": 0}`` ...
+``stats["correct"] += ...``: ``dict_sums``, entry by entry).
 
 Anything else is neither, and a rule that reduces metrics leaves it alone. The evaluation plans
 (``distify.rules.eval_plan``, DST203) and the training sums (DST206) ask these facts.
@@ -20,7 +22,7 @@ Anything else is neither, and a rule that reduces metrics leaves it alone. The e
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Collection, Dict, List, Optional, Set, Union
+from typing import TYPE_CHECKING, Collection, Dict, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
@@ -50,6 +52,11 @@ class LoopSum(Record):
 
     def __init__(self, name: str, node: cst.AugAssign, kind: str) -> None:
         self._set(name, node, kind)
+
+    @property
+    def holder(self) -> str:
+        """The variable that holds the sum (an ``EntrySum``'s is its dict)."""
+        return self.name
 
 
 def loop_locals(loop: cst.For) -> Set[str]:
@@ -458,6 +465,130 @@ def list_sums(a: "Anatomy", loop: cst.For, scope: Scope) -> List[LoopSum]:
         if read is not None and not reduces(a, read):
             out.append(s)
     return out
+
+
+class EntrySum(Record):
+    """A sum a loop adds up in an entry of a dict (``stats["correct"] += ...``): ``name`` is the
+    entry as the script writes it, ``holder`` the dict's name."""
+
+    __slots__ = ("name", "node", "kind", "holder", "__dict__")
+    name: str
+    node: cst.AugAssign
+    kind: str  # sample | batch | unknown
+    holder: str
+
+    def __init__(self, name: str, node: cst.AugAssign, kind: str, holder: str) -> None:
+        self._set(name, node, kind, holder)
+
+
+def _key(e: cst.BaseExpression) -> Optional[tuple]:
+    """The constant key of a subscript or dict element (a string or an integer literal)."""
+    if isinstance(e, cst.SimpleString):
+        return ("str", e.evaluated_value)
+    if isinstance(e, cst.Integer):
+        return ("int", int(e.value.replace("_", ""), 0))
+    return None
+
+
+def _entry_key(target: cst.Subscript) -> Optional[tuple]:
+    if len(target.slice) != 1 or not isinstance(target.slice[0].slice, cst.Index):
+        return None
+    return _key(target.slice[0].slice.value)
+
+
+def dict_sums(a: "Anatomy", loop: cst.For, scope: Scope) -> Tuple[List[EntrySum], List[Tuple[str, cst.CSTNode, str]]]:
+    """The entries of a dict of counters the loop adds up and its scope reads after it
+    (``stats = {"loss": 0.0, "correct": 0}`` right before the loop, ``stats["correct"] +=
+    (pred == y).sum().item()`` in it), each with its kind; and (dict, node, why) for each dict the
+    loop adds per-sample sums or batch means to, read after the loop, that is no such dict of
+    counters (it is also read, passed on or changed otherwise in the loop, does not start from a
+    dict literal of numbers right before it, or keeps adding up after it): its figures stay this
+    rank's, and a rule says so rather than reduce them."""
+    local = loop_locals(loop)
+    lines = _lines(loop)
+    found: Dict[str, Dict[tuple, EntrySum]] = {}
+    odd: Dict[str, str] = {}
+    targets: Set[int] = set()
+    for node in all_nodes(loop.body, skip_nested=True):
+        if not isinstance(node, cst.AugAssign) or not isinstance(node.target, cst.Subscript):
+            continue
+        holder = node.target.value
+        if not isinstance(holder, cst.Name) or holder.value in local:
+            continue
+        name = holder.value
+        targets.add(id(holder))
+        key = _entry_key(node.target)
+        entries = found.setdefault(name, {})
+        if key is None:
+            odd.setdefault(name, f"`{name}` is added to at a key distify cannot tell (line {a.position(node)[0]})")
+            continue
+        if isinstance(node.operator, cst.AddAssign) and isinstance(node.value, (cst.Integer, cst.Float)):
+            kind = "steps"  # a count of batches (`stats["steps"] += 1`): every rank runs as many
+        else:
+            kind = _term_kind(a, node, loop, scope, local, lines)
+        if kind is None:
+            odd.setdefault(name, f"`{name}` is changed by another operation than a sum (line {a.position(node)[0]})")
+            continue
+        prior = entries.get(key)
+        if prior is None:
+            entry = f"{name}[{cst.Module([]).code_for_node(node.target.slice[0].slice.value)}]"
+            entries[key] = EntrySum(entry, node, kind, name)
+        elif prior.kind != kind:
+            entries[key] = EntrySum(prior.name, prior.node, UNKNOWN, name)  # terms of different kinds
+    for entries in found.values():
+        for key in [k for k, e in entries.items() if e.kind == "steps"]:
+            del entries[key]  # alike on every rank: left as it is
+    for n, how in names(loop.body):
+        if n.value in found and id(n) not in targets:
+            odd.setdefault(n.value, f"`{n.value}` is also used otherwise in the loop (line {a.position(n)[0]})")
+    out: List[EntrySum] = []
+    warned: List[Tuple[str, cst.CSTNode, str]] = []
+    for name, entries in found.items():
+        if not entries:
+            continue  # only counts of batches
+        read = first_read_after(a, name, loop, scope)
+        if read is None or reduces(a, read):
+            continue
+        first = next(iter(entries.values())).node
+        why = odd.get(name) or _dict_counter(a, name, entries, loop, scope)
+        if why is not None:
+            warned.append((name, first, why))
+        else:
+            out.extend(entries.values())
+    return out, warned
+
+
+def _dict_counter(a: "Anatomy", name: str, entries: Dict[tuple, EntrySum], loop: cst.For, scope: Scope) -> Optional[str]:
+    """Why `name` is no dict of counters of this loop (None when it is): bound to a dict literal
+    of constant keys right before the loop, each entry the loop adds to started from a number (or a
+    tensor of one), and no entry of it added to after the loop before it is bound afresh."""
+    b = a.reaching_binding(scope, name, loop)
+    value = _bound_value(b.stmt, name) if b is not None and b.kind == "assign" else None
+    if not isinstance(value, cst.Dict):
+        return f"`{name}` does not start from a dict literal right before the loop"
+    starts: Dict[tuple, cst.BaseExpression] = {}
+    for el in value.elements:
+        key = _key(el.key) if isinstance(el, cst.DictElement) else None
+        if key is None:
+            return f"`{name}` starts from a dict distify cannot read key by key"
+        starts[key] = el.value
+    for key, entry in entries.items():
+        if not counter_start(a, starts.get(key)):
+            return f"`{entry.name}` does not start from a number in the dict right before the loop"
+    why = _same_block(a, b.stmt, loop, name, "loop over batches")
+    if why is not None:
+        return why
+    at = a.order(loop)
+    for stmt in a.facts.statements(scope):
+        if a.order(stmt) <= at or loop in a.stmt_parent.get(stmt, ()) or not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.Assign) and any(n.value == name and how == "store" for n, how in names(small)):
+                return None  # bound afresh: later sums start over
+            if (isinstance(small, cst.AugAssign) and isinstance(small.target, cst.Subscript)
+                    and dotted(small.target.value) == name and _entry_key(small.target) in entries):
+                return f"`{name}` keeps adding up after the loop (line {a.position(stmt)[0]})"
+    return None
 
 
 def _starts_empty(a: "Anatomy", name: str, loop: cst.For, scope: Scope) -> bool:

@@ -7,7 +7,7 @@ from typing import Set
 import libcst as cst
 
 from distify.rules.base import Context, Rule
-from distify.sums import UNKNOWN, fed_only_by, first_read_after, list_sums, sharded_key, training_sums
+from distify.sums import UNKNOWN, dict_sums, fed_only_by, first_read_after, list_sums, sharded_key, training_sums
 
 
 class ReduceTrainSums(Rule):
@@ -32,7 +32,12 @@ class ReduceTrainSums(Rule):
         A list the loop appends one such value per batch to (``losses.append(loss.item())``, read
         after the loop as ``sum(losses) / len(losses)`` and handed to a scheduler) is reduced entry
         by entry (``runtime.reduce_each``): entry i becomes the value of the big batch the ranks'
-        batches i make together. A counter also set, read or added to in another way inside the loop (a running loss printed
+        batches i make together. A dict of counters started right before the loop (``stats =
+        {"loss": 0.0, "correct": 0}``, ``stats["correct"] += (pred == y).sum().item()``) is reduced
+        entry by entry the same way, the summed entries in one call (``stats["loss"], stats["correct"]
+        = runtime.all_reduce_sum(stats["loss"], stats["correct"])``); one the loop also reads, hands
+        on or changes otherwise, or that keeps adding up after it, is left as it is with a warning
+        (its figures are the rank's own). A counter also set, read or added to in another way inside the loop (a running loss printed
         and reset every k batches) is left as it is. The same holds for a loop that does not train
         over a loader DST201 shards (the accuracy on the training set measured after training by
         ``check_accuracy(train_loader, model)``): its sums are this rank's shard too.
@@ -78,13 +83,21 @@ class ReduceTrainSums(Rule):
                     keyed = sharded_key(a, bl, sharded)  # `loaders[phase]`: the training key's pass only
                     if keyed is None:
                         continue  # a loader that stays whole reaches it too: its sums are whole already
-                sums = training_sums(a, bl.loop, bl.scope)
+                entries, odd = dict_sums(a, bl.loop, bl.scope)
+                sums = [*training_sums(a, bl.loop, bl.scope), *entries]
                 for s in [s for s in sums if s.kind == UNKNOWN]:
-                    read = first_read_after(a, s.name, bl.loop, bl.scope)
+                    read = first_read_after(a, s.holder, bl.loop, bl.scope)
                     ctx.warn(self.code, s.node, f"`{s.name}` adds up, over this rank's shard only, terms distify cannot "
                              "tell for per-sample sums or batch means: what the script reads after the loop (line "
                              f"{a.position(read)[0]}) is this rank's figure; reduce it after the loop with "
                              f"runtime.all_reduce_sum({s.name}) or runtime.reduce_mean({s.name})")
+                for holder, node, why in odd:
+                    read = first_read_after(a, holder, bl.loop, bl.scope)
+                    ctx.warn(self.code, node, f"`{holder}` adds up sums over this rank's shard only, and distify does "
+                             f"not reduce them: {why}. What the script reads from it after the loop (line "
+                             f"{a.position(read)[0]}) is this rank's figure; reduce its entries after the loop with "
+                             "runtime.all_reduce_sum or runtime.reduce_mean")
+                per_rank = {s.holder for s in sums if s.kind == UNKNOWN}  # a dict with one such entry stays per rank
                 sums = [s for s in sums if s.kind != UNKNOWN]
                 lists = list_sums(a, bl.loop, bl.scope)
                 if not sums and not lists:
@@ -104,7 +117,9 @@ class ReduceTrainSums(Rule):
                 if keyed is not None:
                     stmts = [f"if {keyed[0]} == \"{keyed[1]}\":"] + ["    " + s for s in stmts]
                 ctx.edits.insert_after(bl.loop, ctx.stmts("\n".join(stmts)))
-                ctx.plan.reduced.extend((bl.scope, n, bl.loop) for n in [*summed, *averaged, *each])
+                # the names alike on every rank after it: a dict of counters by its own name (`stats`)
+                reduced = {s.holder: None for s in [*sums, *lists] if s.holder not in per_rank}
+                ctx.plan.reduced.extend((bl.scope, n, bl.loop) for n in reduced)
                 if isinstance(bl.scope, cst.FunctionDef):
                     ctx.gains_collective(bl.scope)  # `print(train(...))` must now run on every rank
                 parts = [

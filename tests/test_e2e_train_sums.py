@@ -220,3 +220,24 @@ def test_counters_kept_in_tensors_cover_every_rank(tmp_path, backend, reduced):
     )
     assert close == reduced, f"2 ranks printed {got}, the single process {want} (reduced: {reduced})"
 
+
+ENTRIES = REPO_ROOT / "fixtures" / "DST206" / "dict_counters.in.py"
+ENTRY_LINE = re.compile(r"^epoch \d+ loss (\S+) accuracy (\S+) seen (\d+) steps (\d+)$", re.M)
+ENTRY_SUM = re.compile(r"^ *\w+\[\"\w+\"\](, \w+\[\"\w+\"\])* = runtime\.all_reduce_sum\(.*\)\n", re.M)
+
+
+@with_control("dict_counters")
+def test_a_dict_of_counters_covers_every_rank(tmp_path, backend, reduced):
+    """fixtures/DST206/dict_counters: the epoch's loss (a tensor entry), correct count and samples
+    seen are entries of one dict started each epoch, printed after the loop, with a count of steps
+    beside them. 2 ranks at batch 8 must print the single process's lines at batch 16: every one of
+    the 64 samples seen, 4 steps on each rank as in the single process. Control: without the one
+    reduction of the three entries rank 0 counts its 32."""
+    want, got = _two_ranks(tmp_path, ENTRIES, ENTRY_LINE, backend, ENTRY_SUM, reduced)
+    assert len(want) == 3 and all(w[2:] == ("64", "4") for w in want), want
+    assert len(got) == 3, got
+    if reduced:
+        assert all(g[2:] == w[2:] and abs(float(g[0]) - float(w[0])) <= 2e-6 and g[1] == w[1]
+                   for g, w in zip(got, want)), f"2 ranks printed {got}, the single process {want}"
+    else:
+        assert all(g[2:] == ("32", "4") for g in got), f"control: rank 0 alone counts its half: {got}"

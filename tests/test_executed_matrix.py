@@ -38,6 +38,7 @@ SHAPES = (
     "DST907/compile_after_optimizer",
     "DST206/epoch_loss", "DST206/accuracy_on_train_set", "DST206/loss_list_scheduler",
     "DST206/weighted_sampler_epoch", "DST206/loss_from_own_function", "DST206/tensor_counters",
+    "DST206/dict_counters",
     "DST302/console_writes",
     "DST104/early_return_forward",
     "DST131/sparse_autoencoder", "DST131/trainer_sum_criterion",

@@ -162,3 +162,73 @@ def test_an_unclassified_sum_read_after_the_loop_is_said_with_its_line(parts, wa
         read = next(i for i, line in enumerate(source.splitlines(), 1) if "print(epoch, total" in line)
         assert f"(line {read})" in found[0].message and "rank's" in found[0].message
 
+
+DICT_SCRIPT = '''\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def report(d):
+    print(d)
+
+
+data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+loader = DataLoader(data, batch_size=8)
+model = nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+criterion = nn.MSELoss()
+extra = {{"lr": 0.1}}
+{before}
+for epoch in range(2):
+    {init}
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        m["loss"] += loss.item() * x.size(0)
+        m["n"] += y.size(0)
+        {add}
+    {after}
+    print(epoch, m["loss"] / m["n"])
+'''
+DICT_BASE = dict(before="", init='m = {"loss": 0.0, "n": 0}', add="pass", after="pass")
+SUMMED = 'm["loss"], m["n"] = runtime.all_reduce_sum(m["loss"], m["n"])'
+
+
+@pytest.mark.parametrize(
+    "parts,expected,warned",
+    [
+        ({}, [SUMMED], False),
+        ({"init": "m = {'loss': torch.zeros(()), 'n': 0, 'steps': 0}", "add": 'm["steps"] += 1'},
+         [SUMMED], False),  # a tensor entry, and a count of batches every rank takes alike
+        ({"init": 'm = {"loss": 0.0, "n": 0, "batch": 0.0}', "add": 'm["batch"] += loss.item()'},
+         [SUMMED, 'm["batch"] = runtime.reduce_mean(m["batch"])'], False),  # a sum of batch means, averaged
+        ({"init": 'm = dict(loss=0.0, n=0)'}, [], True),  # not a dict literal distify reads key by key
+        ({"init": 'm = {"loss": 0.0, "n": 0, **extra}'}, [], True),
+        ({"init": 'm = {"loss": 0.0}'}, [], True),  # an entry it adds to starts from nothing it can see
+        ({"init": 'm = {"loss": 0.0, "n": len(data)}'}, [], True),  # nor from a number
+        ({"add": "report(m)"}, [], True),  # handed on inside the loop: it may be read or changed there
+        ({"add": 'm["loss"] = m["loss"] * 0.5'}, [], True),  # changed otherwise
+        ({"add": 'm[str(epoch)] += 1.0'}, [], True),  # at a key distify cannot tell (it may be "n")
+        # samples and batches counted in one entry: neither kind (said; the other entry is reduced)
+        ({"add": 'm["n"] += 1'}, ['m["loss"] = runtime.all_reduce_sum(m["loss"])'], True),
+        ({"after": 'm["n"] += len(data)'}, [], True),  # keeps adding up after the loop
+        ({"after": 'm["extra"] = 1'}, [SUMMED], False),  # another entry set after it
+        ({"after": "report(m)"}, [SUMMED], False),  # handed on whole after the loop: reduced before
+        ({"before": 'm = {"loss": 0.0, "n": 0}', "init": "pass"}, [], True),  # a total over every epoch
+    ],
+)
+def test_a_dict_of_counters_is_reduced_entry_by_entry(parts, expected, warned):
+    source = DICT_SCRIPT.format(**{**DICT_BASE, **parts})
+    result = migrate_source(source.encode(), Options(backend="ddp"))
+    out = result.output.decode()
+    assert [line.strip() for line in out.splitlines() if "runtime.all_reduce_sum(m" in line or "runtime.reduce_mean(m" in line] == expected, out
+    found = [f for f in result.findings if f.code == "DST206" and f.kind == "warning"]
+    assert bool(found) == warned, found
+    if warned:
+        lines = source.splitlines()
+        loop_end = next(i for i, line in enumerate(lines, 1) if 'm["n"] += y.size(0)' in line) + 1
+        read = next(i for i, line in enumerate(lines, 1) if i > loop_end and "m[" in line)
+        assert f"(line {read})" in found[0].message and "rank's" in found[0].message, found[0].message
