@@ -90,10 +90,9 @@ def runs_submodule(classes: Dict[str, cst.ClassDef], cls: Optional[cst.ClassDef]
     return cls is not None and class_method(classes, cls, name) is None and name in kept_attributes(classes, cls)
 
 
-def kept_attributes(classes: Dict[str, cst.ClassDef], cls: cst.ClassDef, depth: int = 0) -> Set[str]:
-    """The attributes the methods of `cls` (and its bases of this file) bind on their instance
-    (``self.encoder = nn.Sequential(...)``), whatever the value and the instance's name."""
-    out: Set[str] = set()
+def _instance_bindings(classes: Dict[str, cst.ClassDef], cls: cst.ClassDef, depth: int = 0):
+    """(attribute, value) for every ``<instance>.<attribute> = <value>`` (or annotated) in the methods
+    of `cls` and its bases of this file, whatever each method calls its instance."""
     for fn in cls.body.body:
         if not isinstance(fn, cst.FunctionDef) or not fn.params.params:
             continue
@@ -101,31 +100,25 @@ def kept_attributes(classes: Dict[str, cst.ClassDef], cls: cst.ClassDef, depth: 
         for node in all_nodes(fn.body):
             targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else (
                 [node.target] if isinstance(node, cst.AnnAssign) else [])
-            out |= {t.attr.value for t in targets if isinstance(t, cst.Attribute) and _is(t.value, me)}
+            for t in targets:
+                if isinstance(t, cst.Attribute) and _is(t.value, me):
+                    yield t.attr.value, node.value
     for base in cls.bases:
         base_cls = classes.get(dotted(base.value) or "")
         if base_cls is not None and depth < 8:
-            out |= kept_attributes(classes, base_cls, depth + 1)
-    return out
+            yield from _instance_bindings(classes, base_cls, depth + 1)
 
 
-def own_parameters(classes: Dict[str, cst.ClassDef], qualname, cls: cst.ClassDef, depth: int = 0) -> Set[str]:
+def kept_attributes(classes: Dict[str, cst.ClassDef], cls: cst.ClassDef) -> Set[str]:
+    """The attributes the methods of `cls` (and its bases of this file) bind on their instance
+    (``self.encoder = nn.Sequential(...)``), whatever the value and the instance's name."""
+    return {attr for attr, _value in _instance_bindings(classes, cls)}
+
+
+def own_parameters(classes: Dict[str, cst.ClassDef], qualname, cls: cst.ClassDef) -> Set[str]:
     """The attributes the methods of `cls` (and its bases of this file) bind to ``nn.Parameter(...)``."""
-    out: Set[str] = set()
-    for fn in cls.body.body:
-        if not isinstance(fn, cst.FunctionDef) or not fn.params.params:
-            continue
-        me = fn.params.params[0].name.value
-        for node in all_nodes(fn.body):
-            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and qualname(node.value.func) in PARAMETER:
-                for t in node.targets:
-                    if isinstance(t.target, cst.Attribute) and _is(t.target.value, me):
-                        out.add(t.target.attr.value)
-    for base in cls.bases:
-        base_cls = classes.get(dotted(base.value) or "")
-        if base_cls is not None and depth < 8:
-            out |= own_parameters(classes, qualname, base_cls, depth + 1)
-    return out
+    return {attr for attr, value in _instance_bindings(classes, cls)
+            if isinstance(value, cst.Call) and qualname(value.func) in PARAMETER}
 
 
 def _is(expr: cst.BaseExpression, name: str) -> bool:
