@@ -137,21 +137,25 @@ def broadcasts(a: "Anatomy", stmt: cst.CSTNode) -> bool:
 
 def schedulers_loaded(a: "Anatomy", loaded: cst.CSTNode) -> List[str]:
     """The LR schedulers of `loaded`'s scope (names bound to a ``torch.optim.lr_scheduler`` class)
-    whose state the statement loads (``scheduler.load_state_dict(checkpoint["scheduler"])``): a rank
-    that skipped the load would count its epochs from 0 and decay its learning rate elsewhere."""
+    whose state the statement loads (``scheduler.load_state_dict(checkpoint["scheduler"])``, also in
+    a function of the script it calls): a rank that skipped the load would count its epochs from 0
+    and decay its learning rate elsewhere."""
     from distify.library import SCHEDULER_MODULES
     from distify.records import assigned_name
+
+    from distify.model_state import changes_in
 
     scope = a.facts.stmt_scope.get(loaded)
     built = {assigned_name(c.stmt, c.call) for c in a.calls
              if c.scope is scope and c.qualname and c.qualname.rsplit(".", 1)[0] in SCHEDULER_MODULES} - {None}
+    if not built:
+        return []
     out: List[str] = []
-    for c in a.calls:
-        f = c.call.func
-        if (c.stmt is loaded or loaded in c.parents) and isinstance(f, cst.Attribute) and f.attr.value == "load_state_dict":
-            name = dotted(f.value)
-            if name in built and name not in out:
-                out.append(name)
+    # in the statement, or in a function of the script it hands the scheduler to
+    # (`load_checkpoint(path, model, optimizer, scheduler)`): distify.model_state follows both
+    for change in changes_in(a.facts, a.qualname, loaded, sorted(built)):
+        if change.kind == "load" and change.root in built and change.root not in out:
+            out.append(change.root)
     return out
 
 

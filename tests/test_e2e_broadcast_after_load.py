@@ -352,6 +352,8 @@ def test_a_scheduler_resumed_on_rank0_only_reaches_every_rank(tmp_path, backend)
 
     migrated = ranks(script, "migrated")
     assert migrated[0] and _same(migrated[1], migrated[0]), "the ranks trained with different learning rates"
+    if fsdp:
+        return
     control = tmp_path / "control.py"
     control.write_text(text.replace(SCHEDULER_BROADCAST, ""))
     found = ranks(control, "control")
@@ -417,3 +419,49 @@ def test_plain_sgd_resumed_on_rank0_only_takes_rank0s_learning_rate(tmp_path, ba
     control.write_text(text.replace(new, old))
     found = ranks(control, "control")
     assert not _same(found[1], found[0]), "control: rank 1's fresh learning rate still agreed with rank 0's"
+
+
+# The scheduler restored inside the script's own helper (fixtures/DST308/scheduler_loaded_in_function:
+# `load_checkpoint(path, model, optimizer, scheduler)` under `os.path.isfile`), the checkpoint visible
+# to rank 0 only: the scheduler's state is broadcast with the rest (distify.resume.schedulers_loaded
+# follows the helper), so both ranks decay at the same epochs and end identical. Control: without the
+# scheduler's broadcast (the old output) rank 1 decays two epochs later and the ranks part.
+# FSDP loads on every rank or on none, as rank 0 answers the host's test (each rank cuts its shards):
+# the ranks end identical; the control of that decision is test_rank_that_cannot_read_the_checkpoint_holds_it's.
+@pytest.mark.parametrize("backend", [executed("DST308/scheduler_loaded_in_function", b, b) for b in ("ddp", "horovod", "fsdp")])
+def test_a_scheduler_restored_in_a_helper_reaches_every_rank(tmp_path, backend):
+    import torch
+    import torch.nn as nn
+
+    script = tmp_path / "train.py"
+    migrate(REPO_ROOT / "fixtures" / "DST308" / "scheduler_loaded_in_function.in.py", script, backend=backend)
+    text = script.read_text()
+    fsdp = backend == "fsdp"
+    if fsdp:
+        assert "if runtime.broadcast_object(args.resume and os.path.isfile(args.resume)):" in text, text
+    else:
+        assert SCHEDULER_BROADCAST in text, "the scheduler's state is not broadcast after the helper's load"
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(8, 4)).sum().backward()
+    optimizer.step()
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+    scheduler.step()
+    scheduler.step()
+    ckpt = tmp_path / "ckpt.pt"
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "epoch": 0}, ckpt)
+
+    def ranks(path: Path, name: str) -> list:
+        return rank_parameters(path, ["--resume", ckpt, "--epochs", 3], tmp_path / name, backend, RANK0_ONLY_SPY,
+                               {"DISTIFY_E2E_RANK0_ONLY": str(ckpt)})[1]
+
+    migrated = ranks(script, "migrated")
+    assert migrated[0] and _same(migrated[1], migrated[0]), "the ranks trained with different learning rates"
+    if fsdp:
+        return
+    control = tmp_path / "control.py"
+    control.write_text(text.replace(SCHEDULER_BROADCAST, ""))
+    found = ranks(control, "control")
+    assert not _same(found[1], found[0]), "control: rank 1's fresh scheduler still agreed with rank 0's"
