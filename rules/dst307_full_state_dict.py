@@ -114,7 +114,7 @@ class FullStateDict(Rule):
             after, model = (model_names if kind == "model" else optim_names)[key]
             if after is not None and not a.is_before(after, site.stmt):
                 continue  # before sharding: the plain module
-            model_ref = recv if kind == "model" else _model_in_scope(model_names, site.scope, model)
+            model_ref = recv if kind == "model" else _model_in_scope(a, model_names, site.scope, model)
             if func.attr.value == "state_dict":
                 if site.call.args:
                     continue
@@ -287,11 +287,16 @@ class FullStateDict(Rule):
         )
 
 
-def _model_in_scope(model_names, scope, model) -> Optional[str]:
-    for (scope_id, name), (_, m) in model_names.items():
-        if scope_id == id(scope) and m is model:
-            return name
-    return None
+def _model_in_scope(a, model_names, scope, model) -> Optional[str]:
+    """The name `scope` holds `model` under: the function's own (a parameter it is handed, a name it
+    binds: ``load_checkpoint(path, net, opt)``'s `net`) before a global it also sees, which may be
+    another object where the function is called with another model."""
+    names = [name for (scope_id, name), (_, m) in model_names.items() if scope_id == id(scope) and m is model]
+    if isinstance(scope, cst.FunctionDef):
+        own = [n for n in names if n.split(".")[0] in a.facts.params(scope) or a.facts.local_to(scope, n.split(".")[0])]
+        if own:
+            return own[0]
+    return names[0] if names else None
 
 
 def _inside(node: cst.CSTNode, root: cst.CSTNode) -> bool:
