@@ -20,12 +20,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, FrozenSet, List, Optional, Sequence
 
-import builtins
-
 import libcst as cst
 
 from distify.gradients import block_of, calls_backward, reads_gradients
 from distify.library import COUNTING_RANGES
+from distify.names import qualname_or_builtin
 from distify.records import CallSite, Scope
 from distify.syntax import all_nodes, dotted
 from distify.values import Record
@@ -33,7 +32,6 @@ from distify.values import Record
 if TYPE_CHECKING:
     from distify.anatomy import Anatomy
 
-_BUILTINS = frozenset(dir(builtins))
 # builtins a loop's count may call without changing anything (`range(len(chunks))`)
 _PURE_COUNT_CALLS = frozenset({"builtins.len", "builtins.int", "builtins.min", "builtins.max", "builtins.round"})
 # operators that bind at least as tightly as the `- 1` written after the count
@@ -133,7 +131,7 @@ def _micro_step_loop(a: "Anatomy", loop: cst.For, scope: Scope, steps: Sequence[
     if reads_gradients(a, loop.body, scope) is not None:
         return record("it reads the gradients between its backward passes")
     it = loop.iter
-    if not isinstance(it, cst.Call) or _qualified(a, it.func) not in COUNTING_RANGES or not 1 <= len(it.args) <= 2 or any(x.keyword or x.star for x in it.args):
+    if not isinstance(it, cst.Call) or qualname_or_builtin(a, it.func) not in COUNTING_RANGES or not 1 <= len(it.args) <= 2 or any(x.keyword or x.star for x in it.args):
         return record("its last iteration cannot be told (it is not a loop over range(n) or range(a, b))")
     if not isinstance(loop.target, cst.Name):
         return record("its last iteration cannot be told (the loop variable is not a plain name)")
@@ -206,20 +204,10 @@ def _plain_count(a: "Anatomy", expr: cst.BaseExpression) -> bool:
             isinstance(e.slice, cst.Index) and isinstance(e.slice.value, (cst.SimpleString, cst.Integer)) for e in expr.slice
         )
     if isinstance(expr, cst.Call):
-        return _qualified(a, expr.func) in _PURE_COUNT_CALLS and all(
+        return qualname_or_builtin(a, expr.func) in _PURE_COUNT_CALLS and all(
             x.keyword is None and not x.star and _plain_count(a, x.value) for x in expr.args
         )
     return False
-
-
-def _qualified(a: "Anatomy", func: cst.BaseExpression) -> Optional[str]:
-    """The qualified name a call's function resolves to: through the imports, else a builtin the
-    module does not define itself (``builtins.range``)."""
-    q = a.qualname(func)
-    if q is None and isinstance(func, cst.Name) and func.value in _BUILTINS:
-        if func.value not in a.functions and func.value not in a.classes and func.value not in a.name_bindings:
-            q = f"builtins.{func.value}"
-    return q
 
 
 def _read_names(expr: cst.BaseExpression) -> FrozenSet[str]:

@@ -88,6 +88,16 @@ def qualified(aliases: Dict[str, str], expr: cst.BaseExpression, bound: Collecti
     return q
 
 
+def qualname_or_builtin(a, func: cst.BaseExpression) -> Optional[str]:
+    """What a call's function is in the analysed module `a` (``Anatomy``): its qualified name through
+    the imports, else a builtin the module does not define or bind itself (``builtins.range``)."""
+    q = a.qualname(func)
+    if q is None and isinstance(func, cst.Name) and func.value in _BUILTINS:
+        if func.value not in a.functions and func.value not in a.classes and func.value not in a.name_bindings:
+            q = f"builtins.{func.value}"
+    return q
+
+
 def row_of(aliases_q: Callable[[cst.BaseExpression], Optional[str]], expr: cst.BaseExpression) -> Optional[Known]:
     """The library row of `expr` through a module's resolver (``Anatomy.qualname``), a bare builtin
     name as ``builtins.<name>``."""

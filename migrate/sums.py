@@ -28,7 +28,7 @@ import libcst as cst
 
 from distify.library import MEAN_LOSSES, NUMBER_TENSORS, TENSOR_MOVES, ZERO_TENSORS
 from distify.records import assigned_name
-from distify.syntax import _number, all_nodes, arg, dotted, header_names, names
+from distify.syntax import _number, all_nodes, arg, dotted, header_names, names, sole_statement
 from distify.values import Record
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -292,9 +292,7 @@ def counter_start(a: "Anatomy", e: Optional[cst.BaseExpression]) -> bool:
 
 def _bound_value(stmt: cst.CSTNode, name: str) -> Optional[cst.BaseExpression]:
     """The value of a plain ``name = value`` (or ``name: T = value``) the statement is."""
-    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
-        return None
-    small = stmt.body[0]
+    small = sole_statement(stmt)
     if isinstance(small, cst.Assign) and len(small.targets) == 1 and dotted(small.targets[0].target) == name:
         return small.value
     if isinstance(small, cst.AnnAssign) and dotted(small.target) == name:

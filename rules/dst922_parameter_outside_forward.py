@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import libcst as cst
 
+from distify.names import qualname_or_builtin
 from distify.records import SAVE
 from distify.syntax import all_nodes, dotted, held_name, sole_statement
 from distify.forward_methods import runs_submodule, takes_gradients
 from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
 
 PARAMETER_ATTRS = frozenset({"weight", "bias"})
-_CONTAINERS = frozenset({"dict", "list", "tuple"})  # builtins that hold what they are handed
-
-
-def _container(a, func: cst.BaseExpression) -> bool:
-    """`func` is the builtin dict / list / tuple (not rebound by the script) or collections.OrderedDict."""
-    q = a.qualname(func)
-    if q == "collections.OrderedDict":
-        return True
-    return isinstance(func, cst.Name) and func.value in _CONTAINERS and q in (None, f"builtins.{func.value}")
+# calls that hold what they are handed (``dict(model.named_parameters())``)
+_CONTAINERS = frozenset({"builtins.dict", "builtins.list", "builtins.tuple", "collections.OrderedDict"})
 
 
 class ParameterOutsideForward(Rule):
@@ -111,7 +105,7 @@ class ParameterOutsideForward(Rule):
             # the tensors themselves, gathered into a container (not handed to a constructor: an optimizer)
             holds = isinstance(small, cst.Assign) and len(small.targets) == 1 and (
                 isinstance(small.value, (cst.DictComp, cst.ListComp, cst.SetComp, cst.GeneratorExp))
-                or (isinstance(small.value, cst.Call) and _container(a, small.value.func)
+                or (isinstance(small.value, cst.Call) and qualname_or_builtin(a, small.value.func) in _CONTAINERS
                     and any(n is attr for n in all_nodes(small.value))))
             bound = dotted(small.targets[0].target) if holds else None
             for c in saves:
@@ -141,12 +135,14 @@ class ParameterOutsideForward(Rule):
         called = {id(c.call.func): c for c in a.calls if isinstance(c.call.func, cst.Attribute)}
         for attr, scope, _cls, stmt in a.attr_uses:
             site = called.get(id(attr))
-            method = attr.attr.value
-            if site is None or not runs_submodule(a.classes, cls, method):
+            if site is None:
                 continue
             name = held_name(attr.value)
             how = targets.get((id(scope), name)) if name is not None else None
             if how is None or (how[0] is not None and not a.is_before(how[0], stmt)):
+                continue
+            method = attr.attr.value
+            if not runs_submodule(a.classes, cls, method):
                 continue
             if not takes_gradients(a, site) or _root_gathered(a, model, name, attr, scope, stmt):
                 continue
