@@ -352,8 +352,6 @@ def test_a_scheduler_resumed_on_rank0_only_reaches_every_rank(tmp_path, backend)
 
     migrated = ranks(script, "migrated")
     assert migrated[0] and _same(migrated[1], migrated[0]), "the ranks trained with different learning rates"
-    if fsdp:
-        return
     control = tmp_path / "control.py"
     control.write_text(text.replace(SCHEDULER_BROADCAST, ""))
     found = ranks(control, "control")
