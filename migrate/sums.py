@@ -324,6 +324,7 @@ def initialised(a: "Anatomy", name: str, loop: cst.For, scope: Scope, what: str,
     why = _same_block(a, init.stmt, loop, name, what)
     if why is not None:
         return why
+    around = a.stmt_parent.get(loop, ())
     for b in a.bindings(scope).get(name, []):
         if a.order(b.stmt) <= at or loop in a.stmt_parent.get(b.stmt, ()):
             continue

@@ -78,6 +78,8 @@ CASES = {
     # a total over every epoch: reducing it after each pass would count the earlier passes N times
     "across-epochs": ({"before": "total = 0.0", "init": "pass"}, None),
     "not-a-sum": ({"add": "total = max(total, loss.item())"}, None),
+    # a counter the loop's block adds to again in a later loop: a total of both (it crashed, NameError)
+    "adds-in-a-later-loop": ({"add": "total += loss.item()\n    for _ in range(2):\n        total += 1.0"}, None),
     # a counter kept in a tensor (distify.library.ZERO_TENSORS, NUMBER_TENSORS) is one as a number is
     "tensor-zeros": ({"init": "total = torch.zeros(())", "add": "total += loss.detach()"}, "reduce_mean"),
     "tensor-number": ({"init": "total = torch.tensor(0.0)", "add": "total += loss.detach() * x.size(0)"}, "all_reduce_sum"),
