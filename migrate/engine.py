@@ -11,7 +11,7 @@ import io
 import os
 import stat
 from pathlib import Path
-from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from distify.findings import Finding
 from distify.options import DDP_BACKEND, FSDP_BACKEND, Options
@@ -19,6 +19,10 @@ from distify.values import Value
 
 # libcst, the anatomy and the rules are imported where a file is parsed (``_migrate``): a run whose
 # files all come from the cache (``distify.cache``) never loads them.
+if TYPE_CHECKING:
+    import libcst as cst
+
+    from distify.rules.base import Context
 
 
 class Mode(enum.Enum):

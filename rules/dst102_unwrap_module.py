@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import libcst as cst
 
 from distify.facts import SELF_RETURNING
