@@ -433,3 +433,33 @@ NO_GRAD = frozenset({
     "torch.autograd.grad_mode.no_grad",
     "torch.autograd.grad_mode.inference_mode",
 })
+
+
+class FilePath(Value):
+    """Where a library call that writes or reads one file takes the file: its position and keyword."""
+
+    __slots__ = ("name", "writes", "position", "keyword")
+    name: str
+    writes: bool  # True: it writes the file; False: it reads it
+    position: int
+    keyword: str
+
+    def __init__(self, name: str, writes: bool, position: int, keyword: str) -> None:
+        self._set(name, writes, position, keyword)
+
+
+def _paths(writes: bool, position: int, keyword: str, names: Iterable[str]) -> Dict[str, FilePath]:
+    return {n: FilePath(n, writes, position, keyword) for n in names}
+
+
+# Calls that write or read one file named by an argument: a file rank 0 alone writes and every rank
+# then reads needs a barrier between the two (DST306). The builtin open() is read from its mode.
+FILE_PATHS: Dict[str, FilePath] = {
+    **_paths(True, 1, "f", ("torch.save",)),
+    **_paths(True, 0, "file", ("numpy.save", "numpy.savez", "numpy.savez_compressed")),
+    **_paths(True, 0, "fname", ("numpy.savetxt",)),
+    **_paths(False, 0, "f", ("torch.load",)),
+    **_paths(False, 0, "file", ("numpy.load",)),
+    **_paths(False, 0, "fname", ("numpy.loadtxt", "numpy.genfromtxt")),
+    **_paths(False, 0, "filepath_or_buffer", ("pandas.read_csv", "pandas.read_pickle", "pandas.read_table")),
+}

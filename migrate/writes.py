@@ -11,11 +11,12 @@ taken for the library's write whatever the method is spelled.
 
 from __future__ import annotations
 
-from typing import Collection, FrozenSet, Optional
+from typing import Collection, FrozenSet, Optional, Tuple
 
 import libcst as cst
 
-from distify.library import FILE_METHODS, SAVE_METHODS, names_of
+from distify.library import FILE_METHODS, FILE_PATHS, SAVE_METHODS, names_of
+from distify.names import qualname_or_builtin
 from distify.records import SAVE
 from distify.syntax import arg
 
@@ -79,3 +80,27 @@ def terminal_print(site) -> bool:
     q = site.qualname
     return (q is None and isinstance(site.call.func, cst.Name) and site.call.func.value == "print") or q in PRINT_LIKE
 
+
+
+def file_path_use(a, site) -> Optional[Tuple[bool, cst.Arg]]:
+    """(whether it writes, the argument naming the file) of a call `site` (a CallSite; `a` its
+    Anatomy) that writes or reads one file: a library call (``library.FILE_PATHS``, by qualified
+    name) or the builtin ``open`` with a literal mode (none: it reads). None for any other call, and
+    for an ``open`` whose mode is computed."""
+    call = site.call
+    q = qualname_or_builtin(a, call.func)
+    row = FILE_PATHS.get(q) if q is not None else None
+    if row is not None:
+        where = arg(call, row.position, row.keyword)
+        return None if where is None or where.star else (row.writes, where)
+    if q != "builtins.open":
+        return None
+    where, mode = arg(call, 0, "file"), arg(call, 1, "mode")
+    if where is None or where.star:
+        return None
+    if mode is None:
+        return False, where
+    m = mode.value.evaluated_value if isinstance(mode.value, cst.SimpleString) else None
+    if not isinstance(m, str):
+        return None
+    return bool(set(m) & set("wax")), where

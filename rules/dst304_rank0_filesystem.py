@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from distify.records import MAKEDIRS, LOAD
+from distify.records import MAKEDIRS
 import libcst as cst
 
 from distify.syntax import arg, dotted, all_nodes
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, call_statement
 from distify.rank import follows_barrier
 from distify.walk import walk
-from distify.writes import per_rank_file
+from distify.writes import file_path_use, per_rank_file
 
 FILE_WRITES = {
     "numpy.save", "numpy.savetxt", "numpy.savez", "numpy.savez_compressed",
@@ -132,8 +132,8 @@ class Rank0Filesystem(Rule):
                 continue
             if all(_inside_any(ctx, node, devnulled) for node in mentioned):
                 continue
-            if any(c.stmt is stmt and c.qualname in LOAD for c in a.calls):
-                continue  # torch.load of what rank 0 saved: DST306 waits for the file itself
+            if any(c.stmt is stmt and (file_path_use(a, c) or (True,))[0] is False for c in a.calls):
+                continue  # a read of a file (torch.load, np.load, open): DST306 waits for what rank 0 wrote
             chain = (*a.stmt_parent.get(stmt, ()), stmt)
             k = 0
             while k < min(len(chain), len(made_chain)) and chain[k] is made_chain[k]:

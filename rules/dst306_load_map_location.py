@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from distify.records import LOAD, SAVE, assigned_name
+from distify.writes import file_path_use
 from distify.syntax import arg, all_nodes
 from distify.edits import Put
 from distify.rank import follows_barrier
@@ -95,19 +96,25 @@ class LoadMapLocation(Rule):
 
     def _barriers(self, ctx: Context, private: list) -> None:
         a = ctx.anatomy
-        saves = [s for s in a.calls_to(SAVE) if _path(ctx, s.call, 1) is not None and _rank0_only(ctx, s.stmt)]
-        placed = set()
-        for load in a.calls_to(LOAD):
-            if load in private:
+        writes, reads = [], []
+        for site in a.calls:
+            use = file_path_use(a, site)
+            key = _path(ctx, use[1]) if use is not None else None
+            if key is None:
                 continue
-            key = _path(ctx, load.call, 0)
-            if key is None or ctx.in_rank_guard(load.stmt):
+            if not use[0]:
+                reads.append((site, key, use[1]))
+            elif _rank0_write(ctx, site, use[1]):
+                writes.append((site, key))
+        placed = set()
+        for load, key, where in reads:
+            if load in private or ctx.in_rank_guard(load.stmt):
                 continue
             chain = (*a.stmt_parent.get(load.stmt, ()), load.stmt)
             if any(s in ctx.edits.guards for s in chain):
                 continue  # the load itself runs on rank 0 only: nothing to wait for
-            for save in saves:
-                if save.scope is not load.scope or _path(ctx, save.call, 1) != key:
+            for save, saved in writes:
+                if save.scope is not load.scope or saved != key:
                     continue
                 save_chain = (*a.stmt_parent.get(save.stmt, ()), save.stmt)
                 k = 0
@@ -124,12 +131,13 @@ class LoadMapLocation(Rule):
                     continue
                 placed.add(anchor)
                 call = f"{ctx.hvd}.barrier()" if ctx.backend == HOROVOD_BACKEND else f"{ctx.dist}.barrier()"
-                ctx.edits.insert_before(anchor, ctx.stmts(f"{call}  # every rank waits for rank 0's torch.save"))
+                writer, reader = ctx.code(save.call.func), ctx.code(load.call.func)
+                ctx.edits.insert_before(anchor, ctx.stmts(f"{call}  # every rank waits for rank 0's {writer}"))
                 line = a.position(save.call)[0]
                 ctx.report(
                     self.code,
                     load.call,
-                    f"{call} before torch.load: rank 0 saves {ctx.code(arg(load.call, 0, 'f').value)}"
+                    f"{call} before {reader}: rank 0 writes {ctx.code(_unwrapped(a, where.value))}"
                     + (f" (line {line})" if line else "")
                     + " and every rank reads it",
                 )
@@ -199,12 +207,10 @@ def _mentions_any(a, names) -> bool:
     return bool(found)
 
 
-def _path(ctx: Context, call: cst.Call, pos: int):
-    """The file a torch.save/torch.load names, as a comparable key (None when it is a buffer etc.)."""
-    a = arg(call, pos, "f")
-    if a is None or a.star:
-        return None
-    v = a.value
+def _path(ctx: Context, where: cst.Arg):
+    """The file an argument names, as a comparable key (None when it is a buffer etc.); distify's own
+    ``path if main else os.devnull`` names `path`."""
+    v = _unwrapped(ctx.anatomy, where.value)
     if isinstance(v, cst.SimpleString):
         return ("str", v.evaluated_value)
     if isinstance(v, (cst.Name, cst.Attribute, cst.FormattedString, cst.ConcatenatedString, cst.BinaryOperation, cst.Call)):
@@ -212,8 +218,22 @@ def _path(ctx: Context, call: cst.Call, pos: int):
     return None
 
 
-def _rank0_only(ctx: Context, stmt: cst.CSTNode) -> bool:
-    return stmt in ctx.edits.guards or ctx.in_rank_guard(stmt)
+def _unwrapped(a, v: cst.BaseExpression) -> cst.BaseExpression:
+    if isinstance(v, cst.IfExp) and _devnull(a, v.orelse):
+        return v.body
+    return v
+
+
+def _devnull(a, expr: cst.BaseExpression) -> bool:
+    return isinstance(expr, cst.Attribute) and a.qualname(expr) == "os.devnull"
+
+
+def _rank0_write(ctx: Context, site, where: cst.Arg) -> bool:
+    """The write `site` runs on rank 0 alone: under a guard (DST301, DST304), or an open() whose
+    path the other ranks see as os.devnull (DST304's edit, or an earlier run's)."""
+    if site.stmt in ctx.edits.guards or ctx.in_rank_guard(site.stmt):
+        return True
+    return where.value in ctx.edits.replacements or where.value is not _unwrapped(ctx.anatomy, where.value)
 
 
 RULE = LoadMapLocation()
