@@ -58,6 +58,10 @@ class Known(Value):
         self._set(name, kind, shard, items, title, launch, endless, modules, argument)
 
 
+# exports of a module: a TorchScript / ONNX / torch.export program holds its own copy of the weights
+EXPORTS: FrozenSet[str] = frozenset({"torch.jit.trace", "torch.jit.script", "torch.onnx.export", "torch.export.export"})
+
+
 def _rows(kind: str, names: Iterable[str], **kw) -> Dict[str, Known]:
     return {n: Known(n, kind, **kw) for n in names}
 
@@ -138,6 +142,8 @@ TABLE: Dict[str, Known] = {
                      "timm.utils.model_ema.ModelEma", "timm.utils.model_ema.ModelEmaV2",
                      "timm.utils.model_ema.ModelEmaV3")),
     **_rows("copy", ("torch.optim.swa_utils.update_bn",), argument=1),
+    # exports: a TorchScript / ONNX / exported program holds its own copy of the module's weights
+    **_rows("copy", EXPORTS),
     **_rows("stream", ("torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset")),
     # calls whose value differs between the processes of one run: a rank, a flag made from one, this
     # process's device or id (distify.rank_flow follows them through the script's names)
@@ -462,4 +468,24 @@ FILE_PATHS: Dict[str, FilePath] = {
     **_paths(False, 0, "file", ("numpy.load",)),
     **_paths(False, 0, "fname", ("numpy.loadtxt", "numpy.genfromtxt")),
     **_paths(False, 0, "filepath_or_buffer", ("pandas.read_csv", "pandas.read_pickle", "pandas.read_table")),
+    **_paths(True, 1, "f", ("torch.jit.save", "torch.export.save")),
+    **_paths(True, 2, "f", ("torch.onnx.export",)),
+    **_paths(False, 0, "f", ("torch.jit.load", "torch.export.load")),
 }
+
+
+# Calls that write a result file on every rank that runs them (DST304 gives them to rank 0; torch.save
+# is DST301's): arrays, JSON and pickles, figures, images and sounds, tables, exported models.
+FILE_WRITES: FrozenSet[str] = frozenset({
+    "numpy.save", "numpy.savetxt", "numpy.savez", "numpy.savez_compressed",
+    "json.dump", "pickle.dump", "yaml.dump", "yaml.safe_dump", "matplotlib.pyplot.savefig",
+    # images and other result files (the VAE, DCGAN and WGAN examples write samples every epoch)
+    "torchvision.utils.save_image", "imageio.imwrite", "imageio.v2.imwrite", "imageio.v3.imwrite",
+    "cv2.imwrite", "scipy.io.savemat", "torchaudio.save", "soundfile.write", "pandas.DataFrame.to_csv",
+    # exported models: TorchScript, ONNX, torch.export programs
+    "torch.jit.save", "torch.onnx.export", "torch.export.save",
+})
+# What builds a TorchScript module, whose own .save(path) writes a file
+SCRIPTED_MODULES: FrozenSet[str] = frozenset({
+    "torch.jit.trace", "torch.jit.script", "torch.jit.load", "torch.jit.freeze", "torch.jit.optimize_for_inference",
+})

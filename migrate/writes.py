@@ -15,7 +15,8 @@ from typing import Collection, FrozenSet, Optional, Tuple
 
 import libcst as cst
 
-from distify.library import FILE_METHODS, FILE_PATHS, SAVE_METHODS, names_of
+from distify.constructed import made_by
+from distify.library import FILE_METHODS, FILE_PATHS, SAVE_METHODS, SCRIPTED_MODULES, names_of
 from distify.names import qualname_or_builtin
 from distify.records import SAVE
 from distify.syntax import arg
@@ -93,6 +94,9 @@ def file_path_use(a, site) -> Optional[Tuple[bool, cst.Arg]]:
     if row is not None:
         where = arg(call, row.position, row.keyword)
         return None if where is None or where.star else (row.writes, where)
+    if scripted_save(a, site):
+        where = arg(call, 0, "f")
+        return None if where is None or where.star else (True, where)
     if q != "builtins.open":
         return None
     where, mode = arg(call, 0, "file"), arg(call, 1, "mode")
@@ -104,3 +108,11 @@ def file_path_use(a, site) -> Optional[Tuple[bool, cst.Arg]]:
     if not isinstance(m, str):
         return None
     return bool(set(m) & set("wax")), where
+
+
+def scripted_save(a, site) -> bool:
+    """The call `site` is ``m.save(path)`` on a TorchScript module (``m = torch.jit.trace(...)``,
+    ``torch.jit.script``, ``torch.jit.load``: ``library.SCRIPTED_MODULES``), which writes the file."""
+    f = site.call.func
+    return (site.qualname is None and isinstance(f, cst.Attribute) and f.attr.value == "save"
+            and made_by(a.facts, site.scope, f.value, SCRIPTED_MODULES) is not None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from distify.library import FILE_WRITES
 from distify.records import MAKEDIRS
 import libcst as cst
 
@@ -9,15 +10,8 @@ from distify.syntax import arg, dotted, all_nodes
 from distify.rules.base import HOROVOD_BACKEND, Context, Rule, call_statement
 from distify.rank import follows_barrier
 from distify.walk import walk
-from distify.writes import file_path_use, per_rank_file
+from distify.writes import file_path_use, per_rank_file, scripted_save
 
-FILE_WRITES = {
-    "numpy.save", "numpy.savetxt", "numpy.savez", "numpy.savez_compressed",
-    "json.dump", "pickle.dump", "yaml.dump", "yaml.safe_dump", "matplotlib.pyplot.savefig",
-    # images and other result files (the VAE, DCGAN and WGAN examples write samples every epoch)
-    "torchvision.utils.save_image", "imageio.imwrite", "imageio.v2.imwrite", "imageio.v3.imwrite",
-    "cv2.imwrite", "scipy.io.savemat", "torchaudio.save", "soundfile.write", "pandas.DataFrame.to_csv",
-}
 
 
 class Rank0Filesystem(Rule):
@@ -64,7 +58,8 @@ class Rank0Filesystem(Rule):
             is_fs = is_fs or site.qualname in FILE_WRITES or (
                 site.qualname is None
                 and isinstance(site.call.func, cst.Attribute)
-                and site.call.func.attr.value in ("to_csv", "to_json", "to_parquet", "savefig", "write_text", "write_bytes")
+                and (site.call.func.attr.value in ("to_csv", "to_json", "to_parquet", "savefig", "write_text", "write_bytes")
+                     or scripted_save(a, site))
             )
             if not is_fs or not call_statement(site.stmt, site.call) or ctx.in_rank_guard(site.stmt):
                 continue

@@ -8,6 +8,7 @@ import libcst as cst
 
 from distify.syntax import dotted, all_nodes, held_name
 from distify.rules.base import FSDP_BACKEND, Context, Rule, reaching_scopes
+from distify.library import EXPORTS
 from distify.meaning import copies_argument
 from distify.pickled import handed, pickled, pickled_elsewhere, saved_whole
 
@@ -75,18 +76,19 @@ class CopyOfShardedModel(Rule):
                     what = _copy_of(ctx, site, i)
                     if what is None:
                         continue
-                    why = (
-                        "pickles the whole module, whose parameters are this rank's shards: the file would "
-                        "hold one rank's part of the weights" if site.qualname == "torch.save" else
-                        "FSDP cannot deep-copy a sharded module (the script would crash here)"
-                    )
-                    ctx.block(
-                        self.code,
-                        site.call,
-                        f"{what} of the sharded model {held_name(x.value)}: {why}; file not migrated. Keep the copy "
-                        "from get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)) or "
-                        "shard it by hand",
-                    )
+                    if site.qualname in EXPORTS:
+                        why = ("an export traces this rank's DTensor shards (the script would fail here, or export "
+                               "one rank's part of the weights)")
+                        fix = ("Export an unsharded copy on rank 0, loaded from get_model_state_dict(model, "
+                               "options=StateDictOptions(full_state_dict=True))")
+                    else:
+                        why = ("pickles the whole module, whose parameters are this rank's shards: the file would "
+                               "hold one rank's part of the weights" if site.qualname == "torch.save" else
+                               "FSDP cannot deep-copy a sharded module (the script would crash here)")
+                        fix = ("Keep the copy from get_model_state_dict(model, options=StateDictOptions("
+                               "full_state_dict=True)) or shard it by hand")
+                    ctx.block(self.code, site.call, f"{what} of the sharded model {held_name(x.value)}: {why}; "
+                              f"file not migrated. {fix}")
                     return
 
 
