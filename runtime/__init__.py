@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
+import itertools
 import os
 import random
 import sys
@@ -777,31 +778,55 @@ def _replicas_and_rank(num_replicas: Optional[int], index: Optional[int]) -> tup
     return replicas, me
 
 
-@contextlib.contextmanager
-def _seeded(seed: int, generator: Any) -> Iterator[None]:
-    """Run a draw from a known state and put every random state back afterwards: the sampler's own
-    torch generator if it has one, else torch's default CPU generator, and Python's and NumPy's global
-    ones (a sampler written in the script may draw from either). CUDA generators are not touched."""
-    np = sys.modules.get("numpy")
-    saved_py = random.getstate()
-    saved_np = np.random.get_state() if np is not None else None
-    own = isinstance(generator, torch.Generator)
-    saved_gen = generator.get_state() if own else None
-    with torch.random.fork_rng(devices=[]):
-        torch.default_generator.manual_seed(seed)
-        random.seed(seed)
-        if np is not None:
-            np.random.seed(seed % 2**32)
-        if own:
-            generator.manual_seed(seed)
-        try:
-            yield
-        finally:
-            random.setstate(saved_py)
+_DRAW_CHUNK = 4096  # elements per rank a ShareSampler draws at a time
+
+
+class _DrawState:
+    """The random state one pass of a sampler draws in, kept apart from the script's: entering puts
+    the pass's state in (seeded from `seed` the first time), leaving keeps it for the next entry and
+    puts the script's back. Covered: the sampler's own torch generator if it has one, else torch's
+    default CPU generator, and Python's and NumPy's global ones (a sampler written in the script may
+    draw from either). CUDA generators are not touched. A pass can so be drawn a chunk at a time,
+    with the script's own draws between chunks, and still be the one sequence a single draw makes."""
+
+    def __init__(self, seed: int, generator: Any) -> None:
+        self.seed = seed
+        self.generator = generator if isinstance(generator, torch.Generator) else None
+        self.kept: Optional[tuple] = None
+        self.saved: Optional[tuple] = None
+
+    def _states(self) -> tuple:
+        np = sys.modules.get("numpy")
+        return (torch.get_rng_state(), random.getstate(), np.random.get_state() if np is not None else None,
+                self.generator.get_state() if self.generator is not None else None)
+
+    def _put(self, states: tuple) -> None:
+        torch_state, py_state, np_state, own_state = states
+        torch.set_rng_state(torch_state)
+        random.setstate(py_state)
+        np = sys.modules.get("numpy")
+        if np is not None and np_state is not None:
+            np.random.set_state(np_state)
+        if own_state is not None:
+            self.generator.set_state(own_state)
+
+    def __enter__(self) -> "_DrawState":
+        self.saved = self._states()
+        np = sys.modules.get("numpy")
+        if self.kept is None or (np is not None and self.kept[2] is None):
+            torch.default_generator.manual_seed(self.seed)
+            random.seed(self.seed)
             if np is not None:
-                np.random.set_state(saved_np)
-            if own:
-                generator.set_state(saved_gen)
+                np.random.seed(self.seed % 2**32)
+            if self.generator is not None:
+                self.generator.manual_seed(self.seed)
+        if self.kept is not None:
+            self._put(self.kept)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.kept = self._states()
+        self._put(self.saved)
 
 
 class ShareSampler(torch.utils.data.Sampler):
@@ -841,29 +866,40 @@ class ShareSampler(torch.utils.data.Sampler):
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
 
-    def sequence(self) -> List[Any]:
-        """The wrapped sampler's whole sequence for this pass, the same on every rank (counts a pass)."""
+    def _pass_seed(self) -> int:
+        """The seed of this pass, the same on every rank (counts a pass)."""
         epoch = self._passes if self.epoch is None else self.epoch
         self._passes += 1
         if self.seed is None:
-            seed = broadcast_object(int(torch.randint(0, 2**62, (), dtype=torch.int64)))
-        else:
-            seed = self.seed + epoch
-        with _seeded(seed, getattr(self.sampler, "generator", None)):
-            return list(self.sampler)
-
-    def _share(self, drawn: List[Any]) -> List[Any]:
-        replicas, me = _replicas_and_rank(self.num_replicas, self.rank)
-        if self.drop_last:
-            total = len(drawn) - len(drawn) % replicas
-        else:
-            total = -(-len(drawn) // replicas) * replicas
-            while drawn and len(drawn) < total:
-                drawn = drawn + drawn[: total - len(drawn)]
-        return drawn[me:total:replicas]
+            return broadcast_object(int(torch.randint(0, 2**62, (), dtype=torch.int64)))
+        return self.seed + epoch
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self._share(self.sequence()))
+        """Of every N consecutive elements the sampler draws, the rank's own, drawn a chunk at a time
+        (a sampler of 10**10 draws with replacement is never held whole); the last group of fewer than
+        N is padded with the pass's first elements, or left out with ``drop_last``."""
+        replicas, me = _replicas_and_rank(self.num_replicas, self.rank)
+        state = _DrawState(self._pass_seed(), getattr(self.sampler, "generator", None))
+        drawn: Optional[Iterator[Any]] = None
+        first: List[Any] = []
+        group: List[Any] = []
+        while True:
+            with state:
+                if drawn is None:
+                    drawn = iter(self.sampler)
+                chunk = list(itertools.islice(drawn, _DRAW_CHUNK * replicas))
+            for item in chunk:
+                if len(first) < replicas:
+                    first.append(item)
+                group.append(item)
+                if len(group) == replicas:
+                    yield group[me]
+                    group = []
+            if len(chunk) < _DRAW_CHUNK * replicas:
+                break
+        if group and not self.drop_last:
+            padded = group + list(itertools.islice(itertools.cycle(first), replicas - len(group)))
+            yield padded[me]
 
     def __len__(self) -> int:
         replicas, _ = _replicas_and_rank(self.num_replicas, self.rank)

@@ -54,14 +54,33 @@ if _SHARE_DIR:
         except ImportError:
             _share = None
         if _share is not None:
-            real_sequence = _share.ShareSampler.sequence
+            real_share = _share.ShareSampler.__iter__
 
-            def sequence(self):
-                drawn = real_sequence(self)
-                sequences.append([int(i) for i in drawn])
-                return drawn
+            class _Recording:
+                """The wrapped sampler, recording the whole pass it draws."""
 
-            _share.ShareSampler.sequence = sequence
+                def __init__(self, inner, drawn):
+                    self.inner, self.drawn = inner, drawn
+                    self.generator = getattr(inner, "generator", None)
+
+                def __iter__(self):
+                    for i in self.inner:
+                        self.drawn.append(int(i))
+                        yield i
+
+                def __len__(self):
+                    return len(self.inner)
+
+            def share(self):
+                inner = self.sampler
+                sequences.append([])
+                self.sampler = _Recording(inner, sequences[-1])
+                try:
+                    yield from real_share(self)
+                finally:
+                    self.sampler = inner
+
+            _share.ShareSampler.__iter__ = share
 
         def dump():
             rank = os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or "single"

@@ -114,6 +114,56 @@ def test_the_samplers_own_generator_is_its_seed_and_is_put_back():
     assert got == original[1::2], "the first pass deals out what the original drew"
 
 
+def test_a_sampler_of_endless_draws_is_dealt_out_without_holding_it():
+    """minGPT's RandomSampler(replacement=True, num_samples=int(1e10)): the share is drawn a chunk
+    at a time (the old ShareSampler built list(sampler) first: MemoryError, even in one process)."""
+    import itertools
+
+    from torch.utils.data import RandomSampler
+
+    make = lambda: RandomSampler(range(50), replacement=True, num_samples=int(1e10))  # noqa: E731
+    heads = [list(itertools.islice(iter(ShareSampler(make(), 2, r, seed=SEED)), 5000)) for r in range(2)]
+    torch.manual_seed(SEED)
+    single = list(itertools.islice(iter(make()), 10000))
+    assert heads[0] == single[0::2] and heads[1] == single[1::2]
+    assert len(ShareSampler(make(), 2, 0, seed=SEED)) == 5 * 10**9
+
+
+@pytest.mark.parametrize("kept_apart", [True, False])
+def test_a_pass_drawn_in_chunks_is_the_one_draw_whatever_the_script_draws_between(monkeypatch, kept_apart):
+    """Chunks of 3 per rank, the script drawing from torch's and Python's generators between every
+    element: the shares are still the single draw's. Control: a draw state that does not put the
+    script's streams back (nor keep its own) makes the chunks after the first draw from the script's."""
+    import distify.runtime as rt
+
+    monkeypatch.setattr(rt, "_DRAW_CHUNK", 3)
+    if not kept_apart:
+        monkeypatch.setattr(rt._DrawState, "__exit__", lambda self, *exc: None)
+        monkeypatch.setattr(rt._DrawState, "_put", lambda self, states: None)
+
+    class EachDraw(torch.utils.data.Sampler):
+        """A script's own sampler that draws each index when asked, from the global streams."""
+
+        def __iter__(self):
+            for i in range(40):
+                yield int(torch.randint(0, 1000, ())) if i % 2 else random.randrange(1000)
+
+        def __len__(self):
+            return 40
+
+    shares = []
+    for rank in range(2):
+        out = []
+        for index in ShareSampler(EachDraw(), 2, rank, seed=SEED):
+            out.append(index)
+            torch.rand(3), random.random()  # the script's own draws (augmentation, dropout)
+        shares.append(out)
+    torch.manual_seed(SEED)
+    random.seed(SEED)
+    single = list(EachDraw())
+    assert (shares[0] == single[0::2] and shares[1] == single[1::2]) == kept_apart
+
+
 class Numbers(IterableDataset):
     def __init__(self, n, split_workers=False):
         self.n, self.split_workers = n, split_workers
