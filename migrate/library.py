@@ -489,3 +489,13 @@ FILE_WRITES: FrozenSet[str] = frozenset({
 SCRIPTED_MODULES: FrozenSet[str] = frozenset({
     "torch.jit.trace", "torch.jit.script", "torch.jit.load", "torch.jit.freeze", "torch.jit.optimize_for_inference",
 })
+
+# modules whose parameters are made by their first forward (a dry run before the optimizer); a
+# wrapper built before it holds uninitialised parameters (DDP and fully_shard refuse them)
+LAZY_MODULES: FrozenSet[str] = frozenset(
+    f"torch.nn.{n}" for n in (
+        "LazyLinear", "LazyConv1d", "LazyConv2d", "LazyConv3d", "LazyConvTranspose1d", "LazyConvTranspose2d",
+        "LazyConvTranspose3d", "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d", "LazyInstanceNorm1d",
+        "LazyInstanceNorm2d", "LazyInstanceNorm3d",
+    )
+)

@@ -303,17 +303,43 @@ def final_place(facts: Facts, qualname, root: str, assign_stmt, place, opt_stmt)
     if facts.instance_attr(facts.stmt_scope.get(opt_stmt), root) is not None and facts.stmt_scope.get(opt_stmt) is not scope:
         return None  # an attribute of the instance whose optimizer is built in another method: no order between them
     late = None
+    lazy = holds_lazy_modules(facts, qualname, assign_stmt)
     for s in facts.statements(scope):
         if facts.order(s) <= facts.order(place) or facts.order(s) >= facts.order(opt_stmt):
             continue
         if isinstance(s, (cst.SimpleStatementLine, cst.For)) and _own_changes(facts, qualname, s, root):
             late = s
+        elif lazy and isinstance(s, cst.SimpleStatementLine) and _calls_model(s, root):
+            late = s  # the dry run that makes the lazy modules' parameters
     level = facts.stmt_parent.get(assign_stmt, ())
     if facts.stmt_parent.get(opt_stmt, ()) == level:
         for s in before_training(facts, opt_stmt):
             if any(c.kind in REBUILDS for c in changes_in(facts, qualname, s, [root])):
                 late = s
     return late
+
+
+def holds_lazy_modules(facts: Facts, qualname, stmt: cst.CSTNode, depth: int = 0) -> bool:
+    """The model `stmt` builds holds a lazy module (``library.LAZY_MODULES``, by qualified name:
+    ``nn.LazyLinear``), built in the statement itself or in the ``__init__`` of a class of this
+    module it constructs (and of the module's classes that one builds, a few levels down)."""
+    from distify.constructed import init_of
+    from distify.library import LAZY_MODULES
+
+    for n in all_nodes(stmt):
+        if not isinstance(n, cst.Call):
+            continue
+        if qualname(n.func) in LAZY_MODULES:
+            return True
+        init = init_of(facts, n) if depth < 3 else None
+        if init is not None and holds_lazy_modules(facts, qualname, init.body, depth + 1):
+            return True
+    return False
+
+
+def _calls_model(stmt: cst.CSTNode, root: str) -> bool:
+    """`stmt` calls the model named `root` itself (``model(dummy)``: its forward)."""
+    return any(isinstance(n, cst.Call) and dotted(n.func) == root for n in all_nodes(stmt))
 
 
 def _own_changes(facts, qualname, stmt, root) -> List[Change]:

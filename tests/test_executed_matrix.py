@@ -47,7 +47,7 @@ SHAPES = (
     "DST308/rank0_load_plain_sgd", "DST102/fit_method_on_model", "DST102/submodules_in_training",
     "DST307/unwrap_alias_save", "DST102/named_parameters_save", "DST304/atomic_save_rotation",
     "DST308/scheduler_loaded_in_function", "DST306/numpy_feature_cache",
-    "DST304/torchscript_export",
+    "DST304/torchscript_export", "DST101/lazy_modules_dry_run",
 )
 
 # (case, backend) with a golden that no end-to-end test runs, and why
