@@ -56,7 +56,8 @@ class TrainingElsewhere(Rule):
             # a data or evaluation script, unless it hands a training function of the project to
             # code that runs it (hogwild's `mp.Process(target=train, args=(...))`), builds what trains by
             # name, or is a module of helpers that only builds loaders
-            self._started_elsewhere(ctx) or self._by_name(ctx, a) or self._builds_loaders(ctx, a)
+            self._started_elsewhere(ctx) or self._trains_across(ctx, a) or self._by_name(ctx, a) \
+                or self._builds_loaders(ctx, a)
             return
         loaders, built = _training_objects(a)
         # the call handed a loader first (`simclr.train(train_loader)`), else one handed an optimizer
@@ -67,16 +68,7 @@ class TrainingElsewhere(Rule):
 
                 there = reached(a, ctx.plan.script_path, ctx.options, site)
                 if there.target is not None and program_of(a).trains(there.target):
-                    t = there.target
-                    ctx.report(
-                        self.code,
-                        site.call,
-                        f"not migrated: training runs in {callee}() ({t.qualname} at {t.where}), another module of "
-                        "this project, and distify does not migrate a training loop across files yet: launched on "
-                        "N processes, every rank would train on all the data; move the loop into this file, or "
-                        "distribute that module by hand",
-                        kind="warning",
-                    )
+                    _across_files(self.code, ctx, site, there.target)
                     return
                 if there.outside is not None:
                     ctx.report(
@@ -135,6 +127,24 @@ class TrainingElsewhere(Rule):
                     return True
         return False
 
+    def _trains_across(self, ctx: Context, a: Anatomy) -> bool:
+        """No loader, optimizer or backward in the file, but a call of it runs a function or method of
+        another module of the project that trains (``trainer = Trainer(model, dataset)`` then
+        ``trainer.fit(epochs)``, the class building its own loader and optimizer): said as a warning,
+        as when the file hands its loader over; the file is left as it is."""
+        from distify.program import program_of, reached  # here: most files never ask
+
+        prog = None
+        for site in a.calls:
+            there = reached(a, ctx.plan.script_path, ctx.options, site)
+            if there.target is None:
+                continue
+            prog = prog or program_of(a)
+            if prog.trains(there.target):
+                _across_files(self.code, ctx, site, there.target)
+                return True
+        return False
+
     def _builds_loaders(self, ctx: Context, a: Anatomy) -> None:
         """A module of helpers (nothing of it runs when the file runs: every loader is built in a
         function, no call at module level runs one of its own) whose functions build DataLoaders
@@ -171,6 +181,19 @@ class TrainingElsewhere(Rule):
             )
             return True
         return False
+
+
+def _across_files(code: str, ctx: Context, site: CallSite, t) -> None:
+    callee = dotted(site.call.func) or "a function"
+    ctx.report(
+        code,
+        site.call,
+        f"not migrated: training runs in {callee}() ({t.qualname} at {t.where}), another module of "
+        "this project, and distify does not migrate a training loop across files yet: launched on "
+        "N processes, every rank would train on all the data; move the loop into this file, or "
+        "distribute that module by hand",
+        kind="warning",
+    )
 
 
 def _method_run(a: Anatomy, site: CallSite, ctx: Context):

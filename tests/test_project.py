@@ -579,3 +579,60 @@ def test_a_factory_that_shards_only_when_told_is_told_where_it_alone_builds_the_
     assert any(call in line for line in added), r.stdout
     assert f"{sampler}.set_epoch(epoch)" in added, r.stdout
     assert "data_loader.py" not in r.stdout  # the factory is not rewritten
+
+
+TRAINER_CLASS = {
+    "train.py": """\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import TensorDataset
+
+        from trainer import Trainer
+
+
+        def main():
+            data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+            trainer = Trainer(nn.Linear(4, 1), data)
+            trainer.fit(2)
+
+
+        if __name__ == "__main__":
+            main()
+        """,
+    "trainer.py": """\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader
+
+
+        class Trainer:
+            def __init__(self, model, dataset, lr=0.1):
+                self.model = model
+                self.loader = DataLoader(dataset, batch_size=8, shuffle=True)
+                self.optimizer = torch.optim.SGD(self.model.parameters(), lr=lr)
+
+            def fit(self, epochs):
+                for epoch in range(epochs):
+                    for x, y in self.loader:
+                        self.optimizer.zero_grad()
+                        nn.functional.mse_loss(self.model(x), y).backward()
+                        self.optimizer.step()
+        """,
+}
+
+
+def test_a_script_whose_training_runs_in_a_project_class_is_refused_not_silent(tmp_path):
+    """The script builds neither loader nor optimizer: a Trainer of another module builds both in
+    __init__ and trains in fit(). It used to be left unchanged in silence (exit 0, "no training
+    loop" only under -v); now it is refused, naming the method that trains and its line, and nothing
+    is written. Control: with a fit() that does not train, the script stays quiet."""
+    write(tmp_path, TRAINER_CLASS)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*.py")}
+    r = _run(tmp_path, "train.py")
+    assert r.returncode == 3, r.stderr
+    assert "train.py:11:5: DST961 not migrated: training runs in trainer.fit() (trainer.Trainer.fit at trainer.py:12)" in r.stderr
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*.py")} == before
+    (tmp_path / "trainer.py").write_text("class Trainer:\n    def __init__(self, model, dataset):\n        pass\n\n"
+                                         "    def fit(self, epochs):\n        return epochs\n")
+    quiet = _run(tmp_path, "train.py")
+    assert quiet.returncode == 0 and "DST961" not in quiet.stderr, quiet.stderr
