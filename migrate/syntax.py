@@ -121,7 +121,56 @@ def all_nodes(node: cst.CSTNode, skip_nested: bool = False) -> Iterator[cst.CSTN
 
 @by_node
 def _all_nodes(node: cst.CSTNode, skip_nested: bool) -> Tuple[cst.CSTNode, ...]:
-    return tuple(preorder(node, (lambda n: type(n) in NESTED and n is not node) if skip_nested else None))
+    flat, start, end = _span(node)
+    if not skip_nested:
+        return flat[start:end]
+    out: List[cst.CSTNode] = [node]
+    i = start + 1
+    while i < end:  # `node`'s preorder, jumping over what lies below a nested scope
+        n = flat[i]
+        out.append(n)
+        if type(n) in NESTED:  # by its subtree's size: a node shared by two trees may be indexed in the other
+            _, a, b = _SPANS[n]
+            i += b - a
+        else:
+            i += 1
+    return tuple(out)
+
+
+# The preorder of a subtree is a slice of the preorder of any tree above it: one read of a function
+# answers ``all_nodes`` for every statement and expression in it, which the facts then ask one by
+# one. node -> (the preorder it lies in, its first index, the index after its subtree); the entries
+# hold their nodes (an id is never reused while indexed), and the index is dropped whole when large.
+_SPANS: dict = {}
+_SPANS_MAX = 1 << 16
+
+
+def _span(node: cst.CSTNode) -> Tuple[Tuple[cst.CSTNode, ...], int, int]:
+    hit = _SPANS.get(node)
+    if hit is not None:
+        return hit
+    order: List[cst.CSTNode] = []
+    starts: List[int] = []
+    done: List[Tuple[cst.CSTNode, int, int]] = []
+    stack: List[Optional[cst.CSTNode]] = [node]
+    while stack:  # preorder (as distify.walk.preorder), with each node's end, without recursion
+        n = stack.pop()
+        if n is None:  # the end of the subtree last opened
+            opened = starts.pop()
+            done.append((order[opened], opened, len(order)))
+            continue
+        starts.append(len(order))
+        order.append(n)
+        stack.append(None)
+        below = children(n)
+        below.reverse()
+        stack += below
+    flat = tuple(order)
+    if len(_SPANS) + len(done) > _SPANS_MAX:
+        _SPANS.clear()
+    for n, i, j in done:
+        _SPANS[n] = (flat, i, j)
+    return _SPANS[node]
 
 
 NESTED = frozenset({cst.FunctionDef, cst.Lambda, cst.ClassDef})  # the nodes that open a scope
