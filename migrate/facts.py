@@ -219,18 +219,18 @@ class Facts:
         key = id(node)
         if key not in self._trains:
             self._trains[key] = False  # a nested function calling itself
-            scope = node if isinstance(node, cst.FunctionDef) else self.stmt_scope.get(node)
+            scope = node if type(node) is cst.FunctionDef else self.stmt_scope.get(node)
             found = False
-            for n in all_nodes(node.body if isinstance(node, cst.FunctionDef) else node):
+            for n in all_nodes(node.body if type(node) is cst.FunctionDef else node):
                 if training_call(n):
                     found = True
                     break
-                if isinstance(n, cst.Call) and scope is not None:
+                if type(n) is cst.Call and scope is not None:
                     fn = self.callee(n, scope)
                     if fn is not None and (fn in self.trainers or (fn not in self.methods and self.trains(fn))):
                         found = True
                         break
-                    if fn is None and isinstance(n.func, cst.Name) and self.value_call_trains(n, scope):
+                    if fn is None and type(n.func) is cst.Name and self.value_call_trains(n, scope):
                         found = True
                         break
             self._trains[key] = found
@@ -348,9 +348,9 @@ class Facts:
         if d is None:
             return None
         here = scope
-        while isinstance(here, cst.FunctionDef) and "." not in d:  # a function nested in this one
+        while type(here) is cst.FunctionDef and "." not in d:  # a function nested in this one
             for s in here.body.body:
-                if isinstance(s, cst.FunctionDef) and s.name.value == d:
+                if type(s) is cst.FunctionDef and s.name.value == d:
                     return s
             here = self.stmt_scope.get(here)
         if self.functions.named(d) is not None:
@@ -383,7 +383,7 @@ class Facts:
         parameter, whatever it is spelled, unless the method rebinds it), or a function nested in
         one that does not bind the name itself. None for a plain function or the module, whose
         `self`, if one is spelled so, is no instance."""
-        if not isinstance(scope, cst.FunctionDef):
+        if type(scope) is not cst.FunctionDef:
             return None
         return self.memo(("instance", id(scope)), lambda: instance_of(scope, self.methods, self.stmt_scope))
 
@@ -488,7 +488,7 @@ class Facts:
             return True
         if name not in self.bindings(fn):
             return False
-        declared = (n for n in all_nodes(fn.body, skip_nested=True) if isinstance(n, (cst.Global, cst.Nonlocal)))
+        declared = (n for n in all_nodes(fn.body, skip_nested=True) if type(n) is cst.Global or type(n) is cst.Nonlocal)
         return not any(item.name.value == name for d in declared for item in d.names)
 
     def reaching_binding(self, scope: Scope, name: str, stmt: cst.CSTNode) -> Optional[Binding]:
@@ -645,7 +645,7 @@ def training_call(n: cst.CSTNode) -> bool:
     "scaler") once decided whether a step trained, so renaming an optimizer could change what
     distify did. A function that steps only a scheduler now counts as training too, the cautious
     side (every fixture migrates the same either way)."""
-    return isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute) and n.func.attr.value in ("backward", "step")
+    return type(n) is cst.Call and type(n.func) is cst.Attribute and n.func.attr.value in ("backward", "step")
 
 
 def optimizer_keeps_tensors(qualname: Optional[str], call: cst.Call) -> Optional[bool]:

@@ -152,13 +152,13 @@ def _flow(facts, scope: Scope, named: Mapping[str, Labels], held: Mapping[str, L
 
     for stmt in facts.statements(scope):
         at = facts.order(stmt)
-        if isinstance(stmt, cst.SimpleStatementLine):
+        if type(stmt) is cst.SimpleStatementLine:
             for small in stmt.body:
-                if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+                if type(small) is cst.Expr and type(small.value) is cst.Call:
                     _added(n, h, small.value, at, container, bind)
                 elif isinstance(small, cst.AugAssign) and isinstance(small.operator, cst.AddAssign):
                     bind(h, small.target, _held(n, h, small.value, at, container), at)  # nets += [gen]
-                if not isinstance(small, cst.Assign):
+                if type(small) is not cst.Assign:
                     continue
                 for t in small.targets:
                     if isinstance(t.target, cst.Subscript):  # nets["gen"] = gen
@@ -167,7 +167,7 @@ def _flow(facts, scope: Scope, named: Mapping[str, Labels], held: Mapping[str, L
                     for target, value in _pairs(t.target, small.value):
                         bind(n, target, _roots(n, value, at, h, container), at)
                         bind(h, target, _held(n, h, value, at, container), at)
-        elif isinstance(stmt, cst.For):
+        elif type(stmt) is cst.For:
             target, it = stmt.target, stmt.iter
             if isinstance(it, cst.Call) and dotted(it.func) == "enumerate" and it.args and isinstance(target, cst.Tuple):
                 # for i, net in enumerate(nets)

@@ -81,9 +81,9 @@ def changes_in(
         return sorted(refs.roots_of(expr, upto))
 
     for n in all_nodes(stmt, skip_nested=True):
-        if isinstance(n, cst.Call):
+        if type(n) is cst.Call:
             func = n.func
-            if isinstance(func, cst.Attribute):
+            if type(func) is cst.Attribute:
                 attr = func.attr.value
                 kind = LOAD if attr in LOAD_METHODS else INIT if attr in INIT_METHODS else FREEZE if attr in FREEZE_METHODS else None
                 if kind is not None:
@@ -96,7 +96,7 @@ def changes_in(
                     out += [Change(MOVE, root, n) for root in sorted(labels)]
             if depth < 3 and scope is not None:
                 out += _through_call(facts, qualname, n, scope, refs, upto, depth)
-        elif isinstance(n, cst.Assign):
+        elif type(n) is cst.Assign:
             # model = torch.compile(model): the name now holds the compiled module (a compiled copy
             # under another name changes nothing the wrapper holds)
             out += [
@@ -107,12 +107,12 @@ def changes_in(
             ]
             for t in n.targets:
                 target = t.target
-                if isinstance(target, cst.Attribute) and target.attr.value == "requires_grad":
+                if type(target) is cst.Attribute and target.attr.value == "requires_grad":
                     out += [Change(FREEZE, r, n) for r in of(target.value)]
-                elif isinstance(target, cst.Attribute) and isinstance(n.value, cst.Call):
+                elif type(target) is cst.Attribute and type(n.value) is cst.Call:
                     # model.fc = nn.Linear(...): a submodule (or parameter) the model did not have
                     out += [Change(SURGERY, r, n) for r in of(target.value)]
-        elif isinstance(n, cst.For):
+        elif type(n) is cst.For:
             over = [r for x in all_nodes(n.iter) if _iterates_parameters(x) for r in of(x.func.value)]
             if over:
                 # for p in model.parameters(): p.requires_grad = False

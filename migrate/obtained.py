@@ -82,7 +82,7 @@ def obtained(facts, qualname, classes, optimizers: List[Optimizer], opt: Optimiz
 def _hands_back(facts, fn: cst.FunctionDef, opt: Optimizer) -> bool:
     """Every return of `fn` hands back `opt`: ``return <its call>`` or ``return name`` of the one
     name bound to it."""
-    returns = [n for n in all_nodes(fn.body, skip_nested=True) if isinstance(n, cst.Return)]
+    returns = [n for n in all_nodes(fn.body, skip_nested=True) if type(n) is cst.Return]
     if not returns:
         return False
     if opt.target is not None and (

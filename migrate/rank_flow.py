@@ -109,7 +109,7 @@ def rank_flow(facts: "Facts") -> Tuple[FrozenSet[str], FrozenSet[int]]:
         if name:
             pending.append((name, a.value, scope))
     functions = [fn for fn in facts.all_functions() if facts.callers(fn)]
-    returns = {fn: [r.value for r in all_nodes(fn.body) if isinstance(r, cst.Return) and r.value is not None]
+    returns = {fn: [r.value for r in all_nodes(fn.body) if type(r) is cst.Return and r.value is not None]
                for fn in functions}
     changed = True
     while changed:

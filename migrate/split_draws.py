@@ -55,7 +55,7 @@ def _values(a: "Anatomy", scope, stmt: cst.CSTNode, expr: cst.BaseExpression, de
     if depth >= _DEPTH:
         return
     for n in all_nodes(expr):
-        if isinstance(n, cst.Call):
+        if type(n) is cst.Call:
             fn = a.facts.callee(n, scope)
             if fn is not None:
                 for line in a.facts.statements(fn):

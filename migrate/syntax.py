@@ -235,10 +235,12 @@ def names(node: cst.CSTNode, how: str = "load") -> Iterator[Tuple[cst.Name, str]
 
 
 _NO_NAMES = frozenset({cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal})  # bind, but not as variables here
-# the classes tested by identity above (tests/test_walk.py: none has a subclass)
+# the classes tested by identity above and in the facts' loops over all_nodes (facts, model_state,
+# model_refs, rank_flow, split_draws, obtained, dataflow; tests/test_walk.py: none has a subclass)
 EXACT = (cst.Name, cst.Attribute, cst.Subscript, cst.Tuple, cst.List, cst.StarredElement, cst.Assign, cst.AugAssign,
          cst.AnnAssign, cst.For, cst.CompFor, cst.WithItem, cst.NamedExpr, cst.Del, cst.Arg, cst.Param, cst.FunctionDef,
-         cst.ClassDef, cst.Lambda, cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal)
+         cst.ClassDef, cst.Lambda, cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal, cst.Call, cst.Return, cst.Expr,
+         cst.SimpleStatementLine)
 
 
 def header_names(stmt: cst.CSTNode) -> List[Tuple[cst.Name, str]]:

@@ -642,8 +642,11 @@ def test_the_node_classes_tested_by_identity_have_no_subclasses():
     def every_subclass(cls):
         return [s for c in cls.__subclasses__() for s in [c, *every_subclass(c)]]
 
+    from distify.dataflow import _STATEMENT_LEVEL
+
     assert {cst.FunctionDef, cst.Lambda, cst.ClassDef} == NESTED <= set(EXACT)
     assert {c.__name__: every_subclass(c) for c in EXACT if every_subclass(c)} == {}
+    assert {c.__name__: every_subclass(c) for c in _STATEMENT_LEVEL if every_subclass(c)} == {}
 
 
 def test_any_node_of_a_statement_is_located_without_rendering_the_module():
