@@ -13,7 +13,7 @@ import io
 import os
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence, Tuple
 
 from distify.findings import Finding
 from distify.options import DDP_BACKEND, FSDP_BACKEND, Options
@@ -494,9 +494,12 @@ def iter_python_files(paths: Sequence[str], exclude: Sequence[str] = ()) -> Iter
             yield p, "no such file or directory"
 
 
-def process_file(path: str, mode: Mode, options: Options, cache=None, parse: bool = True) -> Optional[FileResult]:
+def process_file(path: str, mode: Mode, options: Options, cache=None, parse: bool = True,
+                 defer: bool = False) -> Optional[FileResult]:
     """Migrate one file. With a ``distify.cache.Cache``, a file already found clean is not parsed,
-    and one found clean now is stored; with ``parse=False`` a cache miss returns None."""
+    and one found clean now is stored; with ``parse=False`` a cache miss returns None. With `defer`
+    (a module another file of the run imports: ``distify.project.reaching``) a rewrite is not
+    written here but left pending for ``distify.project.write_all``."""
     try:
         real = os.path.realpath(path)  # rewrite a symlink's target, keep the link
         st = os.stat(real)
@@ -539,7 +542,7 @@ def process_file(path: str, mode: Mode, options: Options, cache=None, parse: boo
             path, Status.REFUSED if result.refused else Status.UNCHANGED, result.findings, message=result.note, source=source, output=source,
             encoding=result.encoding, others=others,
         )
-    if mode is Mode.WRITE and not others:
+    if mode is Mode.WRITE and not others and not defer:
         try:
             write_atomic(real, result.output, expect=st)
         except InputError as e:
@@ -547,7 +550,7 @@ def process_file(path: str, mode: Mode, options: Options, cache=None, parse: boo
         except OSError as e:
             return FileResult(path, Status.ERROR, result.findings, message=f"cannot write: {e.strerror or e}", source=source)
     return FileResult(path, Status.CHANGED, result.findings, source=source, output=result.output, encoding=result.encoding,
-                      others=others, pending=mode is Mode.WRITE and bool(others))
+                      others=others, pending=mode is Mode.WRITE and (bool(others) or defer))
 
 
 def _other_file(other, encoding: str, pending: bool = False) -> FileResult:

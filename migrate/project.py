@@ -21,7 +21,7 @@ import fnmatch
 import os
 import re
 from collections import deque
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Collection, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from distify.values import Record, Value
 
@@ -306,18 +306,38 @@ def _inside(path: str, root: str) -> bool:
         return False
 
 
-def with_others(results: Sequence) -> list:
+def reaching(paths: Sequence[str], options) -> Dict[str, List[str]]:
+    """The files of a run (`paths`) that another file of the same run reaches through its imports:
+    real path -> the paths that reach it. Such a module is migrated with the script that imports it
+    (its own run is neither written nor reported in its place: ``with_others``, ``settle_reached``)."""
+    real = {os.path.realpath(p): p for p in paths}
+    out: Dict[str, List[str]] = {}
+    if len(real) < 2:
+        return out
+    for path in paths:
+        project = Project.around(path, getattr(options, "project_root", None), tuple(getattr(options, "exclude", ())))
+        for mod in project.reachable(path):
+            key = os.path.realpath(mod.path)
+            if key in real and key != os.path.realpath(path):
+                out.setdefault(key, []).append(path)
+    return out
+
+
+def with_others(results: Sequence, reached: Collection[str] = ()) -> list:
     """Each result followed by the other files of the project its migration rewrites, every file
     listed once: a module two entry scripts rewrite alike appears once (refused when they would
-    rewrite it differently), and a module also given as a path of its own (``distify .``), which
-    alone is left unchanged, is listed as the migration of its entry script rewrites it."""
+    rewrite it differently), and a module also given as a path of its own (``distify .``) is listed
+    as the migration of its entry script rewrites it: its own run changed nothing, or it is a
+    module another file of the run reaches (`reached`, real paths: ``reaching``), whose own run
+    waited (never written) for this."""
     from distify.engine import Status
 
     out: list = []
     seen: dict = {}  # real path -> (index in out, listed as another file's rewrite)
     for r in results:
         key = os.path.realpath(r.path)
-        if key in seen and r.status is Status.UNCHANGED:
+        own_reached = key in reached and not r.others
+        if key in seen and (r.status is Status.UNCHANGED or (own_reached and seen[key][1])):
             pass  # already listed as rewritten for an entry script
         else:
             seen.setdefault(key, (len(out), False))
@@ -330,12 +350,35 @@ def with_others(results: Sequence) -> list:
                 continue
             i, other = seen[key]
             first = out[i]
-            if not other and first.status is Status.UNCHANGED and not first.others:
-                out[i] = o  # its own run changed nothing: the entry script's migration speaks for it
+            if not other and not first.others and (first.status is Status.UNCHANGED or key in reached):
+                out[i] = o  # its own run changed nothing, or waited: the entry script's migration speaks for it
                 seen[key] = (i, True)
             elif (first.output or first.source) != (o.output or o.source) and first.status is not Status.ERROR:
                 out[i] = first.replace(status=Status.REFUSED, output=first.source,
                                  message="two entry scripts would rewrite it differently; not migrated")
+    return out
+
+
+def settle_reached(results: Sequence, reached: Dict[str, List[str]]) -> list:
+    """A module of the run that other files of it import (`reached`: ``reaching``), whose own
+    migration changed it and which no entry script's migration rewrote (``with_others`` leaves its
+    own result then): refused, not written, when a script that imports it was not migrated (refused,
+    or an error): written alone, it would be half a migration (a wrapper and a sampler with no
+    process group in the script that runs them)."""
+    from distify.engine import Status
+
+    status = {os.path.realpath(r.path): r.status for r in results}
+    failed = (Status.REFUSED, Status.ERROR, Status.FAILED)
+    out = []
+    for r in results:
+        key = os.path.realpath(r.path)
+        if r.status is Status.CHANGED and not r.others and key in reached:
+            stopped = [p for p in reached[key] if status.get(os.path.realpath(p)) in failed]
+            if stopped:
+                r = r.replace(status=Status.REFUSED, output=r.source, pending=False,
+                              message=f"not migrated: {os.path.relpath(stopped[0])}, which imports it, was not "
+                              "migrated, and this module alone would be half of that migration")
+        out.append(r)
     return out
 
 
@@ -398,12 +441,13 @@ def migrate_project(paths: Sequence[str], options, mode=None) -> ProjectResult:
     files = []
     modules: List[str] = []
     root = ""
+    reached = reaching(paths, options)
     for path in paths:
         project = Project.around(path, getattr(options, "project_root", None), tuple(getattr(options, "exclude", ())))
         root = root or project.root
         for mod in project.reachable(path):
             if mod.path not in modules:
                 modules.append(mod.path)
-        files.append(process_file(path, mode, options))
-    files = with_others(files)
+        files.append(process_file(path, mode, options, defer=os.path.realpath(path) in reached))
+    files = settle_reached(with_others(files, reached), reached)
     return ProjectResult(root, tuple(write_all(files)), tuple(modules))

@@ -131,7 +131,9 @@ class Reporter:
             self.error(result.path, result.message)
             return
         if result.status is Status.REFUSED:  # a non-zero exit: said even under --quiet
-            self._line(f"refused {result.path}: file not migrated (the warnings say why)", "bold red")
+            # a refusal of the run's own (no warning of the file's to read) says its reason here
+            why = result.message if result.message and not _warnings(result) else "file not migrated (the warnings say why)"
+            self._line(f"refused {result.path}: {why}", "bold red")
         if self.quiet:
             return
         warnings = _warnings(result)

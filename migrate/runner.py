@@ -208,12 +208,16 @@ def _report_paths(paths, options: Options, mode, check: bool, reporter, strict: 
         else:
             todo.append(path)
     with reporter.progress(len(todo)) as progress:
-        from distify.project import with_others, write_all
+        from distify.project import reaching, settle_reached, with_others, write_all
 
         # a migration that rewrites several files of the project writes them only once every file
         # was migrated against the originals (write_all): a module two entry scripts share is
-        # rewritten once, from its original; a single file is written as soon as it is migrated
-        results += write_all(with_others(_process_all(todo, mode, options, progress.advance, cache)))
+        # rewritten once, from its original, and a module another file of the run imports waits
+        # for the script's migration, which speaks for it; any other file is written as soon as
+        # it is migrated
+        reached = reaching(todo, options)
+        done = _process_all(todo, mode, options, progress.advance, cache, reached)
+        results += write_all(settle_reached(with_others(done, reached), reached))
 
     word = "would rewrite" if mode.name in ("CHECK", "DIFF") else "rewrote"
     counts = {status: 0 for status in Status}
@@ -253,9 +257,11 @@ def _exit_status(results, mode, check: bool, strict: bool) -> int:
     return EXIT_CHANGED if Status.CHANGED in statuses and (check or mode.name != "DIFF") else EXIT_OK
 
 
-def _process_all(files: List[str], mode, options: Options, advance=lambda: None, cache=None):
+def _process_all(files: List[str], mode, options: Options, advance=lambda: None, cache=None, reached=()):
     """Results in input order; ``advance`` is called once per finished file (for the progress bar).
-    The cache's answers come first, from this process; only the files it does not know are parsed."""
+    The cache's answers come first, from this process; only the files it does not know are parsed.
+    A file in `reached` (real paths of modules other files of the run import) is not written when
+    migrated (``process_file``'s `defer`)."""
     from distify.engine import process_file
 
     results = [None] * len(files)
@@ -268,15 +274,16 @@ def _process_all(files: List[str], mode, options: Options, advance=lambda: None,
     workers = min(len(todo), os.cpu_count() or 1)
     if workers <= 1 or len(todo) < 8:
         for i in todo:
-            results[i] = process_file(files[i], mode, options, cache)
+            results[i] = process_file(files[i], mode, options, cache, defer=os.path.realpath(files[i]) in reached)
             advance()
         return results
     from concurrent.futures import ProcessPoolExecutor
 
     n = len(todo)
     with ProcessPoolExecutor(max_workers=workers) as pool:
+        defer = [os.path.realpath(files[i]) in reached for i in todo]
         for i, result in zip(todo, pool.map(process_file, [files[i] for i in todo], [mode] * n, [options] * n, [cache] * n,
-                                            chunksize=4)):
+                                            [True] * n, defer, chunksize=4)):
             results[i] = result
             advance()
     return results

@@ -636,3 +636,53 @@ def test_a_script_whose_training_runs_in_a_project_class_is_refused_not_silent(t
                                          "    def fit(self, epochs):\n        return epochs\n")
     quiet = _run(tmp_path, "train.py")
     assert quiet.returncode == 0 and "DST961" not in quiet.stderr, quiet.stderr
+
+
+@pytest.mark.parametrize("entry", ["train.py", "a_train.py"])  # the script listed after the module, or before
+def test_a_directory_run_migrates_a_module_with_the_script_that_imports_it(tmp_path, entry):
+    """`distify DIR` on a script and the module holding its loop: the module is migrated with the
+    script (the project's expected trees) and written once, whatever order the files come in (a
+    metamorphic guard: the module's own run now waits for the script's); a second run changes
+    nothing."""
+    import shutil
+
+    shutil.copytree(LOOP / "in", tmp_path / "p")
+    os.rename(tmp_path / "p" / "train.py", tmp_path / "p" / entry)
+    r = _run(tmp_path, "p")
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.count("rewrote p/trainlib.py") == 1, r.stderr
+    assert (tmp_path / "p" / "trainlib.py").read_text() == (LOOP / "expected.ddp" / "trainlib.py").read_text()
+    assert (tmp_path / "p" / entry).read_text() == (LOOP / "expected.ddp" / "train.py").read_text()
+    again = _run(tmp_path, "--check", "p")
+    assert again.returncode == 0, again.stderr
+
+
+def test_a_module_whose_script_is_refused_is_not_written_alone(tmp_path):
+    """`distify DIR` on the Trainer-class project (the script refused: DST961): the module's own
+    migration (a DDP wrap and a sampler, and no process group anywhere) is refused too, with its
+    reason, and nothing is written. Control: the module alone is still migrated on its own."""
+    write(tmp_path / "p", TRAINER_CLASS)
+    before = {p: p.read_bytes() for p in (tmp_path / "p").rglob("*.py")}
+    r = _run(tmp_path, "p")
+    assert r.returncode == 3, r.stderr
+    assert "refused p/trainer.py: not migrated: p/train.py, which imports it, was not migrated" in r.stderr, r.stderr
+    assert {p: p.read_bytes() for p in (tmp_path / "p").rglob("*.py")} == before
+    alone = _run(tmp_path, "p/trainer.py")
+    assert alone.returncode == 1, alone.stderr
+
+
+def test_control_without_settling_the_module_alone_is_half_migrated(tmp_path, monkeypatch):
+    """The same project in process with ``settle_reached`` switched off: the module's own
+    migration is written though the script that imports it was refused: the half migration the
+    test above rules out."""
+    import distify.project as project
+    from distify.engine import Status
+
+    write(tmp_path / "p", TRAINER_CLASS)
+    paths = sorted(str(p) for p in (tmp_path / "p").rglob("*.py"))
+    settled = {Path(f.path).name: f.status for f in migrate_project(paths, Options(), Mode.WRITE).files}
+    assert settled == {"train.py": Status.REFUSED, "trainer.py": Status.REFUSED}, settled
+    monkeypatch.setattr(project, "settle_reached", lambda results, reached: list(results))
+    before = (tmp_path / "p" / "trainer.py").read_bytes()
+    loose = {Path(f.path).name: f.status for f in migrate_project(paths, Options(), Mode.WRITE).files}
+    assert loose["trainer.py"] is Status.CHANGED and (tmp_path / "p" / "trainer.py").read_bytes() != before
