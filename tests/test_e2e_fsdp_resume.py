@@ -90,7 +90,7 @@ def test_a_load_rank_0_alone_can_see_runs_on_every_rank(tmp_path):
     assert _is_checkpoint(saved, ranks), "every rank must hold the checkpoint's model"
 
     script.write_text(text.replace(DECIDED, "        if os.path.isfile(args.resume):\n"))
-    saved, ranks = _resumed(script, tmp_path / "control", timeout=60)
+    saved, ranks = _resumed(script, tmp_path / "control", timeout=30)
     assert not _is_checkpoint(saved, ranks), "control: rank 1 skipped the load, yet the model is the checkpoint's"
 
 

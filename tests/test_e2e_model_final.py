@@ -59,16 +59,17 @@ def _saved_models(workdir: Path) -> None:
         torch.save(state, workdir / "saved_models" / f"{name}_1.pth")
 
 
-def _ranks(script: Path, workdir: Path, args, real: bool = False, launch=run_torchrun) -> dict:
-    """Launch on NPROC ranks in `workdir`; each rank's optimizer parameters at exit. ``real``: a real
-    torchrun launch, whose processes each seed torch's default generator from the OS (ranks forked
-    from one warm process would share its stream, and an unseeded init would agree by accident)."""
+def _ranks(script: Path, workdir: Path, args, launch=run_torchrun) -> dict:
+    """Launch on NPROC ranks in `workdir`; each rank's optimizer parameters at exit. The warm
+    launcher reseeds each forked rank from the OS as a fresh process is seeded (forked_main; checked
+    against real launches in test_warm_launcher), so an unseeded init differs between ranks here as
+    it does under torchrun, and cannot agree by accident."""
     import torch
 
     dumps = workdir / "dumps"
     dumps.mkdir(parents=True)
     env = sitecustomize_env(workdir / "spy", PARAM_SPY, {"DISTIFY_E2E_PARAM_DIR": str(dumps)})
-    launch(script, args, nproc=NPROC, env=env, cwd=workdir, real=real)
+    launch(script, args, nproc=NPROC, env=env, cwd=workdir)
     return {r: torch.load(dumps / f"rank{r}.pt") for r in range(NPROC)}
 
 
@@ -92,7 +93,7 @@ def test_wrap_after_apply_init_and_load(tmp_path):
     text = script.read_text()
     assert text.index(BRANCHES) < text.index(WRAPS), "the wraps must follow the load/init branches"
 
-    fresh = _ranks(script, tmp_path / "fresh", _args(B), real=True)
+    fresh = _ranks(script, tmp_path / "fresh", _args(B))
     assert fresh[0], "no optimizer parameters were recorded"
     assert _same_on_every_rank(fresh), "ranks trained different models after .apply(init_fn)"
 
@@ -112,7 +113,7 @@ def test_wrap_after_apply_init_and_load(tmp_path):
     moved = moved.replace("G_BA.load_state_dict(", "G_BA.module.load_state_dict(")
     assert moved != text
     early.write_text(moved)
-    assert not _same_on_every_rank(_ranks(early, tmp_path / "control", _args(B), real=True)), (
+    assert not _same_on_every_rank(_ranks(early, tmp_path / "control", _args(B))), (
         "control: with the wrap before .apply(init_fn) the ranks should differ"
     )
 
@@ -120,7 +121,7 @@ def test_wrap_after_apply_init_and_load(tmp_path):
 def test_wrap_after_an_init_in_another_module(tmp_path):
     """fixtures/projects/init_in_module: `initialize_weights(net)`, imported from the project's
     nets.py, draws the weights from the unseeded global generator after the model is built; the DDP
-    wrap must follow it. Real torchrun launches (each process seeds itself from the OS): every rank
+    wrap must follow it. Each rank seeds itself from the OS, as under torchrun: every rank
     ends with the same parameters. Control: the wrap moved back above the call (where distify put
     it while it did not read nets.py) leaves the ranks different."""
     from test_project_goldens import migrated_copy
@@ -132,11 +133,11 @@ def test_wrap_after_an_init_in_another_module(tmp_path):
     call, wrap = "initialize_weights(net)\n", "net = runtime.DDP(net, device_ids=runtime.device_ids())\n"
     assert text.index(call) < text.index(wrap), "the wrap must follow the initialisation"
     args = ["--batch-size", 8, "--epochs", 1, "--checkpoint", "final.pt"]
-    ranks = _ranks(script, tmp_path / "run", args, real=True)
+    ranks = _ranks(script, tmp_path / "run", args)
     assert ranks[0] and _same_on_every_rank(ranks), "ranks trained different models after initialize_weights(net)"
 
     script.write_text(text.replace(wrap, "").replace(call, wrap + call))
-    assert not _same_on_every_rank(_ranks(script, tmp_path / "control", args, real=True)), (
+    assert not _same_on_every_rank(_ranks(script, tmp_path / "control", args)), (
         "control: with the wrap before initialize_weights(net) the ranks should differ"
     )
 
@@ -166,7 +167,7 @@ def test_wrap_after_inits_that_reach_the_model_under_other_names(tmp_path, backe
     assert text.index(REINIT) < text.index(setup), "the wrap/broadcast must follow the re-initialisation"
     args = ["--batch-size", B, "--epochs", 1, "--checkpoint", "final.pt"]
 
-    fresh = _ranks(script, tmp_path / "fresh", args, real=True, launch=launch)
+    fresh = _ranks(script, tmp_path / "fresh", args, launch=launch)
     assert fresh[0] and _same_on_every_rank(fresh), "ranks trained different models after the inits"
 
     original = tmp_path / "original"
@@ -187,7 +188,7 @@ def test_wrap_after_inits_that_reach_the_model_under_other_names(tmp_path, backe
         early = early.replace(REINIT, setup + REINIT)
     assert early != text
     script.write_text(early)
-    assert not _same_on_every_rank(_ranks(script, tmp_path / "control", args, real=True, launch=launch)), (
+    assert not _same_on_every_rank(_ranks(script, tmp_path / "control", args, launch=launch)), (
         "control: with the wrap/broadcast before an initialisation the ranks should differ"
     )
 
@@ -250,7 +251,7 @@ def test_wrap_after_inits_through_the_instance_and_star_args(tmp_path, backend):
     assert text.index("reset_biases(self.mapper)\n") < text.index(wrap), "the wrap must follow both initialisations"
     args = ["--batch-size", B, "--epochs", 1, "--checkpoint", "final.pt"]
     if backend != "fsdp":
-        fresh = _ranks(script, tmp_path / "fresh", args, real=True, launch=launch)
+        fresh = _ranks(script, tmp_path / "fresh", args, launch=launch)
         assert fresh[0] and _same_on_every_rank(fresh), "ranks trained different models after the inits"
 
     original = tmp_path / "original"
@@ -276,7 +277,7 @@ def test_wrap_after_inits_through_the_instance_and_star_args(tmp_path, backend):
         with pytest.raises(AssertionError, match="control: weights differ"):
             assert_same_weights(want, seeded(script, "control"), atol=1e-5, label="control")
         return
-    assert not _same_on_every_rank(_ranks(script, tmp_path / "control", args, real=True, launch=launch)), (
+    assert not _same_on_every_rank(_ranks(script, tmp_path / "control", args, launch=launch)), (
         "control: with the wrap before the initialisations the ranks should differ"
     )
 
@@ -294,7 +295,7 @@ AFTER_BRANCHES = {
 def test_broadcast_or_shard_after_apply_init_and_load(tmp_path, backend):
     """fixtures/DST101/init_after_build migrated for Horovod and FSDP. Resumed (the load branch,
     deterministic), 2 ranks at batch B end with the original's weights at batch 2B; fresh (the
-    ``.apply`` branch, real launches: each process draws its own initial weights), Horovod's ranks
+    ``.apply`` branch, each rank draws its own initial weights), Horovod's ranks
     end identical. Control: the broadcasts (the shards) moved above the branches, where a wrap
     before them left each rank its own model: Horovod's ranks differ; FSDP's resumed run no longer
     ends with the original's weights (or fails to load into the shards)."""
@@ -321,9 +322,9 @@ def test_broadcast_or_shard_after_apply_init_and_load(tmp_path, backend):
     early.write_text(text.replace(setup, "").replace(BRANCHES, "\n" + setup + BRANCHES))
     assert early.read_text() != text and early.read_text().index(setup) < early.read_text().index(BRANCHES)
     if backend == "horovod":
-        fresh = _ranks(script, tmp_path / "fresh", _args(B), real=True, launch=launch)
+        fresh = _ranks(script, tmp_path / "fresh", _args(B), launch=launch)
         assert fresh[0] and _same_on_every_rank(fresh), "ranks trained different models after .apply(init_fn)"
-        assert not _same_on_every_rank(_ranks(early, tmp_path / "control", _args(B), real=True, launch=launch)), (
+        assert not _same_on_every_rank(_ranks(early, tmp_path / "control", _args(B), launch=launch)), (
             "control: with the broadcast before .apply(init_fn) the ranks should differ")
     else:
         with pytest.raises((AssertionError, RunFailed)):
