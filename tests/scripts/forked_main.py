@@ -10,9 +10,12 @@ the modules the parent imported are already loaded:
   folder, and a ``sitecustomize`` found there is imported first, as the interpreter's ``site`` module
   does (the tests' spies are such files);
 - stdout and stderr are the given files, unbuffered (``PYTHONUNBUFFERED=1``), stdin is /dev/null;
+- ``tempfile`` finds its folder again from the new environment (TMPDIR), as a new interpreter would;
 - the RNGs a fresh process seeds from the OS (torch's default generator, numpy's global state;
   Python's ``random`` reseeds itself on fork) are reseeded, so ranks do not share a stream a real
   launch would not share (an unseeded model initialisation differs between ranks, as it does there);
+- the script runs in a ``__main__`` module that lives until the process ends (its globals are
+  still there when atexit handlers run, as at a real interpreter's exit);
 - at the end, non-daemon threads are joined and atexit handlers run, as at interpreter exit; then
   the process ends with the script's exit status without running C++ static destructors.
 
@@ -22,7 +25,6 @@ from __future__ import annotations
 
 import io
 import os
-import runpy
 import signal
 import sys
 import traceback
@@ -61,6 +63,26 @@ def _load_sitecustomize(pythonpath: list) -> None:
             return
 
 
+def _exec_as_main(script: str) -> None:
+    """The script's code run in a module that is ``sys.modules["__main__"]`` for the rest of the
+    process, as the interpreter runs it: its globals (the model, the optimizer) are still alive when
+    the atexit handlers run (``runpy.run_path`` would drop its temporary module first)."""
+    import builtins
+    import importlib.machinery
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__file__ = script
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)
+    main.__spec__ = None
+    main.__cached__ = None
+    main.__builtins__ = builtins
+    sys.modules["__main__"] = main
+    with open(script, "rb") as fh:
+        code = compile(fh.read(), script, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
+
+
 def run_as_main(script: str, argv=(), cwd: str = None, stdout: str = None, stderr: str = None,
                 env: dict = None, syspath: str = None) -> None:
     """Never returns: runs ``script`` with ``argv`` as ``__main__`` and ends the process."""
@@ -80,6 +102,8 @@ def run_as_main(script: str, argv=(), cwd: str = None, stdout: str = None, stder
     if env is not None:
         os.environ.clear()
         os.environ.update(env)
+        if "tempfile" in sys.modules:
+            sys.modules["tempfile"].tempdir = None  # a new interpreter reads TMPDIR from its environment
     sys.argv = [script, *map(str, argv)]
     # A new environment is a new interpreter's: its PYTHONPATH and sitecustomize are taken here. Without
     # one, the parent's own start-up already took them.
@@ -90,7 +114,7 @@ def run_as_main(script: str, argv=(), cwd: str = None, stdout: str = None, stder
     code = 0
     try:
         _load_sitecustomize(extra)
-        runpy.run_path(script, run_name="__main__")
+        _exec_as_main(script)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, int) and exc.code is not None:

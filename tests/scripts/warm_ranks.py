@@ -125,7 +125,7 @@ def _supervise(request: dict, answer_fd: int) -> None:
     os._exit(0)
 
 
-def _warm_up() -> None:
+def warm_up() -> None:
     """What every training script imports, loaded once here (see run_scripts._warm_up for why
     torch._dynamo). Nothing that decides behaviour by being in sys.modules (horovod.torch,
     torch.distributed.fsdp) and none of the script's own modules."""
@@ -141,38 +141,41 @@ def _warm_up() -> None:
             pass
 
 
+def launch(request: dict) -> dict:
+    """Run one request (in a supervisor forked from this process) and return its answer."""
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        os.setpgid(0, 0)
+        try:
+            _supervise(request, write_fd)
+        except BaseException as exc:  # noqa: BLE001 - the answer says what went wrong
+            os.write(write_fd, json.dumps({"returncode": 1, "detail": f"warm launcher: {exc!r}",
+                                           "timeout": False}).encode())
+            os._exit(1)
+    os.close(write_fd)
+    chunks = []
+    while True:
+        chunk = os.read(read_fd, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(read_fd)
+    os.waitpid(pid, 0)
+    answer = b"".join(chunks).decode()
+    return json.loads(answer) if answer else {"returncode": 1, "detail": "warm launcher: no answer", "timeout": False}
+
+
 def main() -> None:
-    _warm_up()
+    warm_up()
     out = sys.stdout
     for line in sys.stdin:
         if not line.strip():
             continue
-        request = json.loads(line)
-        read_fd, write_fd = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            os.close(read_fd)
-            os.setpgid(0, 0)
-            try:
-                _supervise(request, write_fd)
-            except BaseException as exc:  # noqa: BLE001 - the answer says what went wrong
-                os.write(write_fd, json.dumps({"returncode": 1, "detail": f"warm launcher: {exc!r}",
-                                               "timeout": False}).encode())
-                os._exit(1)
-        os.close(write_fd)
-        chunks = []
-        while True:
-            chunk = os.read(read_fd, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        os.close(read_fd)
-        os.waitpid(pid, 0)
-        answer = b"".join(chunks).decode() or json.dumps({"returncode": 1, "detail": "warm launcher: no answer",
-                                                          "timeout": False})
-        out.write(answer + "\n")
+        out.write(json.dumps(launch(json.loads(line))) + "\n")
         out.flush()
 
 
