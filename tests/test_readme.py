@@ -150,7 +150,7 @@ def test_the_test_extras_bring_every_package_the_tests_import():
     sources = list((ROOT / "tests").glob("*.py")) + list((ROOT / "examples").glob("*.py"))
     sources += [p for p in (ROOT / "fixtures" / "corpus").glob("*.in.py") if "distify-e2e: runnable" in p.read_text()[:300]]
     imported = set().union(*(_imports(p.read_text()) - _written_beside(p.read_text()) for p in sources))
-    local = {p.stem for folder in ("tests", "bench", "examples") for p in (ROOT / folder).glob("*.py")}
+    local = {p.stem for folder in ("tests", "tests/scripts", "bench", "examples") for p in (ROOT / folder).glob("*.py")}
     # the modules of the fixture projects tests copy and run (fixtures/projects/<name>/in/...)
     local |= {p.stem for p in (ROOT / "fixtures").glob("**/projects/**/*.py")}
     local |= {p.parent.name for p in (ROOT / "fixtures").glob("**/projects/**/__init__.py")}

@@ -2,8 +2,12 @@
 and on a migrated script broken on purpose it says FAILED (the check about that bug failing) or "not
 proven", never OK -- all at the default settings (no --steps), which is what users run.
 
-Every test here runs the real command (`python -m distify verify ... --json`), which launches the
-script with plain python, torchrun and Horovod's gloo launcher. Broken scripts are the golden
+Every test here runs the command as a user does (`distify verify ... --json`, in a process of its
+own), which launches the script with plain python, torchrun and Horovod's gloo launcher. Most run it
+through tests/scripts/warm_verify.py, where those runs are forked from the command's process after
+it has imported torch once (the warm launcher's contract, tests/scripts/warm_ranks.py); the launches
+themselves are under test in real launches: `python -m distify verify` of one scenario per backend
+(examples_style), and the timeout and Ctrl-C clean-ups. DISTIFY_E2E_LAUNCH=real runs them all so. Broken scripts are the golden
 outputs in fixtures/ (what distify writes today; test_fixtures.py keeps them current) with one edit,
 checked with --as-is. Runs are kept short (small data, large batches); the default 20 steps are
 followed by the rest of each script with its data passes cut short, so end-of-training saves,
@@ -24,18 +28,21 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e_support import SCENARIOS, clean_env  # noqa: E402
+from e2e_support import LAUNCH_MODE, SCENARIOS, clean_env  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts" / "verify"
+WARM_VERIFY = Path(__file__).resolve().parent / "scripts" / "warm_verify.py"
 VERIFY_TIMEOUT = 900
 NOT_PROVEN = 3  # distify.verify.EXIT_NOT_PROVEN (imported here only through the report's own exit_code)
 
 
-def verify(script, *args, cwd, env=None):
-    """(exit status, JSON report) of `distify verify SCRIPT --json ARGS` run in `cwd`."""
-    argv = [sys.executable, "-m", "distify", "verify", str(script), "--json", *map(str, args)]
+def verify(script, *args, cwd, env=None, real=False):
+    """(exit status, JSON report) of `distify verify SCRIPT --json ARGS` run in `cwd`; its runs
+    forked from the command's warm process, or with `real` launched as distify launches them."""
+    command = ["-m", "distify"] if real or LAUNCH_MODE == "real" else [str(WARM_VERIFY)]
+    argv = [sys.executable, *command, "verify", str(script), "--json", *map(str, args)]
     proc = subprocess.run(argv, cwd=str(cwd), env=env or clean_env(), capture_output=True, text=True, timeout=VERIFY_TIMEOUT)
     try:
         report = json.loads(proc.stdout)
@@ -98,7 +105,7 @@ def test_verify_says_ok_on_distify_migrations(name, args, evidence, backend, tmp
         (home / "ckpts").mkdir()
         (home / "ckpts" / "epoch_000.pt").write_bytes(b"the user's own checkpoint")
     before = snapshot(home)
-    code, report = verify("train.py", "--backend", backend, "--", *args, cwd=home)
+    code, report = verify("train.py", "--backend", backend, "--", *args, cwd=home, real=name == "examples_style")
     assert code == 0 and report["verdict"] == "ok", explain(report)
     checks = status(report)
     if backend == "fsdp":

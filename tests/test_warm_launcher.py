@@ -103,3 +103,65 @@ def test_a_warm_rank_still_running_at_the_timeout_is_reported(tmp_path):
     script.write_text("import time\ntime.sleep(120)\n")
     with pytest.raises(RunFailed, match="timed out"):
         run_torchrun(script, cwd=tmp_path, timeout=3)
+
+
+AT_EXIT = """\
+import atexit, os, sys, tempfile, weakref
+
+model = object.__new__(type("Model", (), {}))  # a global of the script, as a trained model is
+seen = weakref.ref(model)
+
+# The handler is compiled outside the script's globals, as a library's is (verify's probe): it must
+# not be what keeps them alive. One write: the ranks share one pipe.
+handler = {}
+exec("def report(seen, os, sys, tempfile):\\n"
+     "    tmp = os.path.basename(tempfile.gettempdir())\\n"
+     "    sys.stdout.write(f'at exit: global alive={seen() is not None} tmp={tmp};' + chr(10))\\n"
+     "    sys.stdout.flush()\\n", handler)
+atexit.register(handler["report"], seen, os, sys, tempfile)
+"""
+
+
+@pytest.mark.parametrize("launcher", [pytest.param("torchrun", id="torchrun"), pytest.param("python", id="python")])
+def test_at_exit_the_script_globals_live_and_tempfile_reads_the_new_environment(launcher, tmp_path):
+    """An interpreter runs its atexit handlers while ``__main__``'s globals are alive (verify's probe
+    snapshots the optimizers there), and ``tempfile`` takes its folder from the environment it was
+    started with. A forked rank must do both (forked_main): the warm launch prints what the real
+    one prints. Controls, run by hand on 2026-12-04: with the script run by ``runpy.run_path``
+    (forked_main before) the warm line says ``alive=False``; without forked_main's reset of
+    ``tempfile.tempdir`` it names the warm parent's folder."""
+    launch = {"torchrun": run_torchrun, "python": run_python}[launcher]
+    lines = {}
+    for mode in ("real", "warm"):
+        folder = tmp_path / mode
+        (folder / "own-tmp").mkdir(parents=True)
+        script = folder / "at_exit.py"
+        script.write_text(AT_EXIT)
+        result = launch(script, env={"TMPDIR": str(folder / "own-tmp")}, cwd=folder, real=mode == "real")
+        lines[mode] = sorted(re.findall(r"at exit: global alive=\w+ tmp=[\w-]+;", result.stdout))
+    assert lines["real"] and all("alive=True tmp=own-tmp" in line for line in lines["real"]), lines
+    assert lines["warm"] == lines["real"], lines
+
+
+def test_warm_verify_refuses_a_launch_it_does_not_know(tmp_path):
+    """tests/scripts/warm_verify.py translates the three command lines distify.verify launches; any
+    other shape (a launcher changed in distify.verify) stops the command instead of running it
+    some other way."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "scripts"))
+    try:
+        import warm_verify
+    finally:
+        sys.path.pop(0)
+    py = sys.executable
+    log = tmp_path / "log"
+    torchrun = warm_verify.request_of([py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                                       "s.py", "--a"], tmp_path, {}, log, 5)
+    assert (torchrun["launcher"], torchrun["nproc"], torchrun["script"], torchrun["args"]) == ("torchrun", 2, "s.py", ["--a"])
+    hvd = warm_verify.request_of([py, "-m", "horovod.runner.launch", "--gloo", "-np", "2", "-H", "localhost:2", py,
+                                  "s.py"], tmp_path, {}, log, 5)
+    assert (hvd["launcher"], hvd["nproc"], hvd["script"], hvd["args"]) == ("horovodrun", 2, "s.py", [])
+    assert warm_verify.request_of([py, "s.py", "x"], tmp_path, {}, log, 5)["launcher"] == "python"
+    for unknown in ([py, "-m", "torch.distributed.run", "--nnodes", "2", "s.py"], ["mpirun", "-np", "2", py, "s.py"],
+                    [py, "-m", "horovod.runner.launch", "-np", "2", py, "s.py"]):
+        with pytest.raises(ValueError, match="warm_verify: unknown"):
+            warm_verify.request_of(unknown, tmp_path, {}, log, 5)
