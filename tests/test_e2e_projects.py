@@ -152,7 +152,9 @@ def _built_in_modules_problems(work: Path, result, loaders, params, name="built_
     evaluation printed once per epoch with the whole validation set's error (shared_factory: the
     same checks, its training loader the one `runtime.shard_loader` rebuilds, #1)."""
     out = _sharded(loaders, params, train_id)
-    vals = [float(m.group(1)) for line in result.stdout.splitlines() if (m := re.match(r"epoch \d+ val (\S+)", line))]
+    # where every rank prints (the control), their lines share one pipe: print writes the text and
+    # the newline apart, so one rank's line can run into another's ("3.675094epoch 1 val ...")
+    vals = [float(v) for v in re.findall(r"epoch \d+ val (-?\d+\.\d{6})", result.stdout)]
     if len(vals) != int(ARGS[ARGS.index("--epochs") + 1]):
         out.append(f"validation lines printed {len(vals)} times")
     x, y = _module_data(PROJECTS / name / "in" / "data.py", 32, 2)
