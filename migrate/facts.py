@@ -619,6 +619,14 @@ SELF_RETURNING = frozenset({
 })
 
 
+def same_object(expr):
+    """`expr` with the calls of SELF_RETURNING methods around it looked through: ``model`` of
+    ``model.to(device).train()`` (the object those calls return is the one they are called on)."""
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in SELF_RETURNING:
+        expr = expr.func.value
+    return expr
+
+
 def _modulus(test: cst.BaseExpression) -> Optional[cst.BaseExpression]:
     """n of a ``<x> % n == 0`` (or ``!= 0``... any comparison whose left side is a modulo)."""
     if isinstance(test, cst.Comparison) and isinstance(test.left, cst.BinaryOperation):
@@ -634,9 +642,7 @@ def keeps_object(stmt: cst.CSTNode, name: str) -> bool:
     small = stmt.body[0]
     if not isinstance(small, cst.Assign) or len(small.targets) != 1 or dotted(small.targets[0].target) != name:
         return False
-    v = small.value
-    while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and v.func.attr.value in SELF_RETURNING:
-        v = v.func.value
+    v = same_object(small.value)
     return v is not small.value and dotted(v) == name
 
 

@@ -21,7 +21,7 @@ from typing import List, Optional, Tuple
 import libcst as cst
 
 from distify.dataflow import return_slot
-from distify.facts import SELF_RETURNING, keeps_object
+from distify.facts import keeps_object, same_object
 from distify.instance import instance_name
 from distify.records import assigned_name
 from distify.syntax import Scope, dotted
@@ -174,9 +174,7 @@ def handed_in(a, init: Scope, value: Optional[cst.BaseExpression], cls: cst.Clas
     plain module: only an in-place wrap asks this."""
     if not (isinstance(init, cst.FunctionDef) and a.methods.get(init) is cls and init.name.value == "__init__"):
         return []
-    v = value
-    while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and v.func.attr.value in SELF_RETURNING:
-        v = v.func.value
+    v = same_object(value)
     param = v.value if isinstance(v, cst.Name) else None
     if param is None or param not in a.facts.params(init) or a.rebindings(init, param):
         return []

@@ -8,6 +8,7 @@ from typing import Optional
 
 import libcst as cst
 
+from distify.facts import same_object
 from distify.forward_methods import class_method
 from distify.library import BATCH_NORM, Known, known
 from distify.syntax import all_nodes, arg, dotted
@@ -52,8 +53,6 @@ def through_data_parallel(qualname, expr: cst.BaseExpression) -> cst.BaseExpress
 
 
 COMPILE = {"torch.compile"}
-# methods that return the module they are called on
-_SAME_MODULE = frozenset({"to", "cuda", "cpu", "train", "float", "double", "half", "bfloat16", "requires_grad_"})
 
 
 def compiled_module(qualname, expr: Optional[cst.BaseExpression]) -> Optional[cst.BaseExpression]:
@@ -73,8 +72,9 @@ def constructor(qualname, expr: Optional[cst.BaseExpression]) -> Optional[cst.Ba
     `expr` itself when it is none of those."""
     while expr is not None:
         expr = through_compile(qualname, through_data_parallel(qualname, expr))
-        if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _SAME_MODULE:
-            expr = expr.func.value
+        inner = same_object(expr)
+        if inner is not expr:
+            expr = inner
             continue
         break
     return expr

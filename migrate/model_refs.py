@@ -29,7 +29,7 @@ from typing import Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 import libcst as cst
 
-from distify.facts import SELF_RETURNING  # `g = gen.to(device)` is an alias of gen
+from distify.facts import same_object  # `g = gen.to(device)` is an alias of gen
 from distify.syntax import Scope, dotted
 
 
@@ -94,8 +94,7 @@ def _containers(qualname):
 
 
 def _roots(named: _Flow, expr, upto: int, held: _Flow = {}, container=None) -> Labels:
-    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in SELF_RETURNING:
-        expr = expr.func.value
+    expr = same_object(expr)
     if isinstance(expr, cst.Call) and container is not None and container(expr) and expr.args:
         # nn.ModuleList([gen, disc]) holds the modules themselves: changing it changes them
         return _held(named, held, expr.args[0].value, upto, container)

@@ -16,7 +16,7 @@ import libcst as cst
 
 from distify.audit import HVD_OPTIMIZER
 from distify.dataflow import ref_text
-from distify.facts import SELF_RETURNING
+from distify.facts import same_object
 from distify.model_build import module_container, through_compile
 from distify.records import DDP, FSDP1, FULLY_SHARD, CallSite, Loader
 from distify.syntax import all_nodes, arg, dotted, path_to
@@ -133,9 +133,7 @@ def same_modules(a: Anatomy, names: Set[str]) -> Set[str]:
         # every statement of a line (`k = 0; raw = model`)
         for small in stmt.body if isinstance(stmt, cst.SimpleStatementLine) else ():
             if isinstance(small, cst.Assign) and len(small.targets) == 1 and dotted(small.targets[0].target):
-                v = through_compile(a.qualname, small.value)
-                while isinstance(v, cst.Call) and isinstance(v.func, cst.Attribute) and v.func.attr.value in SELF_RETURNING:
-                    v = v.func.value
+                v = same_object(through_compile(a.qualname, small.value))
                 source = dotted(v)
                 if source:
                     pairs.append((dotted(small.targets[0].target), source))

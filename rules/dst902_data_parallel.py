@@ -6,6 +6,7 @@ from typing import Dict, List, Optional, Set, Tuple, Union
 
 import libcst as cst
 
+from distify.facts import SELF_RETURNING, same_object
 from distify.model_build import data_parallel_module
 from distify.records import DATA_PARALLEL, Model
 from distify.syntax import dotted, held_name
@@ -14,7 +15,6 @@ from distify.walk import children
 from distify.library import LOGGER_FACTORIES, LOGGING_MODULES
 
 # methods that return the module itself and may follow `nn.DataParallel(...)` in a chain
-_CHAIN = {"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval"}
 _HOW = "remove the DataParallel by hand and re-run distify"
 
 
@@ -205,7 +205,7 @@ def _chain_reaches(a, top: cst.BaseExpression, call: cst.Call) -> bool:
     """`call` is `top` itself or the start of a chain like `call.to(device).train()`."""
     e = top
     while e is not call:
-        if isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and e.func.attr.value in _CHAIN:
+        if isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and e.func.attr.value in SELF_RETURNING:
             e = e.func.value
         else:
             return False
@@ -218,8 +218,8 @@ def _root(a, expr: cst.BaseExpression) -> cst.BaseExpression:
         inner = data_parallel_module(a.qualname, expr)
         if inner is not None:
             expr = inner
-        elif isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in _CHAIN:
-            expr = expr.func.value
+        elif same_object(expr) is not expr:
+            expr = same_object(expr)
         else:
             return expr
 

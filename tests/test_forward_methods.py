@@ -141,6 +141,9 @@ class Tiny(nn.Module):
 
 @pytest.mark.parametrize("expr,cls", [
     ("Tiny()", "Tiny"), ("Tiny.make(3).to('cpu')", "Tiny"),
+    # every method that returns the module (facts.SELF_RETURNING, the one list of them)
+    ("Tiny().apply(init_weights).eval()", "Tiny"), ("Tiny().share_memory()", "Tiny"),
+    ("Tiny().to_empty(device='cpu').requires_grad_(False)", "Tiny"),
     ("Tiny.restore('w.pt')", None),  # a classmethod that returns what torch.load gives: not known
     ("Tiny.clone(x)", None),  # not a classmethod
     ("Tiny.missing()", None),
