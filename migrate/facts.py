@@ -9,7 +9,7 @@ analyser. Everything here is read-only and works on the records the anatomy's si
 
 from __future__ import annotations
 
-from typing import Dict, FrozenSet, Iterator, List, Optional, Set, Tuple
+from typing import Dict, FrozenSet, Iterator, List, Optional, Tuple
 
 import libcst as cst
 
@@ -159,6 +159,18 @@ class Facts:
                     out.append((parent, side))
         return out
 
+    def call_rank_guards(self, site) -> List[Tuple[cst.If, str]]:
+        """``rank_guards`` of a call (a ``calls`` record), outermost first: those of its statement,
+        and the statement itself when it is an ``if`` on the rank that holds the call in a branch
+        (``if rank == 0: dist.barrier()`` on one line; a call in the test is under no guard)."""
+        out = self.rank_guards(site.stmt)
+        stmt = site.stmt
+        if isinstance(stmt, cst.If) and self.rank_condition(stmt.test) and not contains_node(stmt.test, site.call):
+            side = branch_of(stmt, site.call)
+            if side is not None:
+                out = [*out, (stmt, side)]
+        return out
+
     def in_rank_guard(self, stmt: cst.CSTNode) -> bool:
         """The statement sits under an `if` on the rank (see ``rank_condition``)."""
         return any(isinstance(p, cst.If) and self.rank_condition(p.test) for p in self.stmt_parent.get(stmt, ()))
@@ -195,11 +207,7 @@ class Facts:
         """A call sits, within its own function, in a branch of an ``if`` on the rank (not in its
         test), in a branch of a conditional expression on it, or after a rank test in an ``and``:
         unlike ``call_on_some_ranks``, a call in a function that only some ranks call is not."""
-        stmt = site.stmt
-        if self.rank_guards(stmt) or self._in_rank_expression(site):
-            return True
-        # `if rank == 0: train()` on one line: the call is part of the `if` statement itself
-        return isinstance(stmt, cst.If) and self.rank_condition(stmt.test) and not contains_node(stmt.test, site.call)
+        return bool(self.call_rank_guards(site)) or self._in_rank_expression(site)
 
     def _in_rank_expression(self, site) -> bool:
         for n in all_nodes(site.stmt, skip_nested=True):

@@ -10,7 +10,6 @@ from distify.anatomy import Anatomy
 from distify.records import COLLECTIVES, FSDP1
 from distify.syntax import dotted
 from distify.parallel import assigned_to, sharded_models
-from distify.rank import branch_of
 from distify.rules.base import Context, Rule
 
 
@@ -77,17 +76,11 @@ class CollectiveInRankBranch(Rule):
         branches: Dict[cst.If, Set[str]] = {}
         found = []
         for c in sites:
-            chain = (*c.parents, c.stmt)
-            for i, parent in enumerate(chain):
-                if not isinstance(parent, cst.If) or not a.rank_condition(parent.test):
-                    continue
-                # `if rank == 0: dist.barrier()` on one line: the call is part of the If statement
-                side = branch_of(parent, chain[i + 1] if i + 1 < len(chain) else c.call)
-                if side is None:
-                    continue
+            guards = a.facts.call_rank_guards(c)
+            if guards:
+                parent, side = guards[0]  # the outermost rank test: one report per call
                 branches.setdefault(parent, set()).add(side)
                 found.append((c, parent, side))
-                break  # the outermost rank test: one report per call
         for c, parent, side in found:
             if branches[parent] == {"body", "orelse"}:
                 continue  # both sides call a collective: the usual root / non-root split
