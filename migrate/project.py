@@ -306,18 +306,21 @@ def _inside(path: str, root: str) -> bool:
         return False
 
 
-def reaching(paths: Sequence[str], options) -> Dict[str, List[str]]:
+def reaching(paths: Sequence[str], options, importers: Optional[Sequence[str]] = None,
+             known: Optional[Dict[str, Sequence[str]]] = None) -> Dict[str, List[str]]:
     """The files of a run (`paths`) that another file of the same run reaches through its imports:
     real path -> the paths that reach it. Such a module is migrated with the script that imports it
-    (its own run is neither written nor reported in its place: ``with_others``, ``settle_reached``)."""
-    real = {os.path.realpath(p): p for p in paths}
+    (its own run is neither written nor reported in its place: ``with_others``, ``settle_reached``).
+    Only the imports of `importers` (default: every path) are followed; `known` gives the modules
+    a path reaches where they were already found (``project_files``)."""
+    real = {os.path.realpath(p) for p in paths}
     out: Dict[str, List[str]] = {}
     if len(real) < 2:
         return out
-    for path in paths:
-        project = Project.around(path, getattr(options, "project_root", None), tuple(getattr(options, "exclude", ())))
-        for mod in project.reachable(path):
-            key = os.path.realpath(mod.path)
+    for path in paths if importers is None else importers:
+        found = known[path] if known is not None and path in known else project_files(path, options)
+        for mod_path in found:
+            key = os.path.realpath(mod_path)
             if key in real and key != os.path.realpath(path):
                 out.setdefault(key, []).append(path)
     return out
@@ -441,13 +444,14 @@ def migrate_project(paths: Sequence[str], options, mode=None) -> ProjectResult:
     files = []
     modules: List[str] = []
     root = ""
-    reached = reaching(paths, options)
+    reach: Dict[str, List[str]] = {}
     for path in paths:
         project = Project.around(path, getattr(options, "project_root", None), tuple(getattr(options, "exclude", ())))
         root = root or project.root
-        for mod in project.reachable(path):
-            if mod.path not in modules:
-                modules.append(mod.path)
+        reach[path] = [mod.path for mod in project.reachable(path)]
+        modules += [p for p in reach[path] if p not in modules]
+    reached = reaching(paths, options, known=reach)
+    for path in paths:
         files.append(process_file(path, mode, options, defer=os.path.realpath(path) in reached))
     files = settle_reached(with_others(files, reached), reached)
     return ProjectResult(root, tuple(write_all(files)), tuple(modules))

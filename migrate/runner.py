@@ -208,15 +208,14 @@ def _report_paths(paths, options: Options, mode, check: bool, reporter, strict: 
         else:
             todo.append(path)
     with reporter.progress(len(todo)) as progress:
-        from distify.project import reaching, settle_reached, with_others, write_all
+        from distify.project import settle_reached, with_others, write_all
 
         # a migration that rewrites several files of the project writes them only once every file
         # was migrated against the originals (write_all): a module two entry scripts share is
         # rewritten once, from its original, and a module another file of the run imports waits
         # for the script's migration, which speaks for it; any other file is written as soon as
         # it is migrated
-        reached = reaching(todo, options)
-        done = _process_all(todo, mode, options, progress.advance, cache, reached)
+        done, reached = _process_all(todo, mode, options, progress.advance, cache)
         results += write_all(settle_reached(with_others(done, reached), reached))
 
     word = "would rewrite" if mode.name in ("CHECK", "DIFF") else "rewrote"
@@ -257,12 +256,18 @@ def _exit_status(results, mode, check: bool, strict: bool) -> int:
     return EXIT_CHANGED if Status.CHANGED in statuses and (check or mode.name != "DIFF") else EXIT_OK
 
 
-def _process_all(files: List[str], mode, options: Options, advance=lambda: None, cache=None, reached=()):
-    """Results in input order; ``advance`` is called once per finished file (for the progress bar).
-    The cache's answers come first, from this process; only the files it does not know are parsed.
-    A file in `reached` (real paths of modules other files of the run import) is not written when
-    migrated (``process_file``'s `defer`)."""
-    from distify.engine import process_file
+def _process_all(files: List[str], mode, options: Options, advance=lambda: None, cache=None):
+    """(results in input order, the run's reached modules: ``distify.project.reaching``);
+    ``advance`` is called once per finished file (for the progress bar). The cache's answers come
+    first, from this process; only the files it does not know are parsed. A file another file of the
+    run imports is not written when migrated (``process_file``'s `defer`).
+
+    Only the imports of the files the cache did not answer, and of those it answered refused, are
+    read: a file the cache found unchanged rewrites no other file and refuses none (``with_others``,
+    ``settle_reached``), so what it imports decides nothing, and a run the cache answered whole
+    reads no file's imports."""
+    from distify.engine import Status, process_file
+    from distify.project import reaching
 
     results = [None] * len(files)
     if cache is not None:
@@ -271,12 +276,14 @@ def _process_all(files: List[str], mode, options: Options, advance=lambda: None,
             if results[i] is not None:
                 advance()
     todo = [i for i, r in enumerate(results) if r is None]
+    importers = [f for f, r in zip(files, results) if r is None or r.status is Status.REFUSED]
+    reached = reaching(files, options, importers) if todo else {}
     workers = min(len(todo), os.cpu_count() or 1)
     if workers <= 1 or len(todo) < 8:
         for i in todo:
             results[i] = process_file(files[i], mode, options, cache, defer=os.path.realpath(files[i]) in reached)
             advance()
-        return results
+        return results, reached
     from concurrent.futures import ProcessPoolExecutor
 
     n = len(todo)
@@ -286,7 +293,7 @@ def _process_all(files: List[str], mode, options: Options, advance=lambda: None,
                                             [True] * n, defer, chunksize=4)):
             results[i] = result
             advance()
-    return results
+    return results, reached
 
 
 def _launch_plan(script: str, script_args, backend: str, nproc, nodes, port):

@@ -671,6 +671,59 @@ def test_a_module_whose_script_is_refused_is_not_written_alone(tmp_path):
     assert alone.returncode == 1, alone.stderr
 
 
+# train.py refused for a reason the cache keeps (DST201: a DataLoader subclass of its own), beside
+# the Trainer module whose own migration changes it
+CACHED_REFUSAL = {
+    "train.py": """\
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader, TensorDataset
+
+        import trainer
+
+
+        class RegressionLoader(DataLoader):
+            def __init__(self, dataset):
+                super().__init__(dataset, batch_size=8, shuffle=True)
+
+
+        def main():
+            data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+            model = nn.Linear(4, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            loader = RegressionLoader(data)
+            for epoch in range(2):
+                for x, y in loader:
+                    optimizer.zero_grad()
+                    nn.functional.mse_loss(model(x), y).backward()
+                    optimizer.step()
+
+
+        if __name__ == "__main__":
+            main()
+        """,
+    "trainer.py": TRAINER_CLASS["trainer.py"],
+}
+
+
+def test_a_module_whose_script_the_cache_answered_refused_is_not_written_alone(tmp_path):
+    """A project run twice with the cache: on the second run the cache answers train.py (refused)
+    without parsing it, and trainer.py, which the cache does not keep (its own run rewrites it), is
+    migrated again. The refused script's imports must still be read (runner._process_all reads those
+    of the files the cache answered refused), so trainer.py is refused again and nothing is written.
+    Control, run by hand on 2026-12-04: with only the files the cache did not answer read for
+    imports, the second run wrote trainer.py alone."""
+    write(tmp_path / "p", CACHED_REFUSAL)
+    before = {p: p.read_bytes() for p in (tmp_path / "p").rglob("*.py")}
+    env = dict(os.environ, DISTIFY_CACHE_DIR=str(tmp_path / "cache"))
+    for run in ("first", "second"):
+        r = subprocess.run([sys.executable, "-m", "distify", "p"], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert r.returncode == 3, (run, r.stderr)
+        assert "refused p/trainer.py: not migrated: p/train.py, which imports it" in r.stderr, (run, r.stderr)
+        assert {p: p.read_bytes() for p in (tmp_path / "p").rglob("*.py")} == before, run
+        assert len([p for p in (tmp_path / "cache").rglob("*") if p.is_file()]) == 1, "train.py's refusal is not cached"
+
+
 def test_control_without_settling_the_module_alone_is_half_migrated(tmp_path, monkeypatch):
     """The same project in process with ``settle_reached`` switched off: the module's own
     migration is written though the script that imports it was refused: the half migration the
